@@ -1,0 +1,145 @@
+"""One node's agent: registers its GPUs, publishes telemetry and heartbeats, runs placed jobs."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from pathlib import Path
+
+import structlog
+from tenacity import AsyncRetrying, wait_exponential
+
+from whaleflux import __version__
+from whaleflux.shared import subjects
+from whaleflux.shared.bus import Bus
+from whaleflux.shared.catalog import FleetNode
+from whaleflux.shared.events import (
+    Envelope,
+    EventData,
+    GpuTelemetry,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobStarted,
+    NodeHeartbeat,
+    NodeRegistered,
+    make_envelope,
+)
+from whaleflux.shared.service import Clock, system_clock
+from whaleflux.shared.streams import agent_consumer
+
+from . import runner
+from .backend import GpuBackend
+
+log = structlog.get_logger("whaleflux.agent")
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        bus: Bus,
+        node: FleetNode,
+        backend: GpuBackend,
+        *,
+        interval_s: float = 1.0,
+        log_dir: Path,
+        clock: Clock = system_clock,
+    ):
+        self.bus = bus
+        self.node = node
+        self.backend = backend
+        self.interval_s = interval_s
+        self.log_dir = log_dir
+        self.clock = clock
+        self.jobs: dict[tuple[str, int], runner.RunningJob] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._seq = 0
+
+    @property
+    def source(self) -> str:
+        return f"whaleflux/agent/{self.node.cluster}/{self.node.name}"
+
+    async def start(self) -> None:
+        await self._publish(
+            subjects.node_registered(self.node.cluster, self.node.name),
+            NodeRegistered(
+                cluster=self.node.cluster,
+                node=self.node.name,
+                rack=self.node.rack,
+                pool=self.node.pool,
+                interconnect=self.node.interconnect,
+                agent_version=__version__,
+                gpus=self.backend.identities(),
+            ),
+        )
+        self.bus.start_consumer(agent_consumer(self.node.cluster, self.node.name), self.on_placed, None, "")
+        self._tasks.append(asyncio.create_task(self._telemetry_loop(), name=f"telemetry-{self.node.name}"))
+        log.info("agent.node_started", node=self.node.name, gpus=len(self.backend.identities()))
+
+    async def _publish(self, subject: str, data: EventData, event_id: str | None = None, correlation: str | None = None) -> Envelope:
+        """Publish, retrying until the bus takes it: a job's end must never be lost."""
+        env = make_envelope(data, source=self.source, event_id=event_id, correlation_id=correlation)
+        async for attempt in AsyncRetrying(wait=wait_exponential(multiplier=0.2, max=5), reraise=True):
+            with attempt:
+                await self.bus.publish_envelope(subject, env)
+        return env
+
+    async def _telemetry_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            now = self.clock()
+            try:
+                await self._sample(now)
+            except Exception as exc:  # a failed sample must not stop the next one
+                log.warning("agent.sample_failed", node=self.node.name, error=repr(exc))
+            next_at += self.interval_s
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+
+    async def _sample(self, now: datetime) -> None:
+        self._seq += 1
+        cluster, name = self.node.cluster, self.node.name
+        batch = GpuTelemetry(cluster=cluster, node=name, seq=self._seq, sample_time=now, gpus=self.backend.sample(now))
+        env = make_envelope(batch, source=self.source, time=now)
+        await self.bus.publish_envelope(subjects.gpu_telemetry(cluster, name), env)
+        heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq, running_jobs=sorted({k[0] for k in self.jobs}))
+        await self.bus.publish_envelope(subjects.node_heartbeat(cluster, name), make_envelope(heartbeat, source=self.source, time=now))
+
+    async def on_placed(self, env: Envelope, placed: JobPlaced) -> None:
+        key = (placed.job_id, placed.attempt)
+        if key in self.jobs:
+            return  # redelivered placement: the job already runs here
+        base = dict(cluster=placed.cluster, node=placed.node, job_id=placed.job_id, attempt=placed.attempt)
+        try:
+            job = await runner.launch(placed, self.log_dir)
+        except OSError as exc:
+            failed = JobFailed(**base, reason=f"cannot start command: {exc.strerror or exc}", failed_at=self.clock())
+            await self._publish(subjects.JOB_FAILED, failed, f"failed-{placed.job_id}-{placed.attempt}", placed.job_id)
+            return
+        self.jobs[key] = job
+        started_at = self.clock()
+        self.backend.job_started(placed.gpu_uuids, placed.job_id)
+        await self._publish(
+            subjects.JOB_STARTED,
+            JobStarted(**base, gpu_uuids=placed.gpu_uuids, pid=job.process.pid, started_at=started_at),
+            f"started-{placed.job_id}-{placed.attempt}",
+            placed.job_id,
+        )
+        log.info("job.started", job_id=placed.job_id, pid=job.process.pid, gpus=placed.gpu_indices)
+        self._tasks.append(asyncio.create_task(self._wait(job, started_at, base)))
+
+    async def _wait(self, job: runner.RunningJob, started_at: datetime, base: dict) -> None:
+        code = await job.process.wait()
+        placed = job.placed
+        self.backend.job_stopped(placed.gpu_uuids)
+        finished = JobFinished(**base, exit_code=code, started_at=started_at, finished_at=self.clock())
+        await self._publish(subjects.JOB_FINISHED, finished, f"finished-{placed.job_id}-{placed.attempt}", placed.job_id)
+        self.jobs.pop((placed.job_id, placed.attempt), None)
+        log.info("job.finished", job_id=placed.job_id, exit_code=code)
+
+    async def stop(self) -> None:
+        """Stop telemetry and every job this agent started."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*(runner.stop(j, grace_s=5) for j in list(self.jobs.values())), return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,1 @@
+"""Alert rules: pure evaluation of samples, no I/O."""

@@ -1,0 +1,1 @@
+"""Contracts and plumbing shared by every WhaleFlux service."""

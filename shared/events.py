@@ -1,0 +1,320 @@
+"""Event contracts: one CloudEvents 1.0 envelope and a typed, versioned model per event.
+
+The envelope's `type` is `io.whaleflux.<name>.v<version>`; its `data` is validated
+against the model registered for that type. Breaking a model means adding a new
+version, never changing an existing one.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+TYPE_PREFIX = "io.whaleflux."
+
+NonNeg = Annotated[float, Field(ge=0)]
+Percent = Annotated[float, Field(ge=0, le=100)]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class EventData(BaseModel):
+    """Base of every event payload; subclasses set `event_name` and `version`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    event_name: ClassVar[str]
+    version: ClassVar[int] = 1
+
+    @classmethod
+    def event_type(cls) -> str:
+        return f"{TYPE_PREFIX}{cls.event_name}.v{cls.version}"
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+class GpuSample(BaseModel):
+    """One GPU at one instant. Metrics a device does not support are None, never 0."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    uuid: str = Field(min_length=1, max_length=96)
+    index: int = Field(ge=0, le=255)
+    model: str
+    utilization_gpu_pct: Percent
+    utilization_memory_pct: Percent | None = None
+    memory_used_mib: NonNeg
+    memory_total_mib: Annotated[float, Field(gt=0)]
+    temperature_c: Annotated[float, Field(ge=-40, le=200)]
+    memory_temperature_c: Annotated[float, Field(ge=-40, le=200)] | None = None
+    slowdown_temperature_c: Annotated[float, Field(ge=0, le=200)] | None = None
+    power_w: NonNeg | None = None
+    power_limit_w: NonNeg | None = None
+    energy_j: NonNeg | None = None
+    sm_clock_mhz: NonNeg | None = None
+    mem_clock_mhz: NonNeg | None = None
+    throttle_reasons: list[str] = Field(default_factory=list)
+    ecc_uncorrected: Annotated[int, Field(ge=0)] | None = None
+    xid_errors: list[int] = Field(default_factory=list)
+
+
+class GpuIdentity(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    uuid: str = Field(min_length=1, max_length=96)
+    index: int = Field(ge=0, le=255)
+    model: str
+    name: str
+    serial: str | None = None
+    memory_total_mib: Annotated[float, Field(gt=0)]
+    pci_bus_id: str | None = None
+    driver_version: str | None = None
+    vbios_version: str | None = None
+
+
+class GpuTelemetry(EventData):
+    """All GPUs of one node at one sample time (one message per node per interval)."""
+
+    event_name: ClassVar[str] = "gpu.telemetry"
+    cluster: Name
+    node: Name
+    seq: int = Field(ge=0)
+    sample_time: datetime
+    gpus: list[GpuSample]
+
+
+class NodeRegistered(EventData):
+    event_name: ClassVar[str] = "node.registered"
+    cluster: Name
+    node: Name
+    rack: str | None = None
+    pool: str | None = None
+    interconnect: Literal["nvlink", "pcie"] = "pcie"
+    agent_version: str
+    gpus: list[GpuIdentity]
+
+
+class NodeHeartbeat(EventData):
+    event_name: ClassVar[str] = "node.heartbeat"
+    cluster: Name
+    node: Name
+    seq: int = Field(ge=0)
+    running_jobs: list[str] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+class JobSubmitted(EventData):
+    """A request to run a job. Any system may publish it (see docs/events/)."""
+
+    event_name: ClassVar[str] = "job.submitted"
+    job_id: Name
+    name: str = Field(min_length=1, max_length=128)
+    team: Name = "default"
+    project: Name = "default"
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    gpus: int = Field(default=1, ge=1, le=1024)
+    gpu_models: list[str] = Field(default_factory=list, description="allowed models; empty means any")
+    min_memory_mib: NonNeg = 0
+    submitted_by: str | None = None
+
+
+class JobPlaced(EventData):
+    event_name: ClassVar[str] = "job.placed"
+    job_id: Name
+    attempt: int = Field(ge=1)
+    cluster: Name
+    node: Name
+    gpu_model: str
+    gpu_uuids: list[str] = Field(min_length=1)
+    gpu_indices: list[int]
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    team: Name
+    project: Name
+
+
+class JobStarted(EventData):
+    event_name: ClassVar[str] = "job.started"
+    job_id: Name
+    attempt: int = Field(ge=1)
+    cluster: Name
+    node: Name
+    gpu_uuids: list[str]
+    pid: int
+    started_at: datetime
+
+
+class JobFinished(EventData):
+    event_name: ClassVar[str] = "job.finished"
+    job_id: Name
+    attempt: int = Field(ge=1)
+    cluster: Name
+    node: Name
+    exit_code: int
+    started_at: datetime
+    finished_at: datetime
+
+
+class JobFailed(EventData):
+    """The job could not run or its process died abnormally (not a plain non-zero exit)."""
+
+    event_name: ClassVar[str] = "job.failed"
+    job_id: Name
+    attempt: int = Field(ge=1)
+    cluster: Name
+    node: Name
+    reason: str
+    exit_code: int | None = None
+    started_at: datetime | None = None
+    failed_at: datetime
+
+
+# --------------------------------------------------------------------------- leases and alerts
+
+
+class LeaseExpiring(EventData):
+    event_name: ClassVar[str] = "lease.expiring"
+    contract_id: str
+    provider: str
+    ends_at: datetime
+    notice_deadline: datetime | None = None
+    horizon_days: int = Field(ge=0)
+    days_left: float
+    gpu_count: int = Field(ge=1)
+    nodes: list[str]
+    monthly_cost_usd: str = Field(pattern=r"^\d+(\.\d+)?$", description="decimal as a string")
+    auto_renew: bool = False
+
+
+class AlertRaised(EventData):
+    event_name: ClassVar[str] = "alert.raised"
+    fingerprint: str
+    rule: str
+    severity: Literal["info", "warning", "critical"]
+    category: Literal["health", "thermal", "cost", "capacity", "job"] = "health"
+    summary: str
+    labels: dict[str, str]
+    annotations: dict[str, str] = Field(default_factory=dict)
+    value: float | None = None
+    starts_at: datetime
+
+
+class AlertResolved(EventData):
+    event_name: ClassVar[str] = "alert.resolved"
+    fingerprint: str
+    rule: str
+    labels: dict[str, str]
+    summary: str
+    starts_at: datetime
+    ends_at: datetime
+
+
+EVENT_MODELS: tuple[type[EventData], ...] = (
+    GpuTelemetry,
+    NodeRegistered,
+    NodeHeartbeat,
+    JobSubmitted,
+    JobPlaced,
+    JobStarted,
+    JobFinished,
+    JobFailed,
+    LeaseExpiring,
+    AlertRaised,
+    AlertResolved,
+)
+REGISTRY: dict[str, type[EventData]] = {m.event_type(): m for m in EVENT_MODELS}
+
+
+# --------------------------------------------------------------------------- envelope
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Envelope(BaseModel):
+    """CloudEvents 1.0 structured-mode envelope (JSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+    specversion: Literal["1.0"]
+    id: str = Field(min_length=1, max_length=128)
+    source: str = Field(min_length=1)
+    type: str = Field(min_length=1)
+    time: datetime
+    subject: str | None = None
+    datacontenttype: Literal["application/json"] = "application/json"
+    # CloudEvents extension attribute: ties together the events of one flow (a job, an alert).
+    correlationid: str | None = None
+    data: dict[str, Any]
+
+
+class InvalidEvent(Exception):
+    """The bytes are not a valid WhaleFlux event; `reason` says why (no payload values)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+def make_envelope(
+    data: EventData,
+    *,
+    source: str,
+    subject: str | None = None,
+    event_id: str | None = None,
+    correlation_id: str | None = None,
+    time: datetime | None = None,
+) -> Envelope:
+    return Envelope(
+        specversion="1.0",
+        id=event_id or new_event_id(),
+        source=source,
+        type=data.event_type(),
+        time=time or utcnow(),
+        subject=subject,
+        correlationid=correlation_id,
+        data=data.model_dump(mode="json"),
+    )
+
+
+def encode(envelope: Envelope) -> bytes:
+    return envelope.model_dump_json(exclude_none=True).encode()
+
+
+def decode(raw: bytes) -> tuple[Envelope, EventData]:
+    """Parse and validate an event; raise InvalidEvent with a reason naming the field."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidEvent(f"not JSON: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+    try:
+        env = Envelope.model_validate(doc)
+    except ValidationError as exc:
+        raise InvalidEvent("envelope: " + _describe(exc)) from None
+    model = REGISTRY.get(env.type)
+    if model is None:
+        raise InvalidEvent(f"unknown event type or version {env.type!r}")
+    try:
+        data = model.model_validate(env.data)
+    except ValidationError as exc:
+        raise InvalidEvent(f"{env.type}: " + _describe(exc)) from None
+    return env, data
+
+
+def _describe(exc: ValidationError) -> str:
+    """Name each bad field and what is wrong with it, without echoing its value."""
+    parts = []
+    for err in exc.errors(include_url=False, include_input=False)[:5]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)

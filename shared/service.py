@@ -1,0 +1,240 @@
+"""The shell every WhaleFlux service runs in.
+
+A service subclasses `ServiceBase`, names its consumers and routes, and keeps
+its decisions in plain modules. The shell owns the rest: NATS and Redis
+connections (retried until reachable), stream and consumer declarations,
+`/healthz`, `/readyz`, `/metrics`, bearer-token admin endpoints, JSON logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Annotated
+
+import structlog
+import uvicorn
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from redis.asyncio import Redis
+
+from .bus import Bus, BusMetrics, Handler
+from .logs import configure_logging
+from .outbox import Outbox
+from .settings import CommonSettings
+from .streams import CONSUMERS, ConsumerSpec
+
+Clock = Callable[[], datetime]
+
+
+def system_clock() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+class ServiceBase:
+    """Subclass and set `name`; override `consumers`, `add_routes`, `on_ready`, `background`."""
+
+    name: str = "service"
+    version: str = "0.1.0"
+
+    def __init__(self, settings: CommonSettings, clock: Clock = system_clock):
+        self.settings = settings
+        self.clock = clock
+        self.registry = CollectorRegistry()
+        self.bus_metrics = BusMetrics.create(self.registry)
+        self.log = structlog.get_logger(f"whaleflux.{self.name}")
+        self.bus: Bus | None = None
+        self.redis: Redis | None = None
+        self.outbox: Outbox | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ----------------------------------------------------------------- to override
+
+    @property
+    def prefix(self) -> str:
+        """Redis key prefix: each service keeps its state under its own."""
+        return f"wf:{self.name}"
+
+    def consumers(self) -> dict[str, Handler]:
+        """Durable consumer name (from streams.CONSUMERS) -> handler."""
+        return {}
+
+    def consumer_specs(self) -> dict[str, ConsumerSpec]:
+        return {name: CONSUMERS[name] for name in self.consumers()}
+
+    def add_routes(self, app: FastAPI, admin: Callable) -> None:
+        """Add this service's HTTP API; `admin` is the dependency that requires the bearer token."""
+
+    async def on_ready(self) -> None:
+        """Called once NATS, Redis and the streams are ready, before consumers start."""
+
+    def background(self) -> list[Callable[[], Awaitable[None]]]:
+        """Long-running loops started after `on_ready`; each must survive its own errors."""
+        return []
+
+    # ----------------------------------------------------------------- plumbing
+
+    async def _connect(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                if self.redis is None:
+                    redis = Redis.from_url(
+                        self.settings.redis_url,
+                        password=self.settings.secret("redis_password"),
+                        decode_responses=True,
+                        health_check_interval=10,
+                    )
+                    await redis.ping()
+                    self.redis = redis
+                if self.bus is None:
+                    self.bus = await Bus.connect(
+                        self.settings.nats_url,
+                        source=f"whaleflux/{self.name}/{self.settings.instance}",
+                        user=self.settings.nats_user,
+                        password=self.settings.secret("nats_password"),
+                        metrics=self.bus_metrics,
+                    )
+                await self.bus.ensure_streams()
+                return
+            except Exception as exc:
+                self.log.warning("startup.waiting", error=repr(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _start(self) -> None:
+        await self._connect()
+        self.outbox = Outbox(self.redis, self.prefix)
+        await self.on_ready()
+        specs = self.consumer_specs()
+        for name, handler in self.consumers().items():
+            self.bus.start_consumer(specs[name], handler, self.redis, self.prefix)
+        for loop in self.background():
+            self._tasks.append(asyncio.create_task(self._guard(loop), name=loop.__name__))
+        self.log.info("service.started", consumers=sorted(specs))
+
+    async def _guard(self, loop: Callable[[], Awaitable[None]]) -> None:
+        """Restart a background loop that raised, after a pause; never let it die."""
+        while True:
+            try:
+                await loop()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.log.error("background.crashed", loop=loop.__name__, error=repr(exc))
+                await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.bus is not None:
+            await self.bus.close()
+        if self.redis is not None:
+            await self.redis.aclose()
+
+    async def publish_staged(self) -> None:
+        """Publish what the outbox holds (call after executing a pipeline that staged events)."""
+        await self.outbox.flush(self.bus)
+
+    async def readiness(self) -> dict:
+        checks: dict[str, bool] = {"nats": bool(self.bus and self.bus.connected), "redis": False}
+        if self.redis is not None:
+            try:
+                checks["redis"] = bool(await asyncio.wait_for(self.redis.ping(), 1.0))
+            except Exception:
+                checks["redis"] = False
+        bound = self.bus.bound if self.bus else set()
+        for name in self.consumer_specs():
+            checks[f"consumer:{name}"] = name in bound
+        return checks
+
+    def require_admin(self) -> Callable:
+        expected = self.settings.secret("admin_token") or ""
+
+        async def dependency(
+            credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+        ) -> None:
+            if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), expected.encode()):
+                raise HTTPException(
+                    status_code=401,
+                    detail="admin endpoint: missing or wrong bearer token (Authorization: Bearer <token>)",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+
+        return dependency
+
+    def create_app(self) -> FastAPI:
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            starter = asyncio.create_task(self._start(), name="startup")
+            self._tasks.append(starter)
+            yield
+            await self.stop()
+
+        app = FastAPI(title=f"WhaleFlux {self.name}", version=self.version, lifespan=lifespan)
+        admin = self.require_admin()
+        AdminDep = Depends(admin)
+
+        @app.get("/healthz", tags=["ops"])
+        async def healthz() -> dict:
+            """Alive: the process answers."""
+            return {"status": "ok", "service": self.name}
+
+        @app.get("/readyz", tags=["ops"])
+        async def readyz() -> Response:
+            """Ready: NATS and Redis reachable and every consumer bound."""
+            checks = await self.readiness()
+            ok = all(checks.values())
+            return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+
+        @app.get("/metrics", tags=["ops"])
+        async def metrics() -> Response:
+            return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+        @app.get("/admin/status", tags=["admin"], dependencies=[AdminDep])
+        async def admin_status() -> dict:
+            """Consumer positions and settings (secrets masked)."""
+            consumers = {}
+            if self.bus is not None:
+                for name, spec in self.consumer_specs().items():
+                    try:
+                        info = await self.bus.js.consumer_info(spec.stream, name)
+                        consumers[name] = {
+                            "pending": info.num_pending,
+                            "ack_pending": info.num_ack_pending,
+                            "redelivered": info.num_redelivered,
+                        }
+                    except Exception as exc:
+                        consumers[name] = {"error": type(exc).__name__}
+            return {"service": self.name, "consumers": consumers, "settings": self.settings.redacted()}
+
+        @app.exception_handler(ValueError)
+        async def value_error(request: Request, exc: ValueError) -> JSONResponse:
+            return JSONResponse({"detail": str(exc)}, status_code=400)
+
+        self.add_routes(app, AdminDep)
+        return app
+
+
+def run_service(service: ServiceBase) -> None:
+    """Run one service process until SIGTERM/SIGINT."""
+    configure_logging(service.name, service.settings.log_level)
+    uvicorn.run(
+        service.create_app(),
+        host=service.settings.http_host,
+        port=service.settings.http_port,
+        log_config=None,
+        access_log=True,
+        lifespan="on",
+    )

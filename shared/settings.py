@@ -1,0 +1,59 @@
+"""Settings common to every WhaleFlux process; each service subclasses them.
+
+Values come from the environment (`WHALEFLUX_*`, plus the conventional
+`NATS_URL` / `REDIS_URL`). Outside development a missing or weak secret stops
+the process at start-up instead of running with a default.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIN_SECRET_LEN = 16
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WHALEFLUX_", extra="ignore")
+
+    environment: Literal["development", "production"] = "development"
+    nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("NATS_URL", "WHALEFLUX_NATS_URL"))
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("REDIS_URL", "WHALEFLUX_REDIS_URL"))
+    redis_password: SecretStr | None = None
+    admin_token: SecretStr | None = None
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8700, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    instance: str = Field(default_factory=lambda: secrets.token_hex(3))
+
+    @model_validator(mode="after")
+    def _secrets_outside_development(self) -> "CommonSettings":
+        if self.environment == "production":
+            for name in ("admin_token", "nats_password", "redis_password"):
+                value = getattr(self, name)
+                if value is None or len(value.get_secret_value()) < MIN_SECRET_LEN:
+                    raise ValueError(
+                        f"WHALEFLUX_{name.upper()} must be set to at least {MIN_SECRET_LEN} characters "
+                        "when WHALEFLUX_ENVIRONMENT=production"
+                    )
+        elif self.admin_token is None:
+            # Development without a token: admin endpoints stay locked behind a
+            # random token nobody knows, rather than open.
+            self.admin_token = SecretStr(secrets.token_urlsafe(32))
+        return self
+
+    def redacted(self) -> dict:
+        """Settings as a dict safe to show: secrets are masked."""
+        out = {}
+        for key, value in self.model_dump().items():
+            out[key] = "********" if isinstance(value, SecretStr) and value is not None else value
+        return out
+
+    def secret(self, name: str) -> str | None:
+        value = getattr(self, name)
+        return value.get_secret_value() if value is not None else None

@@ -1,0 +1,114 @@
+"""JetStream streams and durable consumers, declared in one place.
+
+Services ask for their consumers by name; nobody creates streams or consumers
+ad hoc. `Bus.ensure_streams()` applies these declarations idempotently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from . import subjects as s
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: list[str]
+    max_age_s: float
+    max_bytes: int = -1
+
+    def config(self) -> StreamConfig:
+        return StreamConfig(
+            name=self.name,
+            subjects=self.subjects,
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=self.max_age_s,
+            max_bytes=self.max_bytes,
+            # Publishers set Nats-Msg-Id to the event id: a re-publish within the
+            # window (an outbox flush after a crash) is stored once.
+            duplicate_window=120.0,
+        )
+
+
+STREAMS: dict[str, StreamSpec] = {
+    spec.name: spec
+    for spec in (
+        StreamSpec("WHALEFLUX_TELEMETRY", [f"{s.GPU_TELEMETRY}.>"], max_age_s=3600, max_bytes=2 * 1024**3),
+        StreamSpec("WHALEFLUX_NODES", ["node.>"], max_age_s=7 * DAY),
+        # Jobs, leases and alerts are the history services rebuild from: keep them long.
+        StreamSpec("WHALEFLUX_JOBS", ["job.>"], max_age_s=400 * DAY),
+        StreamSpec("WHALEFLUX_LEASES", ["lease.>"], max_age_s=400 * DAY),
+        StreamSpec("WHALEFLUX_ALERTS", ["alert.>"], max_age_s=90 * DAY),
+        StreamSpec("WHALEFLUX_DEADLETTER", [f"{s.DEADLETTER_PREFIX}.>"], max_age_s=30 * DAY),
+    )
+}
+
+# Redeliveries wait longer each time; after len(backoff) + 1 tries an event is dead-lettered.
+BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    durable: str
+    stream: str
+    filter_subjects: list[str]
+    # Live-only feeds (telemetry) start at new messages; histories start at the beginning.
+    deliver_new: bool = False
+    max_ack_pending: int = 1000
+    batch: int = 64
+    backoff_s: tuple[float, ...] = BACKOFF_S
+    # Skip the per-event dedup lookup where the handler is idempotent by nature
+    # (storing the latest telemetry sample twice changes nothing).
+    dedup: bool = True
+
+    @property
+    def max_deliver(self) -> int:
+        return len(self.backoff_s) + 1
+
+    def delay_before(self, delivery: int) -> float:
+        """How long to wait before redelivering after failed delivery number `delivery` (1-based)."""
+        return self.backoff_s[min(delivery - 1, len(self.backoff_s) - 1)]
+
+    def config(self) -> ConsumerConfig:
+        filters = self.filter_subjects
+        return ConsumerConfig(
+            durable_name=self.durable,
+            deliver_policy=DeliverPolicy.NEW if self.deliver_new else DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=30.0,
+            max_deliver=self.max_deliver,
+            backoff=list(self.backoff_s),
+            max_ack_pending=self.max_ack_pending,
+            filter_subject=filters[0] if len(filters) == 1 else None,
+            filter_subjects=filters if len(filters) > 1 else None,
+        )
+
+
+def _c(durable: str, stream: str, *filters: str, **kw) -> ConsumerSpec:
+    return ConsumerSpec(durable=durable, stream=stream, filter_subjects=list(filters), **kw)
+
+
+CONSUMERS: dict[str, ConsumerSpec] = {
+    spec.durable: spec
+    for spec in (
+        _c("telemetry-gpu", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
+        _c("telemetry-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>"),
+        _c("scheduler-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED),
+        _c("scheduler-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>"),
+        _c("alerting-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
+        _c("alerting-notify", "WHALEFLUX_ALERTS", f"{s.ALERT_RAISED}", f"{s.ALERT_RESOLVED}"),
+        _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, f"{s.JOB_PLACED}.>"),
+        _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>"),
+    )
+}
+
+
+def agent_consumer(cluster: str, node: str) -> ConsumerSpec:
+    """Each node agent has its own durable consumer of the placements for its node."""
+    return _c(f"agent-{s.token(cluster)}-{s.token(node)}", "WHALEFLUX_JOBS", s.job_placed(cluster, node))

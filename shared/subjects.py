@@ -1,0 +1,54 @@
+"""Every NATS subject WhaleFlux uses, in one place.
+
+Tokens that come from names (cluster, node) are validated so a name can never
+inject a wildcard or an extra token into a subject.
+"""
+
+from __future__ import annotations
+
+import re
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+GPU_TELEMETRY = "gpu.telemetry"
+NODE_REGISTERED = "node.registered"
+NODE_HEARTBEAT = "node.heartbeat"
+NODE_DRAIN_REQUESTED = "node.drain_requested"
+JOB_SUBMITTED = "job.submitted"
+JOB_PLACED = "job.placed"
+JOB_STARTED = "job.started"
+JOB_FINISHED = "job.finished"
+JOB_FAILED = "job.failed"
+LEASE_EXPIRING = "lease.expiring"
+LEASE_EXPIRED = "lease.expired"
+ALERT_RAISED = "alert.raised"
+ALERT_RESOLVED = "alert.resolved"
+DEADLETTER_PREFIX = "deadletter"
+
+
+def token(value: str) -> str:
+    """Return `value` if it is safe as one subject token, else raise ValueError."""
+    if not _TOKEN.match(value):
+        raise ValueError(f"{value!r} is not a valid subject token (letters, digits, '-' and '_' only)")
+    return value
+
+
+def gpu_telemetry(cluster: str, node: str) -> str:
+    return f"{GPU_TELEMETRY}.{token(cluster)}.{token(node)}"
+
+
+def node_registered(cluster: str, node: str) -> str:
+    return f"{NODE_REGISTERED}.{token(cluster)}.{token(node)}"
+
+
+def node_heartbeat(cluster: str, node: str) -> str:
+    return f"{NODE_HEARTBEAT}.{token(cluster)}.{token(node)}"
+
+
+def job_placed(cluster: str, node: str) -> str:
+    """Placements carry the node so each agent consumes only its own."""
+    return f"{JOB_PLACED}.{token(cluster)}.{token(node)}"
+
+
+def deadletter(subject: str) -> str:
+    return f"{DEADLETTER_PREFIX}.{subject}"

@@ -1,0 +1,117 @@
+"""Real servers for the tests that need the bus or state.
+
+Order of preference: NATS_URL and REDIS_URL from the environment; else
+testcontainers when a Docker engine answers; else nats-server and redis-server
+started here from the same pip-installed binaries `whaleflux up` uses.
+Each test that asks for `clean_servers` starts from empty streams and an empty
+Redis database — so point NATS_URL/REDIS_URL only at throwaway servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import pytest
+from redis.asyncio import Redis
+
+from whaleflux.servers import LocalServers
+from whaleflux.shared.streams import STREAMS
+
+
+@dataclass
+class Servers:
+    nats_url: str
+    redis_url: str
+    nats_user: str | None = None
+    nats_password: str | None = None
+    redis_password: str | None = None
+    how: str = ""
+
+    def env(self) -> dict[str, str]:
+        """Environment for a WhaleFlux process talking to these servers."""
+        env = {"NATS_URL": self.nats_url, "REDIS_URL": self.redis_url}
+        if self.nats_user:
+            env["WHALEFLUX_NATS_USER"] = self.nats_user
+        if self.nats_password:
+            env["WHALEFLUX_NATS_PASSWORD"] = self.nats_password
+        if self.redis_password:
+            env["WHALEFLUX_REDIS_PASSWORD"] = self.redis_password
+        return env
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory) -> Servers:
+    if os.environ.get("NATS_URL") and os.environ.get("REDIS_URL"):
+        yield Servers(
+            os.environ["NATS_URL"],
+            os.environ["REDIS_URL"],
+            os.environ.get("WHALEFLUX_NATS_USER"),
+            os.environ.get("WHALEFLUX_NATS_PASSWORD"),
+            os.environ.get("WHALEFLUX_REDIS_PASSWORD"),
+            how="environment",
+        )
+        return
+    if _docker_answers():
+        from testcontainers.core.container import DockerContainer
+        from testcontainers.core.waiting_utils import wait_for_logs
+
+        nats_c = DockerContainer("nats:2.10-alpine").with_command("-js").with_exposed_ports(4222)
+        redis_c = DockerContainer("redis:7-alpine").with_exposed_ports(6379)
+        with nats_c, redis_c:
+            wait_for_logs(nats_c, "Server is ready")
+            wait_for_logs(redis_c, "Ready to accept connections")
+            yield Servers(
+                f"nats://{nats_c.get_container_host_ip()}:{nats_c.get_exposed_port(4222)}",
+                f"redis://{redis_c.get_container_host_ip()}:{redis_c.get_exposed_port(6379)}/0",
+                how="testcontainers",
+            )
+        return
+    local = LocalServers(
+        tmp_path_factory.mktemp("servers"), "whaleflux", secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    ).start()
+    try:
+        yield Servers(local.nats_url, local.redis_url, local.nats_user, local.nats_password, local.redis_password, "local")
+    finally:
+        local.stop()
+
+
+async def _wipe(s: Servers) -> None:
+    nc = await nats.connect(s.nats_url, user=s.nats_user, password=s.nats_password)
+    js = nc.jetstream()
+    for name in STREAMS:
+        try:
+            await js.delete_stream(name)
+        except Exception:
+            pass
+    await nc.close()
+    redis = Redis.from_url(s.redis_url, password=s.redis_password)
+    await redis.flushdb()
+    await redis.aclose()
+
+
+@pytest.fixture
+def clean_servers(servers: Servers) -> Servers:
+    """The servers, with no WhaleFlux streams and an empty Redis database."""
+    asyncio.run(_wipe(servers))
+    return servers
+
+
+@pytest.fixture
+def wf_home(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.setenv("WHALEFLUX_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"

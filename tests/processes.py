@@ -1,0 +1,133 @@
+"""Run WhaleFlux services and agents as real child processes in tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from whaleflux.servers import free_port
+
+ADMIN_TOKEN = "test-admin-token-0123456789"
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    port: int | None = None
+    popen: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Proc":
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.popen.returncode}:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name} not ready in {timeout}s:\n{self.log_path.read_text()[-3000:]}")
+
+    def kill9(self) -> None:
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait()
+
+    def stop(self) -> None:
+        if self.popen and self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+@dataclass
+class Cluster:
+    """A set of WhaleFlux processes against one pair of servers."""
+
+    base_env: dict[str, str]
+    log_dir: Path
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def service(self, name: str, **extra_env: str) -> Proc:
+        port = free_port()
+        env = {**self.base_env, "WHALEFLUX_HTTP_PORT": str(port), **extra_env}
+        proc = Proc(name, [sys.executable, "-m", "whaleflux", "service", name], env, self.log_dir / f"{name}.log", port)
+        self.procs[name] = proc.start()
+        return proc
+
+    def agent(self, *nodes: str, interval_s: float = 1.0) -> Proc:
+        argv = [sys.executable, "-m", "whaleflux", "agent"]
+        for node in nodes:
+            argv += ["--node", node]
+        env = {**self.base_env, "WHALEFLUX_INTERVAL_S": str(interval_s)}
+        proc = Proc("agent", argv, env, self.log_dir / "agent.log")
+        self.procs["agent"] = proc.start()
+        return proc
+
+    def cli_env(self) -> dict[str, str]:
+        env = dict(self.base_env)
+        for name, proc in self.procs.items():
+            if proc.port:
+                env[f"WHALEFLUX_{name.upper()}_URL"] = proc.url
+        return env
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "whaleflux", *args], env=self.cli_env(), capture_output=True, text=True, timeout=timeout
+        )
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+
+
+def make_cluster(servers, tmp_path: Path) -> Cluster:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))}
+    env.update(servers.env())
+    env.update(
+        {
+            "WHALEFLUX_ADMIN_TOKEN": ADMIN_TOKEN,
+            "WHALEFLUX_HOME": str(tmp_path / "home"),
+            "WHALEFLUX_ENVIRONMENT": "development",
+        }
+    )
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return Cluster(env, log_dir)
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
+    """Poll `predicate` until it returns something truthy; return that value."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - keep polling, report the last error
+            last_exc = exc
+        time.sleep(interval)
+    raise TimeoutError(f"timed out waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else ""))

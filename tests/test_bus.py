@@ -1,0 +1,102 @@
+"""Delivery contract of the bus, through a real NATS JetStream and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+
+from whaleflux.shared import subjects
+from whaleflux.shared.bus import REASON_HEADER, Bus, Reject, Retry
+from whaleflux.shared.events import JobSubmitted, make_envelope
+from whaleflux.shared.streams import ConsumerSpec
+
+# Same delivery contract as the declared consumers, with short back-off so the test is quick.
+SPEC = ConsumerSpec("test-bus", "WHALEFLUX_JOBS", [subjects.JOB_SUBMITTED], batch=8, backoff_s=(0.05, 0.05, 0.1))
+MAX_DELIVER = SPEC.max_deliver
+
+
+def job(job_id: str) -> JobSubmitted:
+    return JobSubmitted(job_id=job_id, name=job_id, command=["true"])
+
+
+async def until(predicate, timeout=15.0):
+    for _ in range(int(timeout / 0.05)):
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("condition not met")
+
+
+@pytest.fixture
+async def bus_and_redis(clean_servers):
+    s = clean_servers
+    bus = await Bus.connect(s.nats_url, source="test", user=s.nats_user, password=s.nats_password)
+    await bus.ensure_streams()
+    redis = Redis.from_url(s.redis_url, password=s.redis_password, decode_responses=True)
+    yield bus, redis
+    await bus.close()
+    await redis.aclose()
+
+
+async def deadletters(bus: Bus, n: int) -> list:
+    sub = await bus.js.pull_subscribe(f"{subjects.DEADLETTER_PREFIX}.>", durable="test-dl", stream="WHALEFLUX_DEADLETTER")
+    got = []
+    for _ in range(30):
+        try:
+            got += await sub.fetch(n - len(got), timeout=0.5)
+        except Exception:
+            pass
+        if len(got) >= n:
+            break
+    return got
+
+
+async def test_handler_errors_are_retried_and_dead_lettered_when_out_of_tries(bus_and_redis):
+    bus, redis = bus_and_redis
+    calls: dict[str, int] = {}
+    handled: list[str] = []
+
+    async def handler(env, data):
+        calls[data.job_id] = calls.get(data.job_id, 0) + 1
+        if data.job_id == "always-fails":
+            raise Retry("downstream unavailable")
+        if data.job_id == "boom" and calls["boom"] == 1:
+            raise RuntimeError("transient bug")
+        if data.job_id == "refused":
+            raise Reject("cannot ever work")
+        handled.append(data.job_id)
+
+    bus.start_consumer(SPEC, handler, redis, "wf:test")
+    for job_id in ("always-fails", "boom", "refused", "fine"):
+        await bus.publish(subjects.JOB_SUBMITTED, job(job_id))
+    await until(lambda: set(handled) == {"boom", "fine"} and calls.get("always-fails") == MAX_DELIVER)
+
+    dead = await deadletters(bus, 2)
+    reasons = sorted(m.headers[REASON_HEADER] for m in dead)
+    assert reasons[0] == "cannot ever work"
+    assert reasons[1].startswith(f"failed {MAX_DELIVER} times; last: downstream unavailable")
+    assert all(m.subject == "deadletter.job.submitted" for m in dead)
+    assert calls["boom"] == 2 and calls["refused"] == 1
+    assert bus.metrics.deadlettered.labels("test-bus", "exhausted")._value.get() == 1
+    assert bus.metrics.deadlettered.labels("test-bus", "rejected")._value.get() == 1
+
+
+async def test_a_redelivered_event_is_not_handled_twice(bus_and_redis):
+    bus, redis = bus_and_redis
+    seen: list[str] = []
+
+    async def handler(env, data):
+        seen.append(env.id)
+
+    env = make_envelope(job("dup"), source="test", event_id="evt-1")
+    bus.start_consumer(SPEC, handler, redis, "wf:test")
+    await bus.publish_envelope(subjects.JOB_SUBMITTED, env)
+    await until(lambda: seen == ["evt-1"])
+    # Same event published again past JetStream's own dedup (other Nats-Msg-Id): the handler's dedup catches it.
+    await bus.js.publish(subjects.JOB_SUBMITTED, env.model_dump_json().encode(), headers={"Nats-Msg-Id": "other"})
+    await bus.publish(subjects.JOB_SUBMITTED, job("after"))
+    await until(lambda: len(seen) == 2)
+    assert seen[0] == "evt-1" and seen[1] != "evt-1"
+    assert bus.metrics.duplicates.labels("test-bus")._value.get() == 1

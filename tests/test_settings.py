@@ -1,0 +1,35 @@
+"""Settings: no default secrets outside development, secrets never shown."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from whaleflux.shared.settings import CommonSettings
+
+
+def test_production_refuses_to_start_without_strong_secrets(monkeypatch):
+    monkeypatch.setenv("WHALEFLUX_ENVIRONMENT", "production")
+    with pytest.raises(ValidationError, match="WHALEFLUX_ADMIN_TOKEN"):
+        CommonSettings()
+    monkeypatch.setenv("WHALEFLUX_ADMIN_TOKEN", "short")
+    with pytest.raises(ValidationError, match="at least 16"):
+        CommonSettings()
+    for name in ("ADMIN_TOKEN", "NATS_PASSWORD", "REDIS_PASSWORD"):
+        monkeypatch.setenv(f"WHALEFLUX_{name}", "x" * 32)
+    assert CommonSettings().environment == "production"
+
+
+def test_development_without_a_token_locks_admin_behind_a_random_one(monkeypatch):
+    monkeypatch.delenv("WHALEFLUX_ADMIN_TOKEN", raising=False)
+    a, b = CommonSettings(), CommonSettings()
+    assert len(a.secret("admin_token")) >= 32 and a.secret("admin_token") != b.secret("admin_token")
+
+
+def test_conventional_urls_and_redaction(monkeypatch):
+    monkeypatch.setenv("NATS_URL", "nats://example:4222")
+    monkeypatch.setenv("WHALEFLUX_REDIS_PASSWORD", "hunter2hunter2hunter2")
+    s = CommonSettings()
+    assert s.nats_url == "nats://example:4222"
+    shown = s.redacted()
+    assert shown["redis_password"] == "********" and "hunter2" not in str(shown)

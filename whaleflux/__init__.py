@@ -1,0 +1,3 @@
+"""WhaleFlux: GPU fleet manager."""
+
+__version__ = "0.1.0"

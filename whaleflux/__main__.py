@@ -1,0 +1,3 @@
+from whaleflux.cli import main
+
+main()

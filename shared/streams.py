@@ -110,5 +110,10 @@ CONSUMERS: dict[str, ConsumerSpec] = {
 
 
 def agent_consumer(cluster: str, node: str) -> ConsumerSpec:
-    """Each node agent has its own durable consumer of the placements for its node."""
-    return _c(f"agent-{s.token(cluster)}-{s.token(node)}", "WHALEFLUX_JOBS", s.job_placed(cluster, node))
+    """Each node agent has its own durable consumer of the placements for its node.
+
+    It starts at new placements: a node first seen today must not run the
+    placements of an earlier node of the same name. Afterwards the durable
+    consumer resumes where the agent left off.
+    """
+    return _c(f"agent-{s.token(cluster)}-{s.token(node)}", "WHALEFLUX_JOBS", s.job_placed(cluster, node), deliver_new=True)

@@ -60,6 +60,10 @@ class NodeAgent:
         return f"whaleflux/agent/{self.node.cluster}/{self.node.name}"
 
     async def start(self) -> None:
+        # The placement consumer exists before the node announces itself, so no
+        # placement made right after registration can be missed.
+        placements = agent_consumer(self.node.cluster, self.node.name)
+        await self.bus.ensure_consumer(placements)
         await self._publish(
             subjects.node_registered(self.node.cluster, self.node.name),
             NodeRegistered(
@@ -72,7 +76,7 @@ class NodeAgent:
                 gpus=self.backend.identities(),
             ),
         )
-        self.bus.start_consumer(agent_consumer(self.node.cluster, self.node.name), self.on_placed, None, "")
+        self.bus.start_consumer(placements, self.on_placed, None, "")
         self._tasks.append(asyncio.create_task(self._telemetry_loop(), name=f"telemetry-{self.node.name}"))
         log.info("agent.node_started", node=self.node.name, gpus=len(self.backend.identities()))
 

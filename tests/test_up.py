@@ -1,0 +1,88 @@
+"""`whaleflux up` on a fresh state folder: ready within 60 s, usable with no flags, stops leaving nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from .processes import wait_until
+
+SERVICES = ("telemetry", "scheduler", "alerting", "billing", "inventory")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def _pids_with(marker: bytes) -> set[int]:
+    """Processes whose command line or environment contains `marker`."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            blob = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in blob:
+            found.add(int(entry.name))
+    return found
+
+
+def test_up_starts_everything_ready_in_60s_and_sigterm_leaves_no_process(tmp_path):
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))}
+    env["WHALEFLUX_HOME"] = str(home)
+    started = time.monotonic()
+    up = subprocess.Popen([sys.executable, "-m", "whaleflux", "up"], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    try:
+        config = home / "config.json"
+
+        def all_ready():
+            services = json.loads(config.read_text())["services"]
+            return len(services) == 5 and all(httpx.get(services[s] + "/readyz", timeout=1).status_code == 200 for s in SERVICES)
+
+        wait_until(all_ready, timeout=60, what="all five services ready")
+        ready_after = time.monotonic() - started
+        assert ready_after < 60
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+        secrets = json.loads(config.read_text())
+        assert len(secrets["admin_token"]) >= 32 and len(secrets["nats_password"]) >= 16
+
+        # The CLI finds everything through the config file: no flags.
+        cli = [sys.executable, "-m", "whaleflux"]
+        done = subprocess.run([*cli, "submit", "--wait", "--", "python", "-c", "print('hi')"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "succeeded" in done.stdout, done.stdout + done.stderr
+        long = subprocess.run([*cli, "submit", "--", "sleep", "300"], env=env, capture_output=True, text=True, timeout=30)
+        job_id = long.stdout.split("submitted job ")[1].split()[0]
+        scheduler = secrets["services"]["scheduler"]
+        wait_until(lambda: httpx.get(f"{scheduler}/v1/jobs/{job_id}").json()["state"] == "running", what="long job running")
+
+        ours = _pids_with(str(home).encode()) | _pids_with(f"WHALEFLUX_JOB_ID={job_id}".encode())
+        ours.discard(up.pid)
+        assert len(ours) >= 8  # nats, redis, five services, agent, the job
+
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=45) == 0
+        leftovers = [pid for pid in ours if _alive(pid)]
+        assert leftovers == [], f"still running after SIGTERM: {leftovers}"
+        output = up.stdout.read()
+        assert "WhaleFlux is up" in output and "Stopping WhaleFlux" in output
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()

@@ -4,7 +4,7 @@ Delivery contract for every consumer:
 - explicit ack after the handler succeeds;
 - an event that is not valid (bad JSON, bad envelope, unknown type, schema
   violation) or that a handler rejects goes to `deadletter.<subject>` with the
-  reason in a header, is counted, and is acked — it can never succeed;
+  reason in a header, is counted, and is terminated (`term`) — it can never succeed;
 - a handler error or `Retry` is nak'ed with the consumer's growing back-off; after its max_deliver
   attempts the event is dead-lettered;
 - handled event ids are remembered in Redis, so a redelivered event is acked
@@ -111,7 +111,9 @@ class Bus:
         password: str | None = None,
         metrics: BusMetrics | None = None,
         connect_timeout: float = 5.0,
+        reconnect: bool = True,
     ) -> "Bus":
+        """Connect; services reconnect forever, a one-shot client (`reconnect=False`) fails fast."""
         bus = cls(nats.NATS(), source, metrics)
         await bus.nc.connect(
             url,
@@ -119,9 +121,9 @@ class Bus:
             password=password,
             name=source,
             connect_timeout=connect_timeout,
-            max_reconnect_attempts=-1,
+            max_reconnect_attempts=-1 if reconnect else 0,
             reconnect_time_wait=1,
-            allow_reconnect=True,
+            allow_reconnect=reconnect,
             disconnected_cb=bus._on_disconnected,
             reconnected_cb=bus._on_reconnected,
             error_cb=bus._on_error,
@@ -176,7 +178,10 @@ class Bus:
         await self.js.publish(subject, encode(env), headers={"Nats-Msg-Id": env.id})
 
     async def deadletter(self, msg: Msg, consumer: str, stage: str, reason: str) -> None:
+        seq = msg.metadata.sequence.stream if msg.metadata else None
         headers = {
+            # One dead letter per original message, even if recording it is retried.
+            **({"Nats-Msg-Id": f"dl-{consumer}-{seq}"} if seq is not None else {}),
             REASON_HEADER: _header_safe(reason),
             "WhaleFlux-Consumer": consumer,
             "WhaleFlux-Stage": stage,

@@ -24,6 +24,8 @@ class GpuModel(BaseModel):
     min_power_limit_w: float
     ecc: bool
     nvlink_gbps: float
+    memory_bandwidth_tbps: float
+    bf16_dense_tflops: float
     temp_shutdown_c: float
     temp_slowdown_c: float
     temp_max_operating_c: float
@@ -36,6 +38,13 @@ def gpu_models(path: str | None = None) -> dict[str, GpuModel]:
     """Models keyed by their short name (H100, H200, A100, RTX4090)."""
     doc = yaml.safe_load(Path(path or DATA_DIR / "gpu_models.yaml").read_text())
     return {key: GpuModel(key=key, **spec) for key, spec in doc["models"].items()}
+
+
+@lru_cache(maxsize=4)
+def multi_gpu_efficiency(path: str | None = None) -> dict[str, float]:
+    """Speed factor of a multi-GPU job by interconnect: nvlink, pcie, cross_node."""
+    doc = yaml.safe_load(Path(path or DATA_DIR / "gpu_models.yaml").read_text())
+    return {key: float(value) for key, value in doc["multi_gpu_efficiency"].items()}
 
 
 def model_key(name: str) -> str | None:

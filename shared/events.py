@@ -12,13 +12,17 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 TYPE_PREFIX = "io.whaleflux."
 
 NonNeg = Annotated[float, Field(ge=0)]
 Percent = Annotated[float, Field(ge=0, le=100)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
+# Names that become NATS subject tokens (cluster, node): no dots.
+Token = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+# Short enough that derived event ids ("placed-<job>-<attempt>") fit the envelope's id.
+JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
 class EventData(BaseModel):
@@ -57,7 +61,37 @@ class GpuSample(BaseModel):
     mem_clock_mhz: NonNeg | None = None
     throttle_reasons: list[str] = Field(default_factory=list)
     ecc_uncorrected: Annotated[int, Field(ge=0)] | None = None
-    xid_errors: list[int] = Field(default_factory=list)
+    xid_errors: list[int] = Field(default_factory=list, description="XIDs seen since the previous sample")
+    # Added in v1 before release; all optional, absent where the device does not support them.
+    memory_free_mib: NonNeg | None = None
+    memory_reserved_mib: NonNeg | None = None
+    shutdown_temperature_c: Annotated[float, Field(ge=0, le=200)] | None = None
+    thermal_margin_c: Annotated[float, Field(ge=-100, le=200)] | None = Field(
+        None, description="degrees below the slowdown limit, as the device reports it"
+    )
+    ecc_corrected: Annotated[int, Field(ge=0)] | None = None
+    remapped_rows_correctable: Annotated[int, Field(ge=0)] | None = None
+    remapped_rows_uncorrectable: Annotated[int, Field(ge=0)] | None = None
+    row_remap_failure: bool | None = None
+    pcie_replay_count: Annotated[int, Field(ge=0)] | None = None
+    pcie_tx_bytes_per_s: NonNeg | None = None
+    pcie_rx_bytes_per_s: NonNeg | None = None
+    nvlink_links_active: Annotated[int, Field(ge=0, le=64)] | None = None
+    nvlink_crc_errors: Annotated[int, Field(ge=0)] | None = Field(None, description="flit + data CRC errors, all links")
+    nvlink_replay_errors: Annotated[int, Field(ge=0)] | None = None
+    nvlink_recovery_errors: Annotated[int, Field(ge=0)] | None = None
+    nvlink_bandwidth_bytes: NonNeg | None = Field(None, description="rx + tx bytes over all links since boot")
+    tensor_active: Annotated[float, Field(ge=0, le=1)] | None = Field(None, description="ratio of cycles the tensor pipe is active")
+    processes: list["GpuProcess"] = Field(default_factory=list)
+
+
+class GpuProcess(BaseModel):
+    """A process holding GPU memory; `job_id` when the agent launched it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pid: int = Field(ge=0)
+    used_mib: NonNeg
+    job_id: str | None = None
 
 
 class GpuIdentity(BaseModel):
@@ -77,17 +111,17 @@ class GpuTelemetry(EventData):
     """All GPUs of one node at one sample time (one message per node per interval)."""
 
     event_name: ClassVar[str] = "gpu.telemetry"
-    cluster: Name
-    node: Name
+    cluster: Token
+    node: Token
     seq: int = Field(ge=0)
-    sample_time: datetime
+    sample_time: AwareDatetime
     gpus: list[GpuSample]
 
 
 class NodeRegistered(EventData):
     event_name: ClassVar[str] = "node.registered"
-    cluster: Name
-    node: Name
+    cluster: Token
+    node: Token
     rack: str | None = None
     pool: str | None = None
     interconnect: Literal["nvlink", "pcie"] = "pcie"
@@ -97,8 +131,8 @@ class NodeRegistered(EventData):
 
 class NodeHeartbeat(EventData):
     event_name: ClassVar[str] = "node.heartbeat"
-    cluster: Name
-    node: Name
+    cluster: Token
+    node: Token
     seq: int = Field(ge=0)
     running_jobs: list[str] = Field(default_factory=list)
 
@@ -110,7 +144,7 @@ class JobSubmitted(EventData):
     """A request to run a job. Any system may publish it (see docs/events/)."""
 
     event_name: ClassVar[str] = "job.submitted"
-    job_id: Name
+    job_id: JobId
     name: str = Field(min_length=1, max_length=128)
     team: Name = "default"
     project: Name = "default"
@@ -125,10 +159,10 @@ class JobSubmitted(EventData):
 
 class JobPlaced(EventData):
     event_name: ClassVar[str] = "job.placed"
-    job_id: Name
+    job_id: JobId
     attempt: int = Field(ge=1)
-    cluster: Name
-    node: Name
+    cluster: Token
+    node: Token
     gpu_model: str
     gpu_uuids: list[str] = Field(min_length=1)
     gpu_indices: list[int]
@@ -141,38 +175,38 @@ class JobPlaced(EventData):
 
 class JobStarted(EventData):
     event_name: ClassVar[str] = "job.started"
-    job_id: Name
+    job_id: JobId
     attempt: int = Field(ge=1)
-    cluster: Name
-    node: Name
+    cluster: Token
+    node: Token
     gpu_uuids: list[str]
     pid: int
-    started_at: datetime
+    started_at: AwareDatetime
 
 
 class JobFinished(EventData):
     event_name: ClassVar[str] = "job.finished"
-    job_id: Name
+    job_id: JobId
     attempt: int = Field(ge=1)
-    cluster: Name
-    node: Name
+    cluster: Token
+    node: Token
     exit_code: int
-    started_at: datetime
-    finished_at: datetime
+    started_at: AwareDatetime
+    finished_at: AwareDatetime
 
 
 class JobFailed(EventData):
     """The job could not run or its process died abnormally (not a plain non-zero exit)."""
 
     event_name: ClassVar[str] = "job.failed"
-    job_id: Name
+    job_id: JobId
     attempt: int = Field(ge=1)
-    cluster: Name
-    node: Name
+    cluster: Token
+    node: Token
     reason: str
     exit_code: int | None = None
-    started_at: datetime | None = None
-    failed_at: datetime
+    started_at: AwareDatetime | None = None
+    failed_at: AwareDatetime
 
 
 # --------------------------------------------------------------------------- leases and alerts
@@ -182,14 +216,33 @@ class LeaseExpiring(EventData):
     event_name: ClassVar[str] = "lease.expiring"
     contract_id: str
     provider: str
-    ends_at: datetime
-    notice_deadline: datetime | None = None
+    ends_at: AwareDatetime
+    notice_deadline: AwareDatetime | None = None
     horizon_days: int = Field(ge=0)
     days_left: float
     gpu_count: int = Field(ge=1)
     nodes: list[str]
     monthly_cost_usd: str = Field(pattern=r"^\d+(\.\d+)?$", description="decimal as a string")
     auto_renew: bool = False
+    # Which deadline this horizon counts down to: the lease's end, or the last day to give notice.
+    deadline: Literal["end", "notice"] = "end"
+    notice_deadline_passed: bool = False
+    gpu_models: list[str] = Field(default_factory=list)
+    summary: str = ""
+
+
+class LeaseExpired(EventData):
+    """A lease reached its end date without a renewal being declared."""
+
+    event_name: ClassVar[str] = "lease.expired"
+    contract_id: str
+    provider: str
+    ended_at: AwareDatetime
+    gpu_count: int = Field(ge=1)
+    nodes: list[str]
+    gpu_models: list[str] = Field(default_factory=list)
+    monthly_cost_usd: str = Field(pattern=r"^\d+(\.\d+)?$", description="decimal as a string")
+    summary: str = ""
 
 
 class AlertRaised(EventData):
@@ -202,7 +255,7 @@ class AlertRaised(EventData):
     labels: dict[str, str]
     annotations: dict[str, str] = Field(default_factory=dict)
     value: float | None = None
-    starts_at: datetime
+    starts_at: AwareDatetime
 
 
 class AlertResolved(EventData):
@@ -211,8 +264,8 @@ class AlertResolved(EventData):
     rule: str
     labels: dict[str, str]
     summary: str
-    starts_at: datetime
-    ends_at: datetime
+    starts_at: AwareDatetime
+    ends_at: AwareDatetime
 
 
 EVENT_MODELS: tuple[type[EventData], ...] = (
@@ -225,6 +278,7 @@ EVENT_MODELS: tuple[type[EventData], ...] = (
     JobFinished,
     JobFailed,
     LeaseExpiring,
+    LeaseExpired,
     AlertRaised,
     AlertResolved,
 )
@@ -246,7 +300,7 @@ class Envelope(BaseModel):
     id: str = Field(min_length=1, max_length=128)
     source: str = Field(min_length=1)
     type: str = Field(min_length=1)
-    time: datetime
+    time: AwareDatetime
     subject: str | None = None
     datacontenttype: Literal["application/json"] = "application/json"
     # CloudEvents extension attribute: ties together the events of one flow (a job, an alert).

@@ -80,6 +80,10 @@ class ServiceBase:
         """Long-running loops started after `on_ready`; each must survive its own errors."""
         return []
 
+    async def metrics_text(self) -> bytes:
+        """The /metrics body; a service appends families prometheus_client cannot write (e.g. DCGM counters)."""
+        return generate_latest(self.registry)
+
     # ----------------------------------------------------------------- plumbing
 
     async def _connect(self) -> None:
@@ -113,13 +117,44 @@ class ServiceBase:
     async def _start(self) -> None:
         await self._connect()
         self.outbox = Outbox(self.redis, self.prefix)
+        await self._replay_if_state_lost()
         await self.on_ready()
         specs = self.consumer_specs()
         for name, handler in self.consumers().items():
             self.bus.start_consumer(specs[name], handler, self.redis, self.prefix)
-        for loop in self.background():
+        for loop in [*self.background(), self._outbox_loop]:
             self._tasks.append(asyncio.create_task(self._guard(loop), name=loop.__name__))
         self.log.info("service.started", consumers=sorted(specs))
+
+    async def _replay_if_state_lost(self) -> None:
+        """Rebuild from JetStream when Redis holds none of this service's state.
+
+        Consumer positions live in NATS, so a service whose Redis was wiped would
+        otherwise resume mid-stream with empty state. Without the marker key, its
+        history consumers are recreated and replay their streams from the start;
+        handlers are idempotent, so a replay over surviving state changes nothing.
+        """
+        marker = f"{self.prefix}:state-epoch"
+        if await self.redis.exists(marker):
+            return
+        for name, spec in self.consumer_specs().items():
+            if spec.deliver_new:
+                continue  # live feeds have nothing to rebuild from
+            try:
+                await self.bus.js.delete_consumer(spec.stream, name)
+                self.log.warning("state.replaying", consumer=name, stream=spec.stream)
+            except Exception:
+                pass  # never created: a first start
+        await self.redis.set(marker, self.clock().isoformat())
+
+    async def _outbox_loop(self) -> None:
+        """Publish what a failed or interrupted flush left behind."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.publish_staged()
+            except Exception as exc:
+                self.log.warning("outbox.flush_failed", error=repr(exc))
 
     async def _guard(self, loop: Callable[[], Awaitable[None]]) -> None:
         """Restart a background loop that raised, after a pause; never let it die."""
@@ -200,7 +235,7 @@ class ServiceBase:
 
         @app.get("/metrics", tags=["ops"])
         async def metrics() -> Response:
-            return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+            return Response(await self.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
         @app.get("/admin/status", tags=["admin"], dependencies=[AdminDep])
         async def admin_status() -> dict:

@@ -7,17 +7,21 @@ the process at start-up instead of running with a default.
 
 from __future__ import annotations
 
+import re
 import secrets
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_SECRET_LEN = 16
+_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^@/]*@")
 
 
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WHALEFLUX_", extra="ignore")
+    # Secrets a process of this kind must be given outside development.
+    required_secrets: ClassVar[tuple[str, ...]] = ("admin_token", "nats_password", "redis_password")
 
     environment: Literal["development", "production"] = "development"
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("NATS_URL", "WHALEFLUX_NATS_URL"))
@@ -31,10 +35,18 @@ class CommonSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     instance: str = Field(default_factory=lambda: secrets.token_hex(3))
 
+    @field_validator("http_port")
+    @classmethod
+    def _port(cls, value: int) -> int:
+        # Subclasses override the default port; the bounds must hold for all.
+        if not 0 <= value <= 65535:
+            raise ValueError("WHALEFLUX_HTTP_PORT must be between 0 and 65535")
+        return value
+
     @model_validator(mode="after")
     def _secrets_outside_development(self) -> "CommonSettings":
         if self.environment == "production":
-            for name in ("admin_token", "nats_password", "redis_password"):
+            for name in self.required_secrets:
                 value = getattr(self, name)
                 if value is None or len(value.get_secret_value()) < MIN_SECRET_LEN:
                     raise ValueError(
@@ -51,7 +63,11 @@ class CommonSettings(BaseSettings):
         """Settings as a dict safe to show: secrets are masked."""
         out = {}
         for key, value in self.model_dump().items():
-            out[key] = "********" if isinstance(value, SecretStr) and value is not None else value
+            if isinstance(value, SecretStr):
+                value = "********"
+            elif isinstance(value, str) and "://" in value and "@" in value:
+                value = _USERINFO.sub(r"\1********@", value)  # a password inside a URL
+            out[key] = value
         return out
 
     def secret(self, name: str) -> str | None:

@@ -63,6 +63,9 @@ class ConsumerSpec:
     max_ack_pending: int = 1000
     batch: int = 64
     backoff_s: tuple[float, ...] = BACKOFF_S
+    # Redelivery after a consumer died mid-event. Not the server-side `backoff`
+    # list: with one set, JetStream uses its first value as the ack wait.
+    ack_wait_s: float = 10.0
     # Skip the per-event dedup lookup where the handler is idempotent by nature
     # (storing the latest telemetry sample twice changes nothing).
     dedup: bool = True
@@ -81,9 +84,8 @@ class ConsumerSpec:
             durable_name=self.durable,
             deliver_policy=DeliverPolicy.NEW if self.deliver_new else DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=30.0,
+            ack_wait=self.ack_wait_s,
             max_deliver=self.max_deliver,
-            backoff=list(self.backoff_s),
             max_ack_pending=self.max_ack_pending,
             filter_subject=filters[0] if len(filters) == 1 else None,
             filter_subjects=filters if len(filters) > 1 else None,
@@ -99,12 +101,16 @@ CONSUMERS: dict[str, ConsumerSpec] = {
     for spec in (
         _c("telemetry-gpu", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
         _c("telemetry-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>"),
+        # Job names, teams and GPUs, so samples and /metrics carry job labels and per-job usage.
+        _c("telemetry-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED),
         _c("scheduler-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED),
         _c("scheduler-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>"),
         _c("alerting-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
         _c("alerting-notify", "WHALEFLUX_ALERTS", f"{s.ALERT_RAISED}", f"{s.ALERT_RESOLVED}"),
         _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, f"{s.JOB_PLACED}.>"),
-        _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>"),
+        _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
+        _c("inventory-jobs", "WHALEFLUX_JOBS", f"{s.JOB_PLACED}.>", s.JOB_FINISHED, s.JOB_FAILED),
+        _c("inventory-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
     )
 }
 

@@ -41,7 +41,8 @@ def test_job_that_can_never_fit_is_infeasible_with_a_reason():
 
 def test_busy_fleet_is_unschedulable_not_infeasible():
     decision = place(JobRequest("j", 4), [node("a", taken=(0, 1, 2, 3, 4))])
-    assert isinstance(decision, Unschedulable) and "3 free GPU(s)" in decision.reason
+    assert isinstance(decision, Unschedulable)
+    assert decision.reason == "needs 4 GPUs on one node; largest free block is 3 on a"
 
 
 def test_memory_held_by_a_foreign_process_counts_against_the_gpu():

@@ -33,3 +33,26 @@ def test_conventional_urls_and_redaction(monkeypatch):
     assert s.nats_url == "nats://example:4222"
     shown = s.redacted()
     assert shown["redis_password"] == "********" and "hunter2" not in str(shown)
+
+
+def test_credentials_inside_urls_are_masked(monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "redis://:topsecretpw@db:6379/0")
+    shown = CommonSettings().redacted()
+    assert shown["redis_url"] == "redis://********@db:6379/0"
+
+
+def test_a_service_port_outside_the_range_is_refused(monkeypatch):
+    monkeypatch.setenv("WHALEFLUX_HTTP_PORT", "70000")
+    from whaleflux.billing.app import BillingSettings
+
+    with pytest.raises(ValidationError, match="between 0 and 65535"):
+        BillingSettings()
+
+
+def test_the_agent_needs_no_redis_password_in_production(monkeypatch):
+    from whaleflux.agent.app import AgentSettings
+
+    monkeypatch.setenv("WHALEFLUX_ENVIRONMENT", "production")
+    monkeypatch.setenv("WHALEFLUX_ADMIN_TOKEN", "a" * 32)
+    monkeypatch.setenv("WHALEFLUX_NATS_PASSWORD", "n" * 32)
+    assert AgentSettings().environment == "production"

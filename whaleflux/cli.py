@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from whaleflux.shared import subjects
@@ -22,6 +23,8 @@ from .client import ClientError, Connection
 app = typer.Typer(help="WhaleFlux: GPU fleet manager.", no_args_is_help=True, pretty_exceptions_enable=False)
 jobs_app = typer.Typer(help="List jobs, or show one.", invoke_without_command=True)
 app.add_typer(jobs_app, name="jobs")
+sim_app = typer.Typer(help="The simulated fleet: inject faults.", no_args_is_help=True)
+app.add_typer(sim_app, name="sim")
 # Piped output (scripts, logs) gets wide rows instead of wrapped cells.
 console = Console(width=None if sys.stdout.isatty() else 200)
 
@@ -30,7 +33,8 @@ TERMINAL = {"succeeded", "failed", "rejected"}
 
 
 def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}")
+    # One line whatever its length; brackets in the message are text, not markup.
+    console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -56,13 +60,47 @@ def service(name: Annotated[str, typer.Argument(help="telemetry | scheduler | al
 def agent(
     simulate: Annotated[Path, typer.Option(help="fleet file whose nodes to simulate")] = DEFAULT_FLEET,
     node: Annotated[Optional[list[str]], typer.Option(help="node(s) of the fleet to run; default all")] = None,
+    nvml: Annotated[bool, typer.Option(help="this machine's real GPUs through NVML (node name: WHALEFLUX_NODE_NAME or the hostname)")] = False,
 ) -> None:
-    """Run a node agent with simulated GPUs."""
+    """Run a node agent: simulated GPUs from a fleet file, or --nvml on a real GPU node."""
     from whaleflux.agent.app import main as agent_main
 
-    if not simulate.exists():
+    if not nvml and not simulate.exists():
         _fail(f"fleet file {simulate} does not exist")
-    agent_main(simulate, node)
+    agent_main(simulate, node, nvml)
+
+
+@app.command()
+def monitor(
+    gpu: Annotated[str, typer.Option(help="all, a GPU index, or a UUID (prefix)")] = "all",
+    node: Annotated[Optional[str], typer.Option(help="only this node")] = None,
+    watch: Annotated[bool, typer.Option(help="refresh in place until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option(min=0.2, help="seconds between refreshes with --watch")] = 1.0,
+) -> None:
+    """Live GPU view: one row per GPU; hot, throttled and erroring GPUs highlighted."""
+    from .monitor import run as run_monitor
+
+    try:
+        code = run_monitor(node, gpu, watch, interval, console)
+    except ClientError as exc:
+        _fail(str(exc))
+    raise typer.Exit(code)
+
+
+@sim_app.command("inject")
+def sim_inject(
+    kind: Annotated[str, typer.Argument(help="cooling | ecc-dbe | xid79 | xid48 | nvlink-crc | vram-leak | gpu-vanish | node-silent")],
+    node: Annotated[str, typer.Option(help="simulated node, e.g. h100-01")],
+    gpu: Annotated[Optional[int], typer.Option(help="GPU index on the node (GPU faults)")] = None,
+    duration: Annotated[Optional[float], typer.Option(help="node-silent: seconds; default until the agent restarts")] = None,
+) -> None:
+    """Inject a fault into the simulated fleet (through the agent's admin endpoint)."""
+    body = {"kind": kind, "node": node, "gpu": gpu, "duration_s": duration}
+    try:
+        done = Connection.discover().post_admin("agent", "/admin/faults", {k: v for k, v in body.items() if v is not None})
+    except ClientError as exc:
+        _fail(str(exc))
+    console.print(f"injected: {done['injected']}")
 
 
 @app.command()
@@ -215,6 +253,43 @@ def costs(by: Annotated[str, typer.Option(help="job | team | project | model")] 
 
 
 @app.command()
+def simulate(
+    jobs: Annotated[Path, typer.Option(help="generic job CSV (see shared/data/traces/README.md)")],
+    fleet: Annotated[Path, typer.Option(help="fleet file")] = DEFAULT_FLEET,
+    policy: Annotated[list[str], typer.Option(help="fifo | backfill | whaleflux; repeat to compare")] = ["whaleflux"],
+    time_scale: Annotated[float, typer.Option(help="stretch the gaps between submissions by this factor")] = 1.0,
+    json_out: Annotated[bool, typer.Option("--json", help="print the reports as JSON")] = False,
+) -> None:
+    """Replay a job trace through the scheduler's queue and placement code on a virtual clock."""
+    import dataclasses
+    import json
+
+    from whaleflux.scheduler.simulator.metrics import side_by_side, team_rows
+    from whaleflux.scheduler.simulator.run import simulate_files
+
+    for path in (jobs, fleet):
+        if not path.exists():
+            _fail(f"{path} does not exist")
+    try:
+        reports = simulate_files(jobs, fleet, policy, time_scale)
+    except ValueError as exc:
+        _fail(str(exc))
+    if json_out:
+        print(json.dumps([dataclasses.asdict(r) for r in reports], indent=2))
+        return
+    rows = side_by_side(reports)
+    table = Table(*rows[0])
+    for row in rows[1:]:
+        table.add_row(*row)
+    console.print(table)
+    for r in reports:
+        teams = Table("team", "jobs", "GPU-s share", "mean slowdown", title=f"{r.policy}: per team")
+        for row in team_rows(r):
+            teams.add_row(*row)
+        console.print(teams)
+
+
+@app.command()
 def alerts() -> None:
     """Alerts firing now."""
     try:
@@ -228,15 +303,54 @@ def alerts() -> None:
 
 
 @app.command()
-def inventory() -> None:
-    """Registered GPUs by model and status."""
+def inventory(
+    by: Annotated[str, typer.Option(help="model | pool | ownership")] = "model",
+    hours: Annotated[float, typer.Option(min=0.1, help="window of the mean utilization, hours")] = 24,
+) -> None:
+    """GPUs by model, pool or ownership: count, missing, allocated now, mean utilization while allocated."""
+    if by not in ("model", "pool", "ownership"):
+        _fail(f"--by {by!r}: choose model, pool or ownership")
     try:
-        rows = Connection.discover().get("inventory", "/v1/summary")
+        rows = Connection.discover().get("inventory", "/v1/inventory", by=by, hours=hours)
     except ClientError as exc:
         _fail(str(exc))
-    table = Table("model", "status", "GPUs")
+    table = Table(by, "GPUs", "missing", "allocated", f"mean util while allocated ({hours:g} h)")
     for r in rows:
-        table.add_row(r["model"], r["status"], str(r["gpus"]))
+        util = "" if r["mean_util_allocated"] is None else f"{r['mean_util_allocated']:.1f}%"
+        table.add_row(r["key"], str(r["gpus"]), str(r["missing"]), str(r["allocated"]), util)
+    console.print(table)
+
+
+@app.command()
+def leases() -> None:
+    """Leases: days left, notice deadline, monthly cost, renewal."""
+    try:
+        rows = Connection.discover().get("inventory", "/v1/leases")
+    except ClientError as exc:
+        _fail(str(exc))
+    table = Table("contract", "provider", "state", "GPUs", "ends", "days left", "notice by", "monthly cost", "renewal")
+    for r in rows:
+        renewal = f"renewed by {r['renewed_by']}" if r["renewed_by"] else ("auto-renews" if r["auto_renew"] else "manual")
+        notice = (r["notice_deadline"] or "")[:10]
+        if r["notice_days_left"] is not None and r["notice_days_left"] < 0 and r["state"] == "active":
+            notice += " (passed)"
+        table.add_row(
+            r["contract_id"], r["provider"], r["state"], f"{r['gpu_count']} {'/'.join(r['gpu_models'])}",
+            r["ends_at"][:10], f"{r['days_left']:.1f}", notice, f"${r['monthly_cost_usd']}", renewal,
+        )
+    console.print(table)
+
+
+@app.command()
+def findings() -> None:
+    """Idle allocated GPUs, reserved GPUs idle for days, pools to consolidate, capacity, undeclared GPUs."""
+    try:
+        rows = Connection.discover().get("inventory", "/v1/findings")
+    except ClientError as exc:
+        _fail(str(exc))
+    table = Table("kind", "severity", "finding", "at stake / month")
+    for f in rows:
+        table.add_row(f["kind"], f["severity"], f["summary"], "" if f["monthly_usd"] is None else f"${f['monthly_usd']}")
     console.print(table)
 
 
@@ -256,6 +370,88 @@ def schemas(
         return
     for path in event_schemas.write(out):
         console.print(f"wrote {path}")
+
+
+def _count(text: str, option: str, binary: bool) -> int:
+    """"8192", "8K" (x1024 when binary, as context lengths go), "100M", "1.5B" (x1000)."""
+    units = {"K": 1024 if binary else 1000, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+    raw = text.strip().upper()
+    scale = units.get(raw[-1:], 1)
+    try:
+        value = float(raw[:-1] if scale != 1 else raw) * scale
+    except ValueError:
+        _fail(f"{option} {text!r}: expected a number such as 8192, 8K, 100M or 1.5B")
+    if value < 1 or value != int(value):
+        _fail(f"{option} {text!r}: expected a whole number of tokens >= 1")
+    return int(value)
+
+
+@app.command()
+def size(
+    model: Annotated[Optional[str], typer.Argument(help="catalogue model (see --list) or a Hugging Face config.json (file or folder)")] = None,
+    task: Annotated[str, typer.Option(help="serve | full | lora | qlora")] = "serve",
+    context: Annotated[str, typer.Option(help="tokens per sequence, e.g. 8192 or 8K")] = "4096",
+    batch: Annotated[int, typer.Option(help="serve: concurrent sequences; training: micro-batch per replica")] = 1,
+    weights: Annotated[Optional[str], typer.Option(help="fp32 | bf16 | fp16 | fp8 | int8 | int4 | nf4 (default bf16; nf4 for qlora)")] = None,
+    kv_cache: Annotated[Optional[str], typer.Option(help="serve: KV cache dtype (default bf16)")] = None,
+    tokens: Annotated[Optional[str], typer.Option(help="training: dataset tokens per epoch, e.g. 100M")] = None,
+    epochs: Annotated[Optional[float], typer.Option(help="training: epochs (default 1)")] = None,
+    lora_rank: Annotated[Optional[int], typer.Option(help="lora/qlora: rank (default 16)")] = None,
+    lora_targets: Annotated[Optional[str], typer.Option(help="lora/qlora: comma-separated of q,k,v,o,gate,up,down (default all)")] = None,
+    optimizer: Annotated[Optional[str], typer.Option(help="training: adamw | adamw-8bit | sgd (default adamw)")] = None,
+    checkpointing: Annotated[Optional[bool], typer.Option("--checkpointing/--no-checkpointing", help="training: activation checkpointing (default on)")] = None,
+    mfu: Annotated[Optional[float], typer.Option(help="training: model FLOPs utilization on an A100 (default 0.40; 0.30 qlora)")] = None,
+    gpu: Annotated[Optional[list[str]], typer.Option(help="GPU model(s) to consider; default all in gpu_models.yaml")] = None,
+    max_gpus: Annotated[int, typer.Option(help="largest GPU count to consider")] = 64,
+    price: Annotated[Optional[list[str]], typer.Option(help="MODEL=USD per GPU-hour instead of the reference price")] = None,
+    all_splits: Annotated[bool, typer.Option("--all", help="list every feasible split, not only the fastest per GPU count")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    list_models: Annotated[bool, typer.Option("--list", help="list the catalogue models and exit")] = False,
+) -> None:
+    """Memory, time and GPUs for serving or fine-tuning an LLM (computed locally; no services needed)."""
+    from pydantic import ValidationError
+
+    from whaleflux.shared import sizing
+
+    from .sizing_view import render_catalogue, render_report
+
+    if list_models:
+        render_catalogue(console, as_json)
+        return
+    if model is None:
+        _fail("name a model (see `whaleflux size --list`) or a config.json")
+    fields: dict = {"model": model}
+    try:
+        if model.endswith(".json") or Path(model).is_dir() or Path(model).is_file():
+            config, label = sizing.read_config_file(model)
+            fields = {"config": config, "config_name": label}
+        prices = {}
+        for item in price or []:
+            key, _, usd = item.partition("=")
+            try:
+                prices[key] = float(usd)
+            except ValueError:
+                _fail(f"--price {item!r}: expected MODEL=USD, e.g. H100=2.5")
+        request = sizing.SizingRequest(
+            **fields, task=task, context=_count(context, "--context", binary=True), batch=batch,
+            weight_dtype=weights, kv_dtype=kv_cache,
+            dataset_tokens=_count(tokens, "--tokens", binary=False) if tokens else None,
+            epochs=epochs, lora_rank=lora_rank,
+            lora_targets=[t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None,
+            optimizer=optimizer, checkpointing=checkpointing, mfu=mfu, gpus=gpu or [], max_gpus=max_gpus,
+            prices=prices,
+        )
+        report = sizing.estimate(request)
+    except sizing.SizingError as exc:
+        _fail(str(exc))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "input"
+        _fail(f"{where}: {err['msg']}")
+    if as_json:
+        typer.echo(report.model_dump_json(indent=2))
+    else:
+        render_report(console, report, all_splits)
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import httpx
 from whaleflux.shared import localconfig
 from whaleflux.shared.bus import Bus
 
-DEFAULT_PORTS = {"telemetry": 8701, "scheduler": 8702, "alerting": 8703, "billing": 8704, "inventory": 8705}
+DEFAULT_PORTS = {"telemetry": 8701, "scheduler": 8702, "alerting": 8703, "billing": 8704, "inventory": 8705, "agent": 8710}
 
 
 class ClientError(Exception):
@@ -46,7 +46,8 @@ class Connection:
     async def bus(self) -> Bus:
         try:
             return await Bus.connect(
-                self.nats_url, source="whaleflux/cli", user=self.nats_user, password=self.nats_password, connect_timeout=3
+                self.nats_url, source="whaleflux/cli", user=self.nats_user, password=self.nats_password,
+                connect_timeout=3, reconnect=False,
             )
         except Exception as exc:
             raise ClientError(
@@ -63,4 +64,20 @@ class Connection:
             raise ClientError(resp.json().get("detail", f"not found: {path}"))
         if resp.status_code >= 400:
             raise ClientError(f"{service} answered {resp.status_code}: {resp.text[:300]}")
+        return resp.json()
+
+    def post_admin(self, service: str, path: str, body: dict) -> object:
+        """POST to an admin endpoint with the admin token; the service's `detail` becomes the error."""
+        url = self.services[service] + path
+        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        try:
+            resp = httpx.post(url, json=body, headers=headers, timeout=10)
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach the {service} at {self.services[service]} ({type(exc).__name__})") from None
+        if resp.status_code >= 400:
+            try:
+                detail = resp.json().get("detail", resp.text)
+            except ValueError:
+                detail = resp.text
+            raise ClientError(f"{service} answered {resp.status_code}: {str(detail)[:500]}")
         return resp.json()

@@ -100,8 +100,12 @@ class Stack:
             self.children.append(
                 Child(name, [sys.executable, "-m", "whaleflux", "service", name], child_env, logs / f"{name}.log")
             )
+        # The agent's HTTP port serves fault injection (`whaleflux sim inject`).
+        agent_port = free_port(DEFAULT_PORTS["agent"])
+        self.cfg.services["agent"] = f"http://127.0.0.1:{agent_port}"
         self.children.append(
-            Child("agent", [sys.executable, "-m", "whaleflux", "agent", "--simulate", str(self.fleet)], env, logs / "agent.log")
+            Child("agent", [sys.executable, "-m", "whaleflux", "agent", "--simulate", str(self.fleet)],
+                  {**env, "WHALEFLUX_HTTP_PORT": str(agent_port)}, logs / "agent.log")
         )
         self.cfg.save()
         for child in self.children:

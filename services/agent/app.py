@@ -1,45 +1,176 @@
-"""The node agent process: one or more (simulated) nodes on one NATS connection."""
+"""The node agent process: one or more nodes on one NATS connection, plus a small HTTP server.
+
+With `--simulate FLEET` it runs simulated nodes of a fleet file; with `--nvml`
+it runs this machine as one node with its real GPUs. The HTTP server (port
+`WHALEFLUX_HTTP_PORT`, default 8710) answers `/healthz`, lists the nodes at
+`/v1/nodes`, and takes fault injections for simulated nodes at
+`POST /admin/faults` (bearer token = WHALEFLUX_ADMIN_TOKEN).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
+import socket
 from pathlib import Path
+from typing import Annotated
 
 import structlog
+import uvicorn
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field
 
 from whaleflux.shared.bus import Bus
-from whaleflux.shared.catalog import DEFAULT_FLEET, gpu_models, load_fleet
+from whaleflux.shared.catalog import DEFAULT_FLEET, FleetNode, gpu_models, load_fleet
 from whaleflux.shared.localconfig import home
 from whaleflux.shared.logs import configure_logging
 from whaleflux.shared.settings import CommonSettings
 
+from .faults import FAULT_HELP, Fault
 from .node import NodeAgent
 from .simulated import SimulatedNode
 
 log = structlog.get_logger("whaleflux.agent")
+_bearer = HTTPBearer(auto_error=False)
 
 
 class AgentSettings(CommonSettings):
+    required_secrets = ("admin_token", "nats_password")  # the agent never talks to Redis
+    http_port: int = Field(8710, ge=0, le=65535)
     interval_s: float = Field(1.0, ge=0.1, le=60)
     seed: int = 0
+    # --nvml: how this machine appears in the fleet.
+    node_name: str | None = None
+    cluster: str = "onprem"
+    rack: str | None = None
+    pool: str = "default"
 
 
-async def run_simulated(settings: AgentSettings, fleet_path: Path = DEFAULT_FLEET, node_names: list[str] | None = None) -> None:
-    """Simulate the named nodes of a fleet file (all of them when none are named) until signalled."""
-    fleet = load_fleet(fleet_path)
-    nodes = fleet.nodes()
+def select_nodes(fleet_path: Path, node_names: list[str] | None) -> list[FleetNode]:
+    """The named nodes of a fleet file (all of them when none are named)."""
+    nodes = load_fleet(fleet_path).nodes()
     if node_names:
         unknown = sorted(set(node_names) - {n.name for n in nodes})
         if unknown:
             raise SystemExit(f"{fleet_path}: no node(s) named {', '.join(unknown)}; fleet has {', '.join(n.name for n in nodes)}")
         nodes = [n for n in nodes if n.name in node_names]
-    models = gpu_models()
+    return nodes
 
-    bus = None
+
+def simulated_agents(bus: Bus, nodes: list[FleetNode], settings: AgentSettings) -> list[NodeAgent]:
+    models = gpu_models()
+    return [
+        NodeAgent(
+            bus,
+            node,
+            SimulatedNode(
+                node.name, models[node.gpu_model], node.gpus, seed=settings.seed, rack=node.rack, interconnect=node.interconnect
+            ),
+            interval_s=settings.interval_s,
+            log_dir=home() / "jobs",
+        )
+        for node in nodes
+    ]
+
+
+def nvml_agent(bus: Bus, settings: AgentSettings) -> NodeAgent:
+    """This machine as one node, sampled through NVML."""
+    from whaleflux.shared.subjects import token
+
+    from .nvml import NvmlBackend
+
+    backend = NvmlBackend()
+    ids = backend.identities()
+    if not ids:
+        raise SystemExit("--nvml: NVML found no GPU on this machine")
+    name = token(settings.node_name or socket.gethostname().split(".")[0])
+    node = FleetNode(
+        name=name, group="nvml", cluster=settings.cluster, rack=settings.rack or name, pool=settings.pool,
+        ownership="owned", gpu_model=ids[0].model, gpus=len(ids), interconnect="pcie",
+    )
+    return NodeAgent(bus, node, backend, interval_s=settings.interval_s, log_dir=home() / "jobs")
+
+
+def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
+    """The agent's HTTP API: health, its nodes, fault injection (admin)."""
+    app = FastAPI(title="WhaleFlux agent")
+    by_name = {a.node.name: a for a in agents}
+    expected = (settings.secret("admin_token") or secrets.token_urlsafe(32)).encode()
+
+    async def admin(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+        if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), expected):
+            raise HTTPException(401, "admin endpoint: missing or wrong bearer token (Authorization: Bearer <token>)",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict:
+        """Alive: the process answers."""
+        return {"status": "ok", "service": "agent", "nodes": len(agents)}
+
+    @app.get("/v1/nodes", tags=["agent"])
+    async def nodes() -> list[dict]:
+        """The nodes this agent runs, their GPUs and running jobs."""
+        return [
+            {
+                "cluster": a.node.cluster, "node": a.node.name, "model": a.node.gpu_model,
+                "gpus": [g.model_dump() for g in a.backend.identities()],
+                "simulated": isinstance(a.backend, SimulatedNode),
+                "silent": a.silent_until is not None,
+                "jobs": sorted({k[0] for k in a.jobs}),
+            }
+            for a in agents
+        ]
+
+    @app.get("/v1/faults", tags=["agent"])
+    async def fault_kinds() -> dict[str, str]:
+        """The faults that can be injected, and what each does."""
+        return FAULT_HELP
+
+    @app.post("/admin/faults", tags=["admin"], dependencies=[Depends(admin)])
+    async def inject(fault: Fault) -> dict:
+        """Inject a fault into a simulated node (or one of its GPUs)."""
+        agent = by_name.get(fault.node)
+        if agent is None:
+            raise HTTPException(404, f"node: this agent runs no node {fault.node!r} (it runs {', '.join(sorted(by_name))})")
+        if fault.kind == "node-silent":
+            agent.go_silent(fault.duration_s)
+            done = f"node-silent on {fault.node}" + (f" for {fault.duration_s:g}s" if fault.duration_s else "")
+        elif not isinstance(agent.backend, SimulatedNode):
+            raise HTTPException(409, f"node: {fault.node} has real GPUs; faults are injected only into simulated ones")
+        else:
+            try:
+                done = agent.backend.inject(fault)
+            except ValueError as exc:
+                raise HTTPException(422, str(exc)) from None
+        log.warning("agent.fault_injected", kind=fault.kind, node=fault.node, gpu=fault.gpu)
+        return {"injected": done}
+
+    return app
+
+
+def http_server(app: FastAPI, settings: AgentSettings) -> uvicorn.Server:
+    config = uvicorn.Config(app, host=settings.http_host, port=settings.http_port, log_config=None, lifespan="off")
+    server = uvicorn.Server(config)
+    # The agent's signal handlers stop it; uvicorn must not install its own.
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    return server
+
+
+async def serve_http(server: uvicorn.Server, port: int) -> None:
+    """Serve until `server.should_exit`; a failure to bind is logged, not fatal."""
+    try:
+        await server.serve()
+    except (SystemExit, OSError) as exc:
+        # A busy port must not stop telemetry or jobs: run on without the HTTP API.
+        log.error("agent.http_failed", port=port, error=repr(exc))
+
+
+async def _connect(settings: AgentSettings) -> Bus:
     delay = 0.2
-    while bus is None:
+    while True:
+        bus = None
         try:
             bus = await Bus.connect(
                 settings.nats_url,
@@ -48,37 +179,49 @@ async def run_simulated(settings: AgentSettings, fleet_path: Path = DEFAULT_FLEE
                 password=settings.secret("nats_password"),
             )
             await bus.ensure_streams()
+            return bus
         except Exception as exc:
             if bus is not None:
                 await bus.close()
-                bus = None
             log.warning("agent.waiting_for_nats", error=repr(exc), retry_in_s=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    agents = [
-        NodeAgent(
-            bus,
-            node,
-            SimulatedNode(node.name, models[node.gpu_model], node.gpus, seed=settings.seed),
-            interval_s=settings.interval_s,
-            log_dir=home() / "jobs",
-        )
-        for node in nodes
-    ]
+
+async def run_agent(settings: AgentSettings, fleet_path: Path = DEFAULT_FLEET, node_names: list[str] | None = None, nvml: bool = False) -> None:
+    """Run the nodes (simulated from the fleet file, or this machine's GPUs) until signalled."""
+    nodes = [] if nvml else select_nodes(fleet_path, node_names)
+    bus = await _connect(settings)
+    agents = [nvml_agent(bus, settings)] if nvml else simulated_agents(bus, nodes, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     for agent in agents:
         await agent.start()
+    server = http_server(create_app(agents, settings), settings)
+    http = asyncio.create_task(serve_http(server, settings.http_port), name="agent-http")
     await stop.wait()
     log.info("agent.stopping")
+    server.should_exit = True
+    try:
+        await asyncio.wait_for(http, 5)
+    except (asyncio.TimeoutError, Exception):
+        pass
     await asyncio.gather(*(a.stop() for a in agents))
     await bus.close()
+    for agent in agents:
+        close = getattr(agent.backend, "close", None)
+        if close is not None:
+            close()
 
 
-def main(fleet: Path = DEFAULT_FLEET, nodes: list[str] | None = None) -> None:
+async def run_simulated(settings: AgentSettings, fleet_path: Path = DEFAULT_FLEET, node_names: list[str] | None = None) -> None:
+    """Simulate the named nodes of a fleet file (all of them when none are named) until signalled."""
+    await run_agent(settings, fleet_path, node_names)
+
+
+def main(fleet: Path = DEFAULT_FLEET, nodes: list[str] | None = None, nvml: bool = False) -> None:
     settings = AgentSettings()
     configure_logging("agent", settings.log_level)
-    asyncio.run(run_simulated(settings, fleet, nodes))
+    asyncio.run(run_agent(settings, fleet, nodes, nvml))

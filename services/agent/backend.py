@@ -15,8 +15,11 @@ class GpuBackend(Protocol):
     def sample(self, now: datetime) -> list[GpuSample]:
         """One sample of every GPU; unsupported metrics are None, never 0."""
 
-    def job_started(self, gpu_uuids: list[str], job_id: str) -> None:
-        """A job's process now uses these GPUs (the simulator loads them; NVML ignores it)."""
+    def job_started(self, gpu_uuids: list[str], job_id: str, pid: int | None = None) -> None:
+        """A job's process (session leader `pid`) now uses these GPUs.
+
+        The simulator loads them; NVML maps the processes it sees to the job by PID.
+        """
 
     def job_stopped(self, gpu_uuids: list[str]) -> None:
         """The job's process on these GPUs has exited."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import structlog
@@ -53,7 +53,10 @@ class NodeAgent:
         self.clock = clock
         self.jobs: dict[tuple[str, int], runner.RunningJob] = {}
         self._tasks: list[asyncio.Task] = []
+        self._waiters: list[asyncio.Task] = []  # one per running job: reports how it ended
         self._seq = 0
+        # Fault injection "node goes silent": no telemetry or heartbeat until then (None: not silent).
+        self.silent_until: datetime | None = None
 
     @property
     def source(self) -> str:
@@ -100,7 +103,15 @@ class NodeAgent:
             next_at += self.interval_s
             await asyncio.sleep(max(0.0, next_at - loop.time()))
 
+    def go_silent(self, duration_s: float | None) -> None:
+        """Stop publishing telemetry and heartbeats for `duration_s` (None: until the agent restarts)."""
+        self.silent_until = datetime.max.replace(tzinfo=timezone.utc) if duration_s is None else self.clock() + timedelta(seconds=duration_s)
+
     async def _sample(self, now: datetime) -> None:
+        if self.silent_until is not None:
+            if now < self.silent_until:
+                return
+            self.silent_until = None
         self._seq += 1
         cluster, name = self.node.cluster, self.node.name
         batch = GpuTelemetry(cluster=cluster, node=name, seq=self._seq, sample_time=now, gpus=self.backend.sample(now))
@@ -122,7 +133,7 @@ class NodeAgent:
             return
         self.jobs[key] = job
         started_at = self.clock()
-        self.backend.job_started(placed.gpu_uuids, placed.job_id)
+        self.backend.job_started(placed.gpu_uuids, placed.job_id, job.process.pid)
         await self._publish(
             subjects.JOB_STARTED,
             JobStarted(**base, gpu_uuids=placed.gpu_uuids, pid=job.process.pid, started_at=started_at),
@@ -130,7 +141,7 @@ class NodeAgent:
             placed.job_id,
         )
         log.info("job.started", job_id=placed.job_id, pid=job.process.pid, gpus=placed.gpu_indices)
-        self._tasks.append(asyncio.create_task(self._wait(job, started_at, base)))
+        self._waiters.append(asyncio.create_task(self._wait(job, started_at, base)))
 
     async def _wait(self, job: runner.RunningJob, started_at: datetime, base: dict) -> None:
         code = await job.process.wait()
@@ -142,8 +153,12 @@ class NodeAgent:
         log.info("job.finished", job_id=placed.job_id, exit_code=code)
 
     async def stop(self) -> None:
-        """Stop telemetry and every job this agent started."""
-        for task in self._tasks:
-            task.cancel()
+        """Stop every job this agent started, report how each ended, then stop telemetry."""
         await asyncio.gather(*(runner.stop(j, grace_s=5) for j in list(self.jobs.values())), return_exceptions=True)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # The waiters publish job.finished for the stopped jobs, so the scheduler frees their GPUs.
+        pending = [t for t in self._waiters if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        for task in [*self._tasks, *self._waiters]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._waiters, return_exceptions=True)

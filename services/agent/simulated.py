@@ -1,10 +1,12 @@
 """Simulated GPUs of one node: physically plausible, seeded, deterministic.
 
-Utilization follows the jobs running on each GPU; power moves between idle and
-TDP with utilization; temperature follows power through a first-order thermal
-model (T -> ambient + R * P with time constant TAU_S); above the slowdown
-temperature the SM clock is throttled with the thermal reason; energy is the
-integral of power.
+Utilization and memory follow the jobs running on each GPU; power moves between
+idle and TDP with utilization; temperature follows power through a first-order
+thermal model (T -> ambient + R * P with time constant TAU_S), with an ambient
+that differs per rack; above the slowdown temperature the SM clock is throttled
+with the thermal reasons, at the power limit with the power-cap reason; energy
+is the integral of power. Faults (see faults.py) change that behaviour from the
+next sample on. Same seed, same node, same calls: same samples.
 """
 
 from __future__ import annotations
@@ -15,11 +17,23 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from whaleflux.shared.catalog import GpuModel
-from whaleflux.shared.events import GpuIdentity, GpuSample
+from whaleflux.shared.events import GpuIdentity, GpuProcess, GpuSample
+
+from .faults import Fault
 
 TAU_S = 30.0
+NOMINAL_AMBIENT_C = 25.0
 BASE_SM_CLOCK = {"H100": 1980, "H200": 1980, "A100": 1410, "RTX4090": 2520}
 MEM_CLOCK = {"H100": 2619, "H200": 3201, "A100": 1593, "RTX4090": 10501}
+# Consumer cards have no DCP profiling counters, ECC, remapping or HBM temperature sensor.
+DATACENTER = {"H100", "H200", "A100"}
+NVLINK_LINKS = {"H100": 18, "H200": 18, "A100": 12}
+CRC_BURST_S = 5
+
+
+def _fraction(text: str) -> float:
+    """A stable number in [0, 1) derived from `text` (no global random state)."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2**32
 
 
 @dataclass
@@ -29,8 +43,19 @@ class _Gpu:
     temperature_c: float
     energy_j: float = 0.0
     job: str | None = None
+    pid: int | None = None
     cooling_factor: float = 1.0  # >1 means worse cooling (fault injection)
+    ecc_corrected: int = 0
     ecc_uncorrected: int = 0
+    remapped_uncorrectable: int = 0
+    nvlink_crc_errors: int = 0
+    nvlink_bytes: float = 0.0
+    crc_burst_left: list[int] = field(default_factory=list)
+    leak_mib: float = 0.0
+    leak_rate: float = 0.0
+    pending_xids: list[int] = field(default_factory=list)
+    lost_after_report: bool = False  # XID 79: report it once, then stop answering
+    gone: bool = False
 
 
 @dataclass
@@ -39,12 +64,17 @@ class SimulatedNode:
     model: GpuModel
     gpu_count: int
     seed: int = 0
-    ambient_c: float = 25.0
+    ambient_c: float | None = None
+    rack: str | None = None
+    interconnect: str = "pcie"
     _gpus: list[_Gpu] = field(default_factory=list)
     _last: datetime | None = None
 
     def __post_init__(self) -> None:
         self._rng = random.Random(f"{self.seed}:{self.node}")
+        if self.ambient_c is None:
+            # Racks differ: 22-28 C inlet, fixed per rack (or node when no rack is given).
+            self.ambient_c = 22.0 + 6.0 * _fraction(f"{self.seed}:{self.rack or self.node}")
         for i in range(self.gpu_count):
             digest = hashlib.sha256(f"{self.node}:{i}".encode()).hexdigest()
             uuid = f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
@@ -61,9 +91,9 @@ class SimulatedNode:
             )
             self._gpus.append(_Gpu(identity, self.model, temperature_c=self._steady(self.model.idle_power_w)))
 
-    # Thermal resistance chosen so a GPU at TDP settles ~20 C under its slowdown limit.
+    # Thermal resistance chosen so a GPU at TDP in a nominal room settles ~20 C under its slowdown limit.
     def _resistance(self) -> float:
-        return (self.model.temp_slowdown_c - 20 - self.ambient_c) / self.model.tdp_w
+        return (self.model.temp_slowdown_c - 20 - NOMINAL_AMBIENT_C) / self.model.tdp_w
 
     def _steady(self, power_w: float, cooling: float = 1.0) -> float:
         return self.ambient_c + power_w * self._resistance() * cooling
@@ -71,53 +101,134 @@ class SimulatedNode:
     def identities(self) -> list[GpuIdentity]:
         return [g.identity for g in self._gpus]
 
-    def job_started(self, gpu_uuids: list[str], job_id: str) -> None:
+    def job_started(self, gpu_uuids: list[str], job_id: str, pid: int | None = None) -> None:
         for g in self._gpus:
             if g.identity.uuid in gpu_uuids:
-                g.job = job_id
+                g.job, g.pid = job_id, pid
 
     def job_stopped(self, gpu_uuids: list[str]) -> None:
         for g in self._gpus:
             if g.identity.uuid in gpu_uuids:
-                g.job = None
+                # A leak dies with the process that leaked.
+                g.job, g.pid, g.leak_mib, g.leak_rate = None, None, 0.0, 0.0
 
     def inject_cooling_failure(self, index: int, factor: float = 3.0) -> None:
         """Cooling failure: the GPU's temperature runs away toward a much higher steady state."""
         self._gpus[index].cooling_factor = factor
 
+    def inject(self, fault: Fault) -> str:
+        """Apply a GPU fault from the next sample on; return what was done."""
+        if fault.gpu is None or not 0 <= fault.gpu < len(self._gpus):
+            raise ValueError(f"gpu: node {self.node} has GPUs 0..{len(self._gpus) - 1}, not {fault.gpu}")
+        g = self._gpus[fault.gpu]
+        if g.gone:
+            raise ValueError(f"gpu: GPU {fault.gpu} of {self.node} is already gone")
+        m = self.model
+        if fault.kind == "cooling":
+            self.inject_cooling_failure(fault.gpu, fault.cooling_factor)
+        elif fault.kind == "ecc-dbe":
+            if not m.ecc:
+                raise ValueError(f"kind: {m.key} has no ECC memory")
+            g.ecc_uncorrected += 1
+            g.remapped_uncorrectable += 1
+        elif fault.kind == "xid48":
+            if m.ecc:
+                g.ecc_uncorrected += 1
+            g.pending_xids.append(48)
+        elif fault.kind == "xid79":
+            g.pending_xids.append(79)
+            g.lost_after_report = True
+        elif fault.kind == "nvlink-crc":
+            if self.interconnect != "nvlink" or m.key not in NVLINK_LINKS:
+                raise ValueError(f"kind: {self.node} has no NVLink")
+            # Spread the burst over a few samples, front-loaded, as a flapping link does.
+            share = [fault.crc_errors // 2] + [fault.crc_errors // (2 * (CRC_BURST_S - 1))] * (CRC_BURST_S - 1)
+            share[-1] += fault.crc_errors - sum(share)
+            g.crc_burst_left.extend(share)
+        elif fault.kind == "vram-leak":
+            if g.job is None:
+                raise ValueError(f"gpu: no job runs on GPU {fault.gpu} of {self.node}; a leak needs a process")
+            g.leak_rate = fault.leak_mib_per_s
+        elif fault.kind == "gpu-vanish":
+            g.gone = True
+        else:
+            raise ValueError(f"kind: {fault.kind!r} is not a GPU fault")
+        return f"{fault.kind} on {self.node} GPU {fault.gpu}"
+
     def sample(self, now: datetime) -> list[GpuSample]:
         dt = 1.0 if self._last is None else max((now - self._last).total_seconds(), 0.0)
         self._last = now
+        return [s for g in self._gpus if (s := self._sample_gpu(g, dt)) is not None]
+
+    def _sample_gpu(self, g: _Gpu, dt: float) -> GpuSample | None:
+        if g.gone:
+            return None
         m = self.model
-        out = []
-        for g in self._gpus:
-            util = min(100.0, max(0.0, self._rng.gauss(92, 4))) if g.job else 0.0
-            power = m.idle_power_w + (m.tdp_w - m.idle_power_w) * util / 100
-            target = self._steady(power, g.cooling_factor)
-            g.temperature_c += (target - g.temperature_c) * min(dt / TAU_S, 1.0)
-            g.energy_j += power * dt
-            throttled = g.temperature_c >= m.temp_slowdown_c
-            sm_clock = BASE_SM_CLOCK.get(m.key, 1500) * (0.6 if throttled else 1.0)
-            used = (0.55 * m.memory_mib if g.job else 0.0) + 512
-            out.append(
-                GpuSample(
-                    uuid=g.identity.uuid,
-                    index=g.identity.index,
-                    model=m.key,
-                    utilization_gpu_pct=round(util, 1),
-                    utilization_memory_pct=round(util * 0.6, 1),
-                    memory_used_mib=round(used, 1),
-                    memory_total_mib=m.memory_mib,
-                    temperature_c=round(g.temperature_c, 1),
-                    memory_temperature_c=round(g.temperature_c + 6, 1) if m.mem_temp_max_c else None,
-                    slowdown_temperature_c=m.temp_slowdown_c,
-                    power_w=round(power, 1),
-                    power_limit_w=m.tdp_w,
-                    energy_j=round(g.energy_j, 1),
-                    sm_clock_mhz=round(sm_clock),
-                    mem_clock_mhz=MEM_CLOCK.get(m.key),
-                    throttle_reasons=["sw_thermal_slowdown", "hw_thermal_slowdown"] if throttled else [],
-                    ecc_uncorrected=g.ecc_uncorrected if m.ecc else None,
-                )
-            )
-        return out
+        datacenter = m.key in DATACENTER
+        util = min(100.0, max(0.0, self._rng.gauss(92, 4))) if g.job else 0.0
+        power = m.idle_power_w + (m.tdp_w - m.idle_power_w) * util / 100
+        target = self._steady(power, g.cooling_factor)
+        g.temperature_c += (target - g.temperature_c) * min(dt / TAU_S, 1.0)
+        g.energy_j += power * dt
+        reasons = []
+        if g.temperature_c >= m.temp_slowdown_c:
+            reasons += ["sw_thermal_slowdown", "hw_thermal_slowdown"]
+        if power >= 0.99 * m.tdp_w:
+            reasons.append("sw_power_cap")
+        sm_clock = BASE_SM_CLOCK.get(m.key, 1500) * (0.6 if "sw_thermal_slowdown" in reasons else 1.0)
+
+        job_mib = 0.0
+        if g.job:
+            job_mib = (0.3 + 0.6 * _fraction(g.job)) * m.memory_mib
+            g.leak_mib += g.leak_rate * dt
+        reserved = round(m.memory_mib * 0.0056)
+        used = min(job_mib + g.leak_mib + 512, m.memory_mib - reserved)
+        processes = [GpuProcess(pid=g.pid or 0, used_mib=round(used - 512, 1), job_id=g.job)] if g.job else []
+
+        nvlink = self.interconnect == "nvlink" and m.key in NVLINK_LINKS
+        if nvlink:
+            g.nvlink_bytes += m.nvlink_gbps * 1e9 * 0.3 * util / 100 * dt
+            if g.crc_burst_left:
+                g.nvlink_crc_errors += g.crc_burst_left.pop(0)
+        pcie_rate = (2e9 + self._rng.uniform(0, 1e9)) * util / 100 + 5e6
+        xids, g.pending_xids = g.pending_xids, []
+        if g.lost_after_report:
+            g.gone = True
+        return GpuSample(
+            uuid=g.identity.uuid,
+            index=g.identity.index,
+            model=m.key,
+            utilization_gpu_pct=round(util, 1),
+            utilization_memory_pct=round(util * 0.6, 1),
+            memory_used_mib=round(used, 1),
+            memory_total_mib=m.memory_mib,
+            memory_free_mib=round(m.memory_mib - reserved - used, 1),
+            memory_reserved_mib=reserved,
+            temperature_c=round(g.temperature_c, 1),
+            memory_temperature_c=round(g.temperature_c + 6, 1) if m.mem_temp_max_c else None,
+            slowdown_temperature_c=m.temp_slowdown_c,
+            shutdown_temperature_c=m.temp_shutdown_c,
+            thermal_margin_c=round(m.temp_slowdown_c - g.temperature_c, 1),
+            power_w=round(power, 1),
+            power_limit_w=m.tdp_w,
+            energy_j=round(g.energy_j, 1),
+            sm_clock_mhz=round(sm_clock),
+            mem_clock_mhz=MEM_CLOCK.get(m.key),
+            throttle_reasons=reasons,
+            ecc_corrected=g.ecc_corrected if m.ecc else None,
+            ecc_uncorrected=g.ecc_uncorrected if m.ecc else None,
+            remapped_rows_correctable=0 if m.ecc else None,
+            remapped_rows_uncorrectable=g.remapped_uncorrectable if m.ecc else None,
+            row_remap_failure=False if m.ecc else None,
+            xid_errors=xids,
+            pcie_replay_count=0,
+            pcie_tx_bytes_per_s=round(pcie_rate),
+            pcie_rx_bytes_per_s=round(pcie_rate * 1.1),
+            nvlink_links_active=NVLINK_LINKS[m.key] if nvlink else None,
+            nvlink_crc_errors=g.nvlink_crc_errors if nvlink else None,
+            nvlink_replay_errors=0 if nvlink else None,
+            nvlink_recovery_errors=0 if nvlink else None,
+            nvlink_bandwidth_bytes=round(g.nvlink_bytes) if nvlink else None,
+            tensor_active=round(util / 100 * 0.55, 3) if datacenter else None,
+            processes=processes,
+        )

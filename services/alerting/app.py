@@ -152,8 +152,10 @@ class AlertingService(ServiceBase):
             try:
                 await post_webhook(self.http, url, payload)
             except DeliveryError as exc:
-                (retry if exc.retryable else permanent).append(exc.reason)
-                continue
+                if exc.retryable:
+                    retry.append(exc.reason)
+                    continue
+                permanent.append(exc.reason)  # recorded as done: retrying cannot help
             await self.redis.set(done_key, 1, ex=NOTIFIED_TTL_S)
         if retry:
             raise Retry("webhook delivery failed: " + "; ".join(retry))

@@ -111,7 +111,7 @@ class BillingService(ServiceBase):
             cost_usd=cost(secs, rate),
         )
         await self.redis.hset(f"{self.prefix}:usage", f"{job_id}:{attempt}", record.model_dump_json())
-        self.log.info("usage.recorded", job_id=job_id, attempt=attempt, gpu_seconds=str(secs), cost_usd=str(record.cost_usd))
+        self.log.debug("usage.recorded", job_id=job_id, attempt=attempt, gpu_seconds=str(secs), cost_usd=str(record.cost_usd))
 
     async def usage(self) -> list[UsageRecord]:
         raw = await self.redis.hgetall(f"{self.prefix}:usage")

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Literal
 
 from fastapi import FastAPI, HTTPException, Query
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from whaleflux.shared import subjects
@@ -28,6 +29,7 @@ from whaleflux.shared.events import (
 )
 from whaleflux.shared.service import ServiceBase, run_service
 from whaleflux.shared.settings import CommonSettings
+from whaleflux.shared.sizing import SizingError, SizingReport, SizingRequest, estimate
 
 from .placement import GpuState, Infeasible, JobRequest, NodeState, Placement, place
 
@@ -112,7 +114,7 @@ class SchedulerService(ServiceBase):
         return {"scheduler-jobs": self.on_job_event, "scheduler-nodes": self.on_node_registered}
 
     async def on_node_registered(self, env: Envelope, data: NodeRegistered) -> None:
-        await self.redis.hset(f"{self.prefix}:nodes", data.node, data.model_dump_json())
+        await self.redis.hset(f"{self.prefix}:nodes", f"{data.cluster}/{data.node}", data.model_dump_json())
         self._dirty.set()
 
     async def on_job_event(self, env: Envelope, data) -> None:
@@ -133,7 +135,7 @@ class SchedulerService(ServiceBase):
         if current is not None and current.state == "pending":
             await self.redis.zadd(f"{self.prefix}:pending", {job.job_id: env.time.timestamp()}, nx=True)
         if created:
-            self.log.info("job.queued", job_id=job.job_id, gpus=data.gpus)
+            self.log.debug("job.queued", job_id=job.job_id, gpus=data.gpus)
         self._dirty.set()
 
     async def _on_progress(self, data: JobStarted | JobFinished | JobFailed) -> None:
@@ -257,20 +259,36 @@ class SchedulerService(ServiceBase):
     # ---------------------------------------------------------------- HTTP
 
     def add_routes(self, app: FastAPI, admin) -> None:
+        @app.post("/v1/size", tags=["sizing"])
+        def size(body: SizingRequest) -> SizingReport:
+            """Memory, time and GPU options for serving or fine-tuning an LLM; bad input gets 422/400 naming the field."""
+            return estimate(body)
+
+        @app.exception_handler(SizingError)
+        async def sizing_error(request, exc: SizingError) -> JSONResponse:
+            return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=400)
+
         @app.get("/v1/jobs", tags=["jobs"])
         async def list_jobs(limit: int = Query(100, ge=1, le=1000), state: JobStateName | None = None) -> list[JobRecord]:
-            """Jobs, newest first."""
-            ids = await self.redis.zrevrange(f"{self.prefix}:jobs", 0, limit - 1)
-            raws = await self.redis.mget([self._job_key(i) for i in ids]) if ids else []
-            jobs = [JobRecord.model_validate_json(r) for r in raws if r]
-            return [j for j in jobs if state is None or j.state == state]
+            """Jobs, newest first (environment values masked)."""
+            jobs: list[JobRecord] = []
+            start, page = 0, max(limit, 200)
+            while len(jobs) < limit:
+                ids = await self.redis.zrevrange(f"{self.prefix}:jobs", start, start + page - 1)
+                if not ids:
+                    break
+                start += page
+                raws = await self.redis.mget([self._job_key(i) for i in ids])
+                jobs += [j for j in (JobRecord.model_validate_json(r) for r in raws if r) if state is None or j.state == state]
+            return [_masked(j) for j in jobs[:limit]]
 
         @app.get("/v1/jobs/{job_id}", tags=["jobs"])
         async def get_job(job_id: str) -> JobRecord:
+            """One job (environment values masked)."""
             job = await self.get_job(job_id)
             if job is None:
                 raise HTTPException(404, f"job {job_id!r} not found")
-            return job
+            return _masked(job)
 
         @app.post("/v1/jobs", tags=["jobs"], status_code=202, dependencies=[admin])
         async def submit(body: SubmitRequest) -> dict:
@@ -292,6 +310,14 @@ class SchedulerService(ServiceBase):
                 }
                 for n in sorted(await self._nodes(), key=lambda n: n.name)
             ]
+
+
+def _masked(job: JobRecord) -> JobRecord:
+    """A job's environment may carry tokens: read APIs show the names, not the values."""
+    if not job.spec.env:
+        return job
+    spec = job.spec.model_copy(update={"env": {k: "********" for k in job.spec.env}})
+    return job.model_copy(update={"spec": spec})
 
 
 def _mark_allocated(nodes: list[NodeState], p: Placement, job_id: str) -> list[NodeState]:

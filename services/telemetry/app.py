@@ -1,27 +1,58 @@
-"""Telemetry service: the latest sample of every GPU, checked against what its node registered.
+"""Telemetry service: latest sample and rolling history of every GPU, per-job usage, DCGM `/metrics`.
 
-Consumes gpu.telemetry and node.registered. A sample for a node that has not
-registered yet is retried (registration may still be in flight) and
-dead-lettered if it never appears; a GPU the node did not register is rejected
-at once.
+Consumes gpu.telemetry, node.registered and the job events. A sample for a
+node that has not registered yet is retried (registration may still be in
+flight) and dead-lettered if it never appears; a GPU the node did not
+register, a sample time too far from now, and a duplicate or out-of-order
+sequence number are rejected at once (dead-lettered with the reason, counted).
+
+The decisions live in plain modules: sequence.py (new / duplicate / restart),
+history.py (points and minute rollups), usage.py (per-job usage), flags.py
+(hot, throttled, erroring), dcgm.py (the exposition). This module is the shell.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
+import json
+from datetime import datetime, timedelta, timezone
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Query
+from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, Field
 
 from whaleflux.shared.bus import Reject, Retry
-from whaleflux.shared.events import Envelope, GpuSample, GpuTelemetry, NodeRegistered
+from whaleflux.shared.events import (
+    Envelope,
+    EventData,
+    GpuIdentity,
+    GpuSample,
+    GpuTelemetry,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobStarted,
+    JobSubmitted,
+    NodeRegistered,
+)
 from whaleflux.shared.service import ServiceBase, run_service
 from whaleflux.shared.settings import CommonSettings
+
+from . import dcgm
+from .flags import flags
+from .history import Point, Rollup, minutes_to_roll, resolution_for, rollup
+from .sequence import Last, Verdict, judge
+from .usage import JobUsage, from_points, from_rollups
 
 
 class TelemetrySettings(CommonSettings):
     http_port: int = 8701
     max_clock_skew_s: float = Field(300.0, gt=0)
+    raw_retention_s: float = Field(7200.0, ge=3600, description="raw history kept per GPU (at least 1 h)")
+    rollup_retention_s: float = Field(7 * 86400.0, gt=0, description="minute rollups kept per GPU")
+    stale_after_s: float = Field(15.0, gt=0, description="a GPU with no newer sample is stale (left out of /metrics)")
+    maintenance_interval_s: float = Field(20.0, gt=0)
+    rollup_grace_s: float = Field(5.0, ge=0, description="wait this long after a minute ends before rolling it up")
 
 
 class LatestSample(BaseModel):
@@ -32,6 +63,41 @@ class LatestSample(BaseModel):
     gpu: GpuSample
 
 
+class JobRef(BaseModel):
+    job_id: str
+    name: str | None = None
+    team: str | None = None
+    project: str | None = None
+
+
+class GpuStatus(LatestSample):
+    """The latest sample with what the monitor needs: age, flags, last XID and the job holding the GPU."""
+
+    age_s: float
+    stale: bool
+    flags: list[str]
+    last_xid: int | None = None
+    job: JobRef | None = None
+
+
+class NodeSummary(BaseModel):
+    cluster: str
+    node: str
+    gpus: int
+    model: str
+    util_mean_pct: float
+    power_w: float | None
+    memory_used_mib: float
+    memory_total_mib: float
+    last_sample_time: str
+    stale: bool
+    flagged_gpus: int
+
+
+def _epoch(ts: str) -> float:
+    return datetime.fromisoformat(ts).timestamp()
+
+
 class TelemetryService(ServiceBase):
     name = "telemetry"
 
@@ -39,26 +105,60 @@ class TelemetryService(ServiceBase):
         super().__init__(settings, **kw)
         self.settings: TelemetrySettings = settings
         self._known: dict[str, set[str]] = {}  # node -> registered GPU uuids (cache of Redis)
+        self._last: dict[str, Last] = {}  # "cluster/node" -> last stored batch (cache of Redis)
+        self.stored = Counter("whaleflux_telemetry_gpu_samples_stored", "GPU samples stored", registry=self.registry)
+        self.flagged = Counter(
+            "whaleflux_telemetry_batches_flagged",
+            "Telemetry batches flagged: duplicate_seq and out_of_order are dead-lettered, seq_reset is stored",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.lag = Histogram(
+            "whaleflux_telemetry_store_lag_seconds",
+            "From a batch's sample time to its samples stored in Redis",
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
+
+    # ------------------------------------------------------------------ keys
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
 
     def consumers(self):
-        return {"telemetry-gpu": self.on_telemetry, "telemetry-nodes": self.on_registered}
+        return {"telemetry-gpu": self.on_telemetry, "telemetry-nodes": self.on_registered, "telemetry-jobs": self.on_job}
+
+    def background(self):
+        return [self.maintain_history, self.settle_jobs]
+
+    # ------------------------------------------------------------------ nodes
 
     async def on_registered(self, env: Envelope, data: NodeRegistered) -> None:
-        key = f"{self.prefix}:node:{data.cluster}:{data.node}"
+        key = self._k("node", data.cluster, data.node)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(key)
             if data.gpus:
                 pipe.sadd(key, *[g.uuid for g in data.gpus])
+                pipe.hset(self._k("identity"), mapping={g.uuid: g.model_dump_json() for g in data.gpus})
             await pipe.execute()
         self._known[f"{data.cluster}:{data.node}"] = {g.uuid for g in data.gpus}
 
     async def _registered_gpus(self, cluster: str, node: str) -> set[str]:
         cached = self._known.get(f"{cluster}:{node}")
         if cached is None:
-            cached = set(await self.redis.smembers(f"{self.prefix}:node:{cluster}:{node}"))
+            cached = set(await self.redis.smembers(self._k("node", cluster, node)))
             if cached:
                 self._known[f"{cluster}:{node}"] = cached
         return cached
+
+    # ------------------------------------------------------------------ samples
+
+    async def _last_of(self, node_key: str) -> Last | None:
+        last = self._last.get(node_key)
+        if last is None:
+            raw = await self.redis.hget(self._k("seq"), node_key)
+            last = Last.decode(raw) if raw else None
+        return last
 
     async def on_telemetry(self, env: Envelope, data: GpuTelemetry) -> None:
         skew = abs(data.sample_time - self.clock())
@@ -70,30 +170,299 @@ class TelemetryService(ServiceBase):
         unknown = [g.uuid for g in data.gpus if g.uuid not in known]
         if unknown:
             raise Reject(f"unknown GPU uuid(s) for node {data.cluster}/{data.node}: {', '.join(unknown[:4])}")
+        node_key = f"{data.cluster}/{data.node}"
+        t = data.sample_time.timestamp()
+        last = await self._last_of(node_key)
+        verdict = judge(last, data.seq, t)
+        if verdict in (Verdict.DUPLICATE, Verdict.OUT_OF_ORDER):
+            self.flagged.labels(verdict.value).inc()
+            raise Reject(
+                f"{verdict.value}: seq {data.seq} sampled {data.sample_time.isoformat()} from {node_key}, "
+                f"but seq {last.seq} sampled {datetime.fromtimestamp(last.t, timezone.utc).isoformat()} is already stored"
+            )
+        if verdict is Verdict.RESTART:
+            self.flagged.labels(verdict.value).inc()
+            self.log.info("telemetry.seq_reset", node=node_key, seq=data.seq, last_seq=last.seq)
         sample_time = data.sample_time.isoformat()
-        mapping = {
-            g.uuid: LatestSample(cluster=data.cluster, node=data.node, seq=data.seq, sample_time=sample_time, gpu=g).model_dump_json()
-            for g in data.gpus
-        }
-        if mapping:
-            await self.redis.hset(f"{self.prefix}:latest", mapping=mapping)
+        pipe = self.redis.pipeline(transaction=False)
+        if data.gpus:
+            pipe.hset(
+                self._k("latest"),
+                mapping={
+                    g.uuid: LatestSample(cluster=data.cluster, node=data.node, seq=data.seq, sample_time=sample_time, gpu=g).model_dump_json()
+                    for g in data.gpus
+                },
+            )
+        for g in data.gpus:
+            pipe.zadd(self._k("raw", g.uuid), {Point.of(t, g).encode(): t})
+        xids = {g.uuid: g.xid_errors[-1] for g in data.gpus if g.xid_errors}
+        if xids:
+            pipe.hset(self._k("lastxid"), mapping=xids)
+        new_last = Last(data.seq, t)
+        pipe.hset(self._k("seq"), node_key, new_last.encode())
+        await pipe.execute()
+        self._last[node_key] = new_last
+        self.stored.inc(len(data.gpus))
+        self.lag.observe(max(self.clock().timestamp() - t, 0.0))
+
+    # ------------------------------------------------------------------ jobs
+
+    async def on_job(self, env: Envelope, data: EventData) -> None:
+        key = self._k("job", data.job_id)
+        pipe = self.redis.pipeline(transaction=True)
+        if isinstance(data, JobSubmitted):
+            pipe.hset(key, mapping={"name": data.name, "team": data.team, "project": data.project})
+        elif isinstance(data, (JobPlaced, JobStarted)):
+            fields = {"cluster": data.cluster, "node": data.node, "attempt": data.attempt, "gpu_uuids": json.dumps(data.gpu_uuids)}
+            if isinstance(data, JobPlaced):
+                fields.update(team=data.team, project=data.project, state="placed")
+            else:
+                fields.update(started_at=data.started_at.isoformat(), state="running")
+            pipe.hset(key, mapping=fields)
+            pipe.hdel(key, "finished_at", "usage")
+            pipe.hset(self._k("gpujob"), mapping={u: data.job_id for u in data.gpu_uuids})
+        elif isinstance(data, (JobFinished, JobFailed)):
+            ended = data.finished_at if isinstance(data, JobFinished) else data.failed_at
+            pipe.hset(key, mapping={"finished_at": ended.isoformat(), "state": "finished" if isinstance(data, JobFinished) else "failed"})
+            raw_uuids = await self.redis.hget(key, "gpu_uuids")
+            holders = await self.redis.hmget(self._k("gpujob"), json.loads(raw_uuids)) if raw_uuids else []
+            mine = [u for u, j in zip(json.loads(raw_uuids or "[]"), holders) if j == data.job_id]
+            if mine:
+                pipe.hdel(self._k("gpujob"), *mine)
+            pipe.sadd(self._k("jobs", "unsettled"), data.job_id)
+        await pipe.execute()
+
+    async def job_usage(self, job_id: str) -> JobUsage:
+        """Usage of the job's GPUs over its run (so far); stored once the job has ended and settled."""
+        rec = await self.redis.hgetall(self._k("job", job_id))
+        if not rec or "started_at" not in rec:
+            raise HTTPException(404, f"job_id: no run of job {job_id!r} is known to telemetry (not started yet?)")
+        if "usage" in rec:
+            return JobUsage.model_validate_json(rec["usage"])
+        now = self.clock().timestamp()
+        since = _epoch(rec["started_at"])
+        until = _epoch(rec["finished_at"]) if "finished_at" in rec else now
+        uuids = json.loads(rec.get("gpu_uuids", "[]"))
+        # Samples of the last moments of a run may still be in flight.
+        complete = "finished_at" in rec and until < now - 2 * self.settings.rollup_grace_s
+        pipe = self.redis.pipeline(transaction=False)
+        if resolution_for(since, now, self.settings.raw_retention_s) == "raw":
+            for u in uuids:
+                pipe.zrangebyscore(self._k("raw", u), since, until)
+            rows = await pipe.execute()
+            usage = from_points(job_id, {u: [Point.decode(r) for r in rs] for u, rs in zip(uuids, rows)}, complete)
+        else:
+            for u in uuids:
+                pipe.zrangebyscore(self._k("1m", u), since // 60 * 60, until)
+            rows = await pipe.execute()
+            usage = from_rollups(job_id, {u: [Rollup.decode(r) for r in rs] for u, rs in zip(uuids, rows)}, complete)
+        if complete:
+            async with self.redis.pipeline(transaction=True) as p:
+                p.hset(self._k("job", job_id), "usage", usage.model_dump_json())
+                p.srem(self._k("jobs", "unsettled"), job_id)
+                await p.execute()
+        return usage
+
+    async def settle_jobs(self) -> None:
+        """Store the usage of ended jobs, so it outlives the raw history."""
+        while True:
+            for job_id in await self.redis.smembers(self._k("jobs", "unsettled")):
+                try:
+                    await self.job_usage(job_id)
+                except HTTPException:
+                    await self.redis.srem(self._k("jobs", "unsettled"), job_id)
+            await asyncio.sleep(self.settings.rollup_grace_s or 1.0)
+
+    # ------------------------------------------------------------------ history upkeep
+
+    async def maintain_history(self) -> None:
+        """Roll up complete minutes and trim raw points and rollups past their retention."""
+        while True:
+            await self.roll_and_trim()
+            await asyncio.sleep(self.settings.maintenance_interval_s)
+
+    async def roll_and_trim(self) -> None:
+        s = self.settings
+        now = self.clock().timestamp()
+        last = await self.redis.get(self._k("rollup", "last"))
+        minutes = minutes_to_roll(float(last) if last else None, now, s.rollup_grace_s, now - s.raw_retention_s)[:120]
+        uuids = await self.redis.hkeys(self._k("latest"))
+        if minutes and uuids:
+            lo, hi = minutes[0], minutes[-1] + 60
+            pipe = self.redis.pipeline(transaction=False)
+            for u in uuids:
+                pipe.zrangebyscore(self._k("raw", u), lo, f"({hi}")
+            rows = await pipe.execute()
+            pipe = self.redis.pipeline(transaction=False)
+            for u, raw in zip(uuids, rows):
+                buckets: dict[float, list[Point]] = {}
+                for r in raw:
+                    p = Point.decode(r)
+                    buckets.setdefault(p.t // 60 * 60, []).append(p)
+                for m in minutes:
+                    agg = rollup(m, buckets.get(m, []))
+                    if agg is not None:
+                        # Rolling a minute again replaces it instead of adding a second member.
+                        pipe.zremrangebyscore(self._k("1m", u), m, m)
+                        pipe.zadd(self._k("1m", u), {agg.encode(): m})
+            await pipe.execute()
+        if minutes:
+            await self.redis.set(self._k("rollup", "last"), minutes[-1])
+        pipe = self.redis.pipeline(transaction=False)
+        for u in uuids:
+            pipe.zremrangebyscore(self._k("raw", u), "-inf", f"({now - s.raw_retention_s}")
+            pipe.zremrangebyscore(self._k("1m", u), "-inf", f"({now - s.rollup_retention_s}")
+        await pipe.execute()
+
+    # ------------------------------------------------------------------ reads
+
+    async def _jobs_by_gpu(self) -> dict[str, JobRef]:
+        holders = await self.redis.hgetall(self._k("gpujob"))
+        job_ids = sorted(set(holders.values()))
+        pipe = self.redis.pipeline(transaction=False)
+        for j in job_ids:
+            pipe.hmget(self._k("job", j), ["name", "team", "project"])
+        rows = await pipe.execute() if job_ids else []
+        refs = {j: JobRef(job_id=j, name=r[0], team=r[1], project=r[2]) for j, r in zip(job_ids, rows)}
+        return {u: refs[j] for u, j in holders.items()}
+
+    async def statuses(self, node: str | None = None) -> list[GpuStatus]:
+        """Every GPU's latest sample with age, flags, last XID and job, sorted by node and index."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self._k("latest"))
+        pipe.hgetall(self._k("lastxid"))
+        latest, xids = await pipe.execute()
+        jobs = await self._jobs_by_gpu()
+        now = self.clock().timestamp()
+        out = []
+        for raw in latest.values():
+            s = LatestSample.model_validate_json(raw)
+            if node is not None and s.node != node:
+                continue
+            age = now - _epoch(s.sample_time)
+            stale = age > self.settings.stale_after_s
+            last_xid = int(xids[s.gpu.uuid]) if s.gpu.uuid in xids else None
+            out.append(GpuStatus(**s.model_dump(), age_s=round(age, 3), stale=stale, flags=flags(s.gpu, last_xid, stale),
+                                 last_xid=last_xid, job=jobs.get(s.gpu.uuid)))
+        return sorted(out, key=lambda g: (g.node, g.gpu.index))
 
     async def latest(self) -> list[LatestSample]:
-        raw = await self.redis.hgetall(f"{self.prefix}:latest")
+        raw = await self.redis.hgetall(self._k("latest"))
         return sorted((LatestSample.model_validate_json(v) for v in raw.values()), key=lambda s: (s.node, s.gpu.index))
 
+    async def metrics_text(self) -> bytes:
+        """Service metrics, then every fresh GPU's DCGM families."""
+        base = await super().metrics_text()
+        if self.redis is None:
+            return base
+        identities = {u: GpuIdentity.model_validate_json(v) for u, v in (await self.redis.hgetall(self._k("identity"))).items()}
+        states = []
+        for st in await self.statuses():
+            if st.stale:
+                continue  # a GPU that stopped reporting must not look alive (dcgm-exporter's series vanish too)
+            job = dcgm.JobLabels(st.job.job_id, st.job.team or "", st.job.project or "") if st.job else None
+            states.append(dcgm.GpuState(st.cluster, st.node, st.gpu, identities.get(st.gpu.uuid), job, st.last_xid or 0))
+        return base + dcgm.render(states).encode()
+
     def add_routes(self, app: FastAPI, admin) -> None:
+        @app.get("/v1/fleet", tags=["telemetry"])
+        async def fleet() -> dict:
+            """Fleet totals: GPUs and nodes reporting, by model, and how many are stale, hot, throttled or erroring."""
+            gpus = await self.statuses()
+            by_model: dict[str, dict] = {}
+            for g in gpus:
+                m = by_model.setdefault(g.gpu.model, {"gpus": 0, "util_sum": 0.0, "power_w": 0.0, "memory_used_mib": 0.0, "memory_total_mib": 0.0})
+                m["gpus"] += 1
+                m["util_sum"] += g.gpu.utilization_gpu_pct
+                m["power_w"] += g.gpu.power_w or 0.0
+                m["memory_used_mib"] += g.gpu.memory_used_mib
+                m["memory_total_mib"] += g.gpu.memory_total_mib
+            for m in by_model.values():
+                m["util_mean_pct"] = round(m.pop("util_sum") / m["gpus"], 1)
+                m["power_w"] = round(m["power_w"], 1)
+            count = lambda flag: sum(1 for g in gpus if flag in g.flags)  # noqa: E731
+            return {
+                "gpus": len(gpus),
+                "nodes": len({(g.cluster, g.node) for g in gpus}),
+                "power_w": round(sum(g.gpu.power_w or 0.0 for g in gpus), 1),
+                "stale": count("stale"),
+                "hot": count("hot"),
+                "throttled": count("throttled"),
+                "erroring": sum(1 for g in gpus if {"xid", "ecc", "nvlink"} & set(g.flags)),
+                "with_job": sum(1 for g in gpus if g.job),
+                "by_model": by_model,
+            }
+
+        @app.get("/v1/nodes", tags=["telemetry"])
+        async def nodes() -> list[NodeSummary]:
+            """One row per node: GPUs reporting, mean utilization, power, memory, last sample."""
+            grouped: dict[tuple[str, str], list[GpuStatus]] = {}
+            for g in await self.statuses():
+                grouped.setdefault((g.cluster, g.node), []).append(g)
+            return [_summary(c, n, gs) for (c, n), gs in sorted(grouped.items())]
+
+        @app.get("/v1/nodes/{node}", tags=["telemetry"])
+        async def node(node: str) -> dict:
+            """One node's summary and its GPUs."""
+            gs = await self.statuses(node)
+            if not gs:
+                raise HTTPException(404, f"node: no samples from a node named {node!r}")
+            return {"summary": _summary(gs[0].cluster, node, gs), "gpus": gs}
+
         @app.get("/v1/gpus", tags=["telemetry"])
-        async def gpus(node: str | None = None) -> list[LatestSample]:
-            """Latest sample of every GPU (optionally of one node)."""
-            return [s for s in await self.latest() if node is None or s.node == node]
+        async def gpus(node: str | None = None) -> list[GpuStatus]:
+            """Latest sample of every GPU (optionally of one node), with flags and the job holding it."""
+            return await self.statuses(node)
 
         @app.get("/v1/gpus/{uuid}", tags=["telemetry"])
-        async def gpu(uuid: str) -> LatestSample:
-            raw = await self.redis.hget(f"{self.prefix}:latest", uuid)
-            if raw is None:
-                raise HTTPException(404, f"no sample for GPU {uuid!r}")
-            return LatestSample.model_validate_json(raw)
+        async def gpu(uuid: str) -> GpuStatus:
+            """Latest sample of one GPU."""
+            for st in await self.statuses():
+                if st.gpu.uuid == uuid:
+                    return st
+            raise HTTPException(404, f"uuid: no sample for GPU {uuid!r}")
+
+        @app.get("/v1/gpus/{uuid}/history", tags=["telemetry"])
+        async def history(
+            uuid: str,
+            since: datetime | None = Query(None, description="default: 10 minutes ago"),
+            until: datetime | None = Query(None, description="default: now"),
+            resolution: str = Query("auto", pattern="^(auto|raw|1m)$"),
+        ) -> dict:
+            """Raw points (1 s) within the raw retention, minute rollups beyond it."""
+            now = self.clock()
+            since_t = (since or now - timedelta(minutes=10)).timestamp()
+            until_t = (until or now).timestamp()
+            if since_t >= until_t:
+                raise HTTPException(400, "since: must be before until")
+            if not await self.redis.hexists(self._k("latest"), uuid):
+                raise HTTPException(404, f"uuid: no sample for GPU {uuid!r}")
+            res = resolution_for(since_t, now.timestamp(), self.settings.raw_retention_s) if resolution == "auto" else resolution
+            rows = await self.redis.zrangebyscore(self._k("raw" if res == "raw" else "1m", uuid), since_t, until_t)
+            decode = Point.decode if res == "raw" else Rollup.decode
+            return {"uuid": uuid, "resolution": res, "points": [decode(r).as_dict() for r in rows]}
+
+        @app.get("/v1/jobs/{job_id}/usage", tags=["telemetry"])
+        async def job_usage(job_id: str) -> JobUsage:
+            """Mean/peak utilization and memory and the energy of a job's GPUs over its run."""
+            return await self.job_usage(job_id)
+
+
+def _summary(cluster: str, node: str, gs: list[GpuStatus]) -> NodeSummary:
+    powers = [g.gpu.power_w for g in gs if g.gpu.power_w is not None]
+    return NodeSummary(
+        cluster=cluster,
+        node=node,
+        gpus=len(gs),
+        model=gs[0].gpu.model,
+        util_mean_pct=round(sum(g.gpu.utilization_gpu_pct for g in gs) / len(gs), 1),
+        power_w=round(sum(powers), 1) if powers else None,
+        memory_used_mib=round(sum(g.gpu.memory_used_mib for g in gs), 1),
+        memory_total_mib=round(sum(g.gpu.memory_total_mib for g in gs), 1),
+        last_sample_time=max(g.sample_time for g in gs),
+        stale=all(g.stale for g in gs),
+        flagged_gpus=sum(1 for g in gs if g.flags),
+    )
 
 
 def main() -> None:

@@ -1,0 +1,44 @@
+"""Faults the simulated fleet can be told to suffer, and what each one means.
+
+The admin endpoint of the agent and `whaleflux sim inject` both speak `Fault`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FaultKind = Literal["cooling", "ecc-dbe", "xid79", "xid48", "nvlink-crc", "vram-leak", "gpu-vanish", "node-silent"]
+
+FAULT_HELP: dict[str, str] = {
+    "cooling": "cooling failure: the GPU's temperature runs away past its slowdown limit and it throttles",
+    "ecc-dbe": "an uncorrectable (double-bit) ECC error: volatile DBE count and uncorrectable remapped rows rise",
+    "xid79": "XID 79, the GPU has fallen off the bus: reported once, then the GPU stops answering",
+    "xid48": "XID 48, a double-bit ECC error the driver reports as an XID event",
+    "nvlink-crc": "a burst of NVLink CRC errors over the next seconds",
+    "vram-leak": "the process of the job on this GPU leaks memory until the GPU is full",
+    "gpu-vanish": "the GPU disappears from the node without an XID",
+    "node-silent": "the node stops publishing telemetry and heartbeats (for duration_s, or until restart)",
+}
+
+GPU_FAULTS = frozenset(FAULT_HELP) - {"node-silent"}
+
+
+class Fault(BaseModel):
+    """One fault to inject on one node (and one GPU of it, for GPU faults)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: FaultKind
+    node: str = Field(min_length=1, max_length=128)
+    gpu: int | None = Field(None, ge=0, le=255, description="GPU index on the node; required for GPU faults")
+    duration_s: float | None = Field(None, gt=0, le=86400, description="node-silent: how long; default until restart")
+    leak_mib_per_s: float = Field(1024.0, gt=0, description="vram-leak: growth rate")
+    crc_errors: int = Field(5000, ge=1, description="nvlink-crc: errors in the burst")
+    cooling_factor: float = Field(3.0, gt=1, le=20, description="cooling: thermal resistance multiplier")
+
+    @model_validator(mode="after")
+    def _gpu_for_gpu_faults(self) -> "Fault":
+        if self.kind in GPU_FAULTS and self.gpu is None:
+            raise ValueError(f"gpu: fault {self.kind!r} needs the index of a GPU on the node")
+        return self

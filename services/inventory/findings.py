@@ -1,0 +1,179 @@
+"""Findings: where money is wasted or capacity sits unused, each with the monthly cost at stake."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Literal
+
+from .reconcile import GpuAsset, Reconciliation
+from .rollups import HourRow
+
+Kind = Literal["idle-allocated", "reserved-idle", "consolidation", "capacity", "undeclared", "never-seen", "mismatch"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: Kind
+    severity: Literal["info", "warning"]
+    summary: str
+    monthly_usd: Decimal | None = None  # what the GPUs concerned cost per month; None if unknown
+    gpus: tuple[str, ...] = ()
+    detail: dict[str, str] = field(default_factory=dict)
+
+
+def money(value: Decimal | None) -> str:
+    return "cost unknown" if value is None else f"${value:,.2f}/month"
+
+
+def _cost(gpus: list[GpuAsset]) -> Decimal | None:
+    """Sum of monthly costs; None if any GPU's cost is unknown."""
+    costs = [g.monthly_cost for g in gpus]
+    return None if any(c is None for c in costs) else sum(costs, Decimal(0))
+
+
+def idle_allocated(
+    last_hour: list[HourRow], assets: dict[str, GpuAsset], holders: dict[str, str], threshold_pct: float = 5.0
+) -> list[Finding]:
+    """GPUs allocated the whole last hour whose mean utilization stayed under `threshold_pct`, per node."""
+    by_node: dict[str, list[GpuAsset]] = defaultdict(list)
+    for row in last_hour:
+        a = assets.get(row.key)
+        if a is None or row.allocated_fraction < 0.99 or row.mean_util_allocated is None:
+            continue
+        if row.mean_util_allocated < threshold_pct:
+            by_node[a.node].append(a)
+    out = []
+    for node, gpus in sorted(by_node.items()):
+        jobs = sorted({holders[g.uuid] for g in gpus if g.uuid in holders})
+        cost = _cost(gpus)
+        out.append(
+            Finding(
+                "idle-allocated", "warning",
+                f"{node}: {len(gpus)}x {gpus[0].model} ({gpus[0].ownership}) allocated but under {threshold_pct:g}% "
+                f"utilized for the last hour (jobs {', '.join(jobs) or '?'}) — {money(cost)}",
+                cost, tuple(g.uuid for g in gpus), {"node": node, "jobs": ",".join(jobs)},
+            )
+        )
+    return out
+
+
+def reserved_idle(
+    assets: list[GpuAsset], last_active: dict[str, datetime], now: datetime, min_hours: float = 72
+) -> list[Finding]:
+    """GPUs nobody was allocated for at least `min_hours`, grouped by model, ownership and pool."""
+    groups: dict[tuple[str, str, str], list[tuple[GpuAsset, float]]] = defaultdict(list)
+    for a in assets:
+        if a.status != "active":
+            continue
+        since = max(last_active.get(a.uuid, a.registered_at), a.registered_at)
+        idle_h = (now - since).total_seconds() / 3600
+        if idle_h >= min_hours:
+            groups[(a.model, a.ownership, a.pool)].append((a, idle_h))
+    out = []
+    for (model, ownership, pool), items in sorted(groups.items()):
+        gpus = [a for a, _ in items]
+        hours = math.floor(min(h for _, h in items))
+        cost = _cost(gpus)
+        out.append(
+            Finding(
+                "reserved-idle", "warning",
+                f"{len(gpus)}x {model} ({ownership}, pool {pool}) idle {hours} h — {money(cost)}",
+                cost, tuple(a.uuid for a in gpus), {"idle_hours": str(hours), "pool": pool, "ownership": ownership},
+            )
+        )
+    return out
+
+
+def consolidation(
+    pool_rows: list[HourRow], assets: list[GpuAsset], threshold: float = 0.3, days: float = 3
+) -> list[Finding]:
+    """Pools allocated under `threshold` on average over the window, with how many GPUs their peak needed."""
+    by_pool: dict[str, list[HourRow]] = defaultdict(list)
+    for row in pool_rows:
+        by_pool[row.key].append(row)
+    gpus_by_pool: dict[str, list[GpuAsset]] = defaultdict(list)
+    for a in assets:
+        gpus_by_pool[a.pool].append(a)
+    out = []
+    for pool, rows in sorted(by_pool.items()):
+        span_h = sum(1 for _ in rows)
+        if span_h < days * 24 - 1:
+            continue  # not enough history to judge
+        capacity = sum(r.gpus for r in rows) * 3600
+        mean = sum(r.allocated_s for r in rows) / capacity if capacity else 0.0
+        if mean >= threshold:
+            continue
+        total = rows[-1].gpus
+        peak = max(math.ceil(r.allocated_s / 3600 - 1e-9) for r in rows)
+        free = total - max(peak, 1)
+        pool_gpus = gpus_by_pool.get(pool, [])
+        known = [g.monthly_cost for g in pool_gpus if g.monthly_cost is not None]
+        per_gpu = (sum(known, Decimal(0)) / len(known)).quantize(Decimal("0.01")) if known else None
+        cost = per_gpu * free if per_gpu is not None and free > 0 else None
+        advice = (
+            f"its busiest hour needed {peak} GPUs: consolidating onto {max(peak, 1)} would free {free}"
+            if free > 0 else "keep its size"
+        )
+        out.append(
+            Finding(
+                "consolidation", "info",
+                f"pool {pool}: {total} GPUs {mean:.0%} allocated over the last {days:g} days; {advice} — {money(cost)}",
+                cost, tuple(g.uuid for g in pool_gpus),
+                {"pool": pool, "mean_allocated": f"{mean:.4f}", "peak_gpus": str(peak), "gpus_freeable": str(free)},
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    model: str
+    pool: str
+    gpus: int
+    free: int
+    free_nodes: int  # nodes with every GPU free
+
+
+def capacity(assets: list[GpuAsset], allocated: set[str]) -> list[CapacityRow]:
+    """Free GPUs and whole free nodes per model and pool (missing GPUs are not capacity)."""
+    nodes: dict[tuple[str, str], dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for a in assets:
+        if a.status == "active":
+            nodes[(a.model, a.pool)][a.node].append(a.uuid not in allocated)
+    rows = []
+    for (model, pool), per_node in sorted(nodes.items()):
+        flags = [f for fs in per_node.values() for f in fs]
+        rows.append(CapacityRow(model, pool, len(flags), sum(flags), sum(1 for fs in per_node.values() if all(fs))))
+    return rows
+
+
+def capacity_finding(rows: list[CapacityRow]) -> Finding:
+    """One line on what could run now: '2 H100 nodes idle (16 GPUs); 3 A100 GPUs free'."""
+    parts = []
+    for r in rows:
+        if r.free_nodes:
+            parts.append(f"{r.free_nodes} {r.model} node{'s' if r.free_nodes != 1 else ''} idle in {r.pool}")
+        if r.free:
+            parts.append(f"{r.free}/{r.gpus} {r.model} GPUs free in {r.pool}")
+    return Finding("capacity", "info", "capacity now: " + ("; ".join(parts) or "no free GPUs"))
+
+
+def reconciliation_findings(rec: Reconciliation, assets: dict[str, GpuAsset]) -> list[Finding]:
+    """Undeclared GPUs (counted as owned-unknown), declarations never seen, and mismatches."""
+    out = []
+    if rec.undeclared:
+        nodes = sorted({assets[u].node for u in rec.undeclared if u in assets})
+        out.append(
+            Finding(
+                "undeclared", "warning",
+                f"{len(rec.undeclared)} GPUs registered but not declared (counted as owned-unknown): nodes {', '.join(nodes)}",
+                None, tuple(rec.undeclared),
+            )
+        )
+    out += [Finding("never-seen", "warning", text) for text in rec.never_seen]
+    out += [Finding("mismatch", "warning", text) for text in rec.mismatches]
+    return out

@@ -1,0 +1,158 @@
+"""A mutable index of the fleet's free GPUs, so placement never rescans every node.
+
+Nodes sit in buckets by (model, free GPU count): best fit walks the buckets
+upward from the job's size and stops after a few candidates, whatever the
+fleet's size. Allocation and release keep the buckets current in O(GPUs of
+the job). Pure data structure, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping
+
+from .model import GpuState, Interconnects, ModelFacts, NodeShare, NodeState, Placement
+
+
+@dataclass
+class StaticView:
+    """Nodes that could ever hold one shape of job, computed once per shape."""
+
+    nodes: list[str]  # fleet order
+    members: set[str]
+    models: list[str]
+    max_gpus_per_node: int
+    total_gpus: int
+    rejections: dict[str, list[str]] = field(default_factory=dict)
+
+
+class ClusterState:
+    """Free GPUs per node, bucketed by model and free count; allocations per job."""
+
+    def __init__(
+        self,
+        nodes: Iterable[NodeState],
+        facts: Mapping[str, ModelFacts] | None = None,
+        interconnects: Interconnects = Interconnects(),
+    ):
+        self.facts: dict[str, ModelFacts] = dict(facts or {})
+        self.interconnects = interconnects
+        self.nodes: dict[str, NodeState] = {}
+        self.order: dict[str, int] = {}
+        self.gpus: dict[str, dict[int, GpuState]] = {}
+        self.free: dict[str, list[int]] = {}
+        # model -> [free count] -> node names (a dict keeps insertion order: runs are reproducible)
+        self.buckets: dict[str, list[dict[str, None]]] = {}
+        self.free_by_model: Counter[str] = Counter()
+        self.total_gpus = 0
+        self.total_free = 0
+        self.holdings: dict[str, tuple[NodeShare, ...]] = {}
+        self.services_on: dict[str, Counter[str]] = {}
+        self._service_of: dict[str, str] = {}
+        self._static: dict[tuple, StaticView] = {}
+        # Shapes with the same eligible nodes share one view (and so one cache key in a pass).
+        self._interned: dict[tuple[str, ...], StaticView] = {}
+        self.has_memory_telemetry = False
+        self.has_leases = False
+        for node in nodes:
+            self._add(node)
+        # Jobs already holding GPUs in the snapshot (the service's bookkeeping).
+        for name, node in self.nodes.items():
+            for gpu in node.gpus:
+                if gpu.allocated_to is not None:
+                    held = self.holdings.get(gpu.allocated_to, ())
+                    self.holdings[gpu.allocated_to] = _add_gpu(held, node, gpu)
+
+    def _add(self, node: NodeState) -> None:
+        self.order[node.name] = len(self.order)
+        self.nodes[node.name] = node
+        self.gpus[node.name] = {g.index: g for g in node.gpus}
+        free = sorted(g.index for g in node.gpus if g.allocated_to is None)
+        self.free[node.name] = free
+        self.services_on[node.name] = Counter()
+        buckets = self.buckets.setdefault(node.model, [])
+        while len(buckets) <= len(node.gpus):
+            buckets.append({})
+        buckets[len(free)][node.name] = None
+        self.free_by_model[node.model] += len(free)
+        self.total_gpus += len(node.gpus)
+        self.total_free += len(free)
+        self.has_leases = self.has_leases or node.lease_expires_at is not None
+        self.has_memory_telemetry = self.has_memory_telemetry or any(g.memory_free_mib is not None for g in node.gpus)
+
+    # ------------------------------------------------------------ facts
+
+    def speed(self, model: str, workload_class: str) -> float:
+        """Relative speed of a class on a model (1.0 when the model has no facts)."""
+        facts = self.facts.get(model)
+        return facts.speed_for(workload_class) if facts else 1.0
+
+    def static_view(self, key: tuple, build) -> StaticView:
+        """The cached static eligibility for one job shape; `build` computes it once."""
+        view = self._static.get(key)
+        if view is None:
+            built = build()
+            view = self._static[key] = self._interned.setdefault(tuple(built.nodes), built) if built.nodes else built
+        return view
+
+    # ------------------------------------------------------------ changes
+
+    def update_node(self, node: NodeState) -> None:
+        """Take a node's new health and labels; its allocations stay as they are."""
+        old = self.nodes[node.name]
+        if old.model != node.model or len(old.gpus) != len(node.gpus):
+            raise ValueError(f"node {node.name} changed model or GPU count; rebuild the cluster state")
+        self.nodes[node.name] = node
+        self.gpus[node.name] = {g.index: g for g in node.gpus}
+        self.has_leases = self.has_leases or node.lease_expires_at is not None
+        self.has_memory_telemetry = self.has_memory_telemetry or any(g.memory_free_mib is not None for g in node.gpus)
+        self._static.clear()
+        self._interned.clear()
+
+    def _move(self, name: str, before: int, after: int) -> None:
+        model = self.nodes[name].model
+        buckets = self.buckets[model]
+        del buckets[before][name]
+        buckets[after][name] = None
+        self.free_by_model[model] += after - before
+        self.total_free += after - before
+
+    def allocate(self, job_id: str, placement: Placement, service: str | None = None) -> None:
+        """Mark the placement's GPUs as held by the job."""
+        if job_id in self.holdings:
+            raise ValueError(f"job {job_id} already holds GPUs")
+        for share in placement.shares:
+            free = self.free[share.node]
+            before = len(free)
+            taken = set(share.gpu_indices)
+            if not taken.issubset(free):
+                raise ValueError(f"GPUs {sorted(taken - set(free))} of {share.node} are not free")
+            self.free[share.node] = [i for i in free if i not in taken]
+            self._move(share.node, before, before - len(taken))
+            if service:
+                self.services_on[share.node][service] += 1
+        self.holdings[job_id] = placement.shares
+        if service:
+            self._service_of[job_id] = service
+
+    def release(self, job_id: str) -> tuple[NodeShare, ...]:
+        """Free the job's GPUs; returns what it held (nothing if it held nothing)."""
+        shares = self.holdings.pop(job_id, ())
+        service = self._service_of.pop(job_id, None)
+        for share in shares:
+            free = self.free[share.node]
+            before = len(free)
+            self.free[share.node] = sorted([*free, *share.gpu_indices])
+            self._move(share.node, before, before + len(share.gpu_indices))
+            if service:
+                self.services_on[share.node][service] -= 1
+        return shares
+
+
+def _add_gpu(held: tuple[NodeShare, ...], node: NodeState, gpu: GpuState) -> tuple[NodeShare, ...]:
+    for i, share in enumerate(held):
+        if share.node == node.name:
+            grown = replace(share, gpu_uuids=(*share.gpu_uuids, gpu.uuid), gpu_indices=(*share.gpu_indices, gpu.index))
+            return (*held[:i], grown, *held[i + 1 :])
+    return (*held, NodeShare(node.name, node.cluster, node.model, (gpu.uuid,), (gpu.index,)))

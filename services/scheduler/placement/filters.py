@@ -1,0 +1,116 @@
+"""Filter plugins: can this node hold this job? Each returns None, or the reason it cannot.
+
+Static filters look at what never changes while the node exists (model,
+memory size, GPU count, pool, labels): when no node passes them the job is
+infeasible. Dynamic filters look at the node now (health, lease), and
+`usable_gpus` at its free GPUs, judged against the memory telemetry says is
+free so that a process WhaleFlux did not start cannot cause an OOM.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .model import GpuState, JobRequest, NodeState
+
+MIB_PER_GB = 1024
+
+StaticFilter = Callable[[JobRequest, NodeState], "str | None"]
+DynamicFilter = Callable[[JobRequest, NodeState, float, "FilterSettings"], "str | None"]
+
+
+class FilterSettings:
+    """Knobs of the dynamic filters."""
+
+    def __init__(self, xid_quarantine_s: float = 600.0, speed_of=None):
+        self.xid_quarantine_s = xid_quarantine_s
+        # (model, class) -> relative speed, to turn an A100 runtime into this node's runtime.
+        self.speed_of = speed_of or (lambda model, klass: 1.0)
+
+
+def model_allowed(req: JobRequest, node: NodeState) -> str | None:
+    """The job lists allowed models and this node's is not one of them."""
+    if req.gpu_models and node.model not in req.gpu_models:
+        return f"model {node.model} not allowed"
+    return None
+
+
+def memory_size(req: JobRequest, node: NodeState) -> str | None:
+    """Even an empty GPU of this node has too little memory."""
+    if node.gpus and max(g.memory_total_mib for g in node.gpus) < req.min_memory_mib:
+        return f"GPU memory below {req.min_memory_mib / MIB_PER_GB:.0f} GB"
+    return None
+
+
+def gpus_per_node(req: JobRequest, node: NodeState) -> str | None:
+    """A job that must stay on one node needs a node at least that big."""
+    if not req.allow_multi_node and len(node.gpus) < req.gpus:
+        return f"only {len(node.gpus)} GPUs per node"
+    return None
+
+
+def pool_and_labels(req: JobRequest, node: NodeState) -> str | None:
+    """Pool and label constraints, e.g. data that must stay in pool=onprem."""
+    if req.pool and node.pool != req.pool:
+        return f"pool {node.pool}, not {req.pool}"
+    for key, value in req.labels:
+        if node.labels.get(key) != value:
+            return f"label {key}!={value}"
+    return None
+
+
+def healthy(req: JobRequest, node: NodeState, now: float, settings: FilterSettings) -> str | None:
+    """Not cordoned or draining, below its thermal limit, no recent critical XID."""
+    if node.cordoned:
+        return "cordoned"
+    if node.draining:
+        return "draining"
+    if not node.schedulable:
+        return "not schedulable"
+    if node.temperature_c is not None and node.thermal_limit_c is not None and node.temperature_c >= node.thermal_limit_c:
+        return f"at {node.temperature_c:.0f} C, thermal limit {node.thermal_limit_c:.0f} C"
+    if node.last_critical_xid_at is not None and now - node.last_critical_xid_at < settings.xid_quarantine_s:
+        return f"critical XID {now - node.last_critical_xid_at:.0f} s ago"
+    return None
+
+
+def lease_covers_runtime(req: JobRequest, node: NodeState, now: float, settings: FilterSettings) -> str | None:
+    """A leased node must stay ours for the job's expected runtime on it."""
+    if node.lease_expires_at is None:
+        return None
+    left = node.lease_expires_at - now
+    if left <= 0:
+        return "lease expired"
+    if req.expected_runtime_s is not None:
+        needed = req.expected_runtime_s / settings.speed_of(node.model, req.workload_class)
+        if needed > left:
+            return f"lease ends in {left / 3600:.1f} h, job needs {needed / 3600:.1f} h"
+    return None
+
+
+def usable_gpus(req: JobRequest, gpus: dict[int, GpuState], free: list[int]) -> list[int]:
+    """Free GPUs with enough memory, by bookkeeping and by what telemetry says is free."""
+    need = req.min_memory_mib
+    if need <= 0:
+        return free
+    out = []
+    for i in free:
+        gpu = gpus[i]
+        if gpu.memory_total_mib < need:
+            continue
+        if gpu.memory_free_mib is not None and gpu.memory_free_mib < need:
+            continue  # something WhaleFlux did not start holds the memory
+        out.append(i)
+    return out
+
+
+STATIC_FILTERS: dict[str, StaticFilter] = {
+    "model_allowed": model_allowed,
+    "memory_size": memory_size,
+    "gpus_per_node": gpus_per_node,
+    "pool_and_labels": pool_and_labels,
+}
+DYNAMIC_FILTERS: dict[str, DynamicFilter] = {
+    "healthy": healthy,
+    "lease_covers_runtime": lease_covers_runtime,
+}

@@ -1,0 +1,300 @@
+"""The placement pipeline: static filters -> dynamic filters -> score -> select.
+
+`place_on(cluster, req, profile, now)` decides for one job against the
+indexed cluster; `place(req, nodes)` does the same on a plain list of nodes.
+Both return a `Placement`, `Unschedulable` (wait: could run once GPUs free
+up) or `Infeasible` (can never run on this fleet), each with a reason a user
+can read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from . import filters as F
+from . import scorers as S
+from .cluster import ClusterState, StaticView
+from .model import Decision, Infeasible, JobRequest, ModelFacts, NodeShare, NodeState, Placement, Unschedulable
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A placement policy as configuration: which plugins run, and score weights."""
+
+    name: str = "whaleflux"
+    static_filters: tuple[str, ...] = tuple(F.STATIC_FILTERS)
+    dynamic_filters: tuple[str, ...] = tuple(F.DYNAMIC_FILTERS)
+    weights: Mapping[str, float] = field(
+        default_factory=lambda: {
+            "speed": 4.0, "comparative_advantage": 4.0, "best_fit": 2.0, "nvlink_locality": 2.0,
+            "cost": 1.0, "spread_replicas": 2.0,
+        }
+    )
+    # How many of the tightest-fitting nodes per model are scored (best fit walks buckets upward).
+    candidates_per_model: int = 8
+    # Model-unaware first fit in fleet order (the baselines), instead of scoring.
+    first_fit: bool = False
+    xid_quarantine_s: float = 600.0
+    # A job that fits one node but finds no node free enough may span nodes (when it
+    # allows that) if it then still runs at least this fraction of its best speed.
+    split_min_speed_ratio: float | None = 0.5
+
+
+FIRST_FIT = Profile(name="first-fit", weights={"first_fit": 1.0}, first_fit=True, split_min_speed_ratio=None)
+
+
+def place(
+    req: JobRequest,
+    nodes: list[NodeState],
+    profile: Profile | None = None,
+    facts: Mapping[str, ModelFacts] | None = None,
+    now: float = 0.0,
+) -> Decision:
+    """Pick GPUs for one job on a snapshot of nodes."""
+    if not nodes:
+        return Unschedulable("no GPU nodes registered yet")
+    return place_on(ClusterState(nodes, facts), req, profile or Profile(), now)
+
+
+def place_on(
+    cluster: ClusterState,
+    req: JobRequest,
+    profile: Profile,
+    now: float,
+    caps: Mapping[str, int] | None = None,
+) -> Decision:
+    """Pick GPUs for one job; `caps` limits how many GPUs given nodes may give (0 = none)."""
+    if not cluster.nodes:
+        return Unschedulable("no GPU nodes registered yet")
+    view = _static_view(cluster, req, profile)
+    if not view.nodes:
+        return Infeasible(f"{_needs(req)}; no node can ever fit: {_summary(view.rejections)}")
+    settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
+    if req.gpus > view.max_gpus_per_node:
+        if view.total_gpus < req.gpus:
+            return Infeasible(f"{_needs(req)}; the nodes it may use have {view.total_gpus} GPUs in all")
+        return _place_gang(cluster, req, profile, now, view, settings, caps)
+    if profile.first_fit:
+        found = _first_fit(cluster, req, profile, now, view, settings, caps)
+        if found:
+            return found
+    else:
+        cands = _candidates(cluster, req, profile, now, view, settings, caps)
+        if cands:
+            return _select(cluster, req, profile, cands)
+        if req.allow_multi_node and req.gpus > 1 and profile.split_min_speed_ratio is not None:
+            split = _place_gang(cluster, req, profile, now, view, settings, caps)
+            best = max(S.candidate_speed(cluster, req, cluster.nodes[n]) for n in view.nodes)
+            if isinstance(split, Placement) and split.speed >= profile.split_min_speed_ratio * best:
+                return split
+    return Unschedulable(explain_wait(cluster, req, profile, now, caps))
+
+
+def _static_view(cluster: ClusterState, req: JobRequest, profile: Profile) -> StaticView:
+    key = (req.gpu_models, req.min_memory_mib, req.pool, req.labels, req.allow_multi_node or req.gpus, profile.static_filters)
+
+    def build() -> StaticView:
+        checks = [F.STATIC_FILTERS[n] for n in profile.static_filters]
+        names, rejections, models, biggest, total = [], {}, [], 0, 0
+        for name, node in cluster.nodes.items():
+            reason = next((r for r in (c(req, node) for c in checks) if r), None)
+            if reason:
+                rejections.setdefault(reason, []).append(name)
+                continue
+            names.append(name)
+            biggest = max(biggest, len(node.gpus))
+            total += len(node.gpus)
+            if node.model not in models:
+                models.append(node.model)
+        return StaticView(names, set(names), models, biggest, total, rejections)
+
+    return cluster.static_view(key, build)
+
+
+def eligible(cluster: ClusterState, req: JobRequest, profile: Profile) -> StaticView:
+    """Nodes that pass the static filters for this job (cached per shape)."""
+    return _static_view(cluster, req, profile)
+
+
+def unavailable(cluster: ClusterState, req: JobRequest, node: NodeState, profile: Profile, now: float) -> str | None:
+    """Why the node cannot take the job now (dynamic filters), or None."""
+    return _dynamic_reason(req, node, now, profile, F.FilterSettings(profile.xid_quarantine_s, cluster.speed))
+
+
+def usable(cluster: ClusterState, req: JobRequest, node: str) -> list[int]:
+    """The node's free GPUs that have enough memory for the job."""
+    return _usable(cluster, req, node, None)
+
+
+def _dynamic_reason(req: JobRequest, node: NodeState, now: float, profile: Profile, settings: F.FilterSettings) -> str | None:
+    for name in profile.dynamic_filters:
+        reason = F.DYNAMIC_FILTERS[name](req, node, now, settings)
+        if reason:
+            return reason
+    return None
+
+
+def _usable(cluster: ClusterState, req: JobRequest, name: str, caps: Mapping[str, int] | None) -> list[int]:
+    usable = F.usable_gpus(req, cluster.gpus[name], cluster.free[name])
+    if caps is not None and name in caps:
+        usable = usable[: caps[name]]
+    return usable
+
+
+def _first_fit(cluster, req, profile, now, view, settings, caps) -> Placement | None:
+    for name in view.nodes:
+        if len(cluster.free[name]) < req.gpus:
+            continue
+        node = cluster.nodes[name]
+        if _dynamic_reason(req, node, now, profile, settings):
+            continue
+        usable = _usable(cluster, req, name, caps)
+        if len(usable) >= req.gpus:
+            chosen = tuple(usable[: req.gpus])
+            speed = S.candidate_speed(cluster, req, node)
+            return _single(node, chosen, speed, f"first fit on {name}")
+    return None
+
+
+def _candidates(cluster, req, profile, now, view, settings, caps) -> list[S.Candidate]:
+    out: list[S.Candidate] = []
+    for model in view.models:
+        buckets = cluster.buckets[model]
+        found = 0
+        for count in range(req.gpus, len(buckets)):
+            for name in buckets[count]:
+                if name not in view.members:
+                    continue
+                node = cluster.nodes[name]
+                if _dynamic_reason(req, node, now, profile, settings):
+                    continue
+                usable = _usable(cluster, req, name, caps)
+                if len(usable) < req.gpus:
+                    continue
+                speed = S.candidate_speed(cluster, req, node)
+                out.append(S.Candidate(node, tuple(usable[: req.gpus]), len(usable) - req.gpus, speed))
+                found += 1
+                if found >= profile.candidates_per_model:
+                    break
+            if found >= profile.candidates_per_model:
+                break
+    return out
+
+
+def _select(cluster: ClusterState, req: JobRequest, profile: Profile, cands: list[S.Candidate]) -> Placement:
+    values = [v for v in (S.work_per_usd(cluster, c) for c in cands) if v is not None]
+    ctx = S.ScoreContext(
+        cluster,
+        max(c.speed for c in cands),
+        max(values) if values else None,
+        max(S.advantage(cluster, req, c.node) for c in cands),
+        min(max(g.memory_total_mib for g in c.node.gpus) for c in cands) or 1.0,
+    )
+    total_weight = sum(profile.weights.values()) or 1.0
+
+    def total(c: S.Candidate) -> float:
+        return sum(w * S.SCORERS[n](req, c, ctx) for n, w in profile.weights.items()) / total_weight
+
+    best = max(cands, key=lambda c: (total(c), -cluster.order[c.node.name]))
+    why = (
+        f"{best.node.name} ({best.node.model}): speed {best.speed:.2f}x, "
+        f"{best.leftover} GPU(s) left free, score {total(best):.0f} of {len(cands)} candidate(s)"
+    )
+    return _single(best.node, best.gpus, best.speed, why)
+
+
+def _single(node: NodeState, chosen: tuple[int, ...], speed: float, why: str) -> Placement:
+    uuids = tuple(next(g.uuid for g in node.gpus if g.index == i) for i in chosen)
+    return Placement(node.name, node.cluster, node.model, uuids, chosen, speed=speed, explanation=why)
+
+
+def _place_gang(cluster, req, profile, now, view, settings, caps) -> Decision:
+    """All or nothing across nodes, for a job larger than any node."""
+    pools: list[tuple[NodeState, list[int]]] = []
+    for name in view.nodes:
+        if not cluster.free[name]:
+            continue
+        node = cluster.nodes[name]
+        if _dynamic_reason(req, node, now, profile, settings):
+            continue
+        usable = _usable(cluster, req, name, caps)
+        if usable:
+            pools.append((node, usable))
+    total = sum(len(u) for _, u in pools)
+    if total < req.gpus:
+        return Unschedulable(f"{_needs(req)}; {total} usable GPU(s) free across nodes")
+    if profile.first_fit:
+        return _gang(cluster, req, pools, "first fit across nodes")
+    # Prefer one model (the slowest GPU sets the pace), fastest first, fewest nodes.
+    by_model: dict[str, list[tuple[NodeState, list[int]]]] = {}
+    for node, usable in pools:
+        by_model.setdefault(node.model, []).append((node, usable))
+    fitting = [m for m, ps in by_model.items() if sum(len(u) for _, u in ps) >= req.gpus]
+    if fitting:
+        model = max(fitting, key=lambda m: cluster.speed(m, req.workload_class))
+        chosen = sorted(by_model[model], key=lambda p: (-len(p[1]), cluster.order[p[0].name]))
+        return _gang(cluster, req, chosen, f"gang on {model} nodes")
+    chosen = sorted(pools, key=lambda p: (-cluster.speed(p[0].model, req.workload_class), -len(p[1]), cluster.order[p[0].name]))
+    return _gang(cluster, req, chosen, "gang across models (no single model has enough free)")
+
+
+def _gang(cluster: ClusterState, req: JobRequest, pools, why: str) -> Placement:
+    shares: list[NodeShare] = []
+    left = req.gpus
+    for node, usable in pools:
+        if left <= 0:
+            break
+        take = tuple(usable[:left])
+        left -= len(take)
+        uuids = tuple(cluster.gpus[node.name][i].uuid for i in take)
+        shares.append(NodeShare(node.name, node.cluster, node.model, uuids, take))
+    nodes = [cluster.nodes[s.node] for s in shares]
+    slowest = min(cluster.speed(n.model, req.workload_class) for n in nodes)
+    inside = min(cluster.interconnects.for_node(n.interconnect) for n in nodes)
+    speed = slowest * inside * (cluster.interconnects.cross_node if len(shares) > 1 else 1.0)
+    first = shares[0]
+    return Placement(
+        first.node, first.cluster, first.model, first.gpu_uuids, first.gpu_indices,
+        others=tuple(shares[1:]), speed=speed, explanation=f"{why}: {len(shares)} node(s), speed {speed:.2f}x",
+    )
+
+
+def explain_wait(cluster: ClusterState, req: JobRequest, profile: Profile, now: float, caps: Mapping[str, int] | None = None) -> str:
+    """Why a feasible job cannot start now: its needs, the largest free block, what ruled nodes out."""
+    view = _static_view(cluster, req, profile)
+    settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
+    unhealthy: dict[str, list[str]] = {}
+    best, best_node = 0, None
+    for name in view.nodes:
+        reason = _dynamic_reason(req, cluster.nodes[name], now, profile, settings)
+        if reason:
+            unhealthy.setdefault(reason, []).append(name)
+            continue
+        n = len(_usable(cluster, req, name, caps))
+        if n > best:
+            best, best_node = n, name
+    text = f"{_needs(req)}; " + (f"largest free block is {best} on {best_node}" if best_node else "no usable GPU free")
+    if unhealthy:
+        text += f"; unavailable: {_summary(unhealthy)}"
+    return text
+
+
+def _needs(req: JobRequest) -> str:
+    text = f"needs {req.gpus} GPU{'s' if req.gpus != 1 else ''}"
+    if req.min_memory_mib:
+        text += f" with >= {req.min_memory_mib / F.MIB_PER_GB:.0f} GB"
+    if req.gpu_models:
+        text += f" of {'/'.join(req.gpu_models)}"
+    text += " across nodes" if req.allow_multi_node else " on one node"
+    if req.pool:
+        text += f" in pool {req.pool}"
+    return text
+
+
+def _summary(by_reason: dict[str, list[str]]) -> str:
+    parts = []
+    for reason, nodes in by_reason.items():
+        more = f" +{len(nodes) - 3}" if len(nodes) > 3 else ""
+        parts.append(f"{reason} ({', '.join(nodes[:3])}{more})")
+    return "; ".join(parts)

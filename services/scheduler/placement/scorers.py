@@ -1,0 +1,123 @@
+"""Score plugins: how good is this candidate node for this job? Each returns 0..100.
+
+The framework combines them with weights from the profile, so a policy is a
+configuration of plugins, not a fork of the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .cluster import ClusterState
+from .model import JobRequest, NodeState
+
+
+@dataclass(frozen=True)
+class Candidate:
+    node: NodeState
+    gpus: tuple[int, ...]
+    leftover: int  # usable GPUs the node still has after this job
+    speed: float  # class speed on the model x interconnect efficiency
+
+
+@dataclass(frozen=True)
+class ScoreContext:
+    cluster: ClusterState
+    best_speed: float  # fastest candidate's speed, for normalizing
+    best_work_per_usd: float | None
+    best_advantage: float = 0.0  # best comparative advantage among candidates
+    smallest_memory_mib: float = 1.0  # smallest GPU memory among candidates
+
+
+Scorer = Callable[[JobRequest, Candidate, ScoreContext], float]
+
+
+def best_fit(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
+    """Least fragmentation: prefer the node left with the fewest free GPUs."""
+    return 100.0 * (1.0 - cand.leftover / max(1, len(cand.node.gpus)))
+
+
+def speed(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
+    """The job's class runs faster on this model (gpu_models.yaml `speed`)."""
+    return 100.0 * cand.speed / ctx.best_speed if ctx.best_speed > 0 else 100.0
+
+
+def comparative_advantage(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
+    """Give each model to the classes it speeds up most relative to other classes.
+
+    A small job runs 1.5x on an H100 but an LLM training job 2.6x: an H100
+    given to the small job is worth less than to the training job, and an
+    RTX 4090 (0.9x for small jobs) serves the small job almost as well.
+    """
+    facts = ctx.cluster.facts.get(cand.node.model)
+    if facts is None or not facts.speed:
+        return 100.0
+    mean = sum(facts.speed.values()) / len(facts.speed)
+    return min(100.0, 100.0 * facts.speed_for(req.workload_class) / mean / ctx.best_advantage) if ctx.best_advantage else 100.0
+
+
+def memory_right_size(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
+    """Keep large-memory GPUs for jobs that need the memory."""
+    return 100.0 * ctx.smallest_memory_mib / max(g.memory_total_mib for g in cand.node.gpus)
+
+
+def cost(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
+    """Work done per dollar on this model; neutral when prices are unknown."""
+    facts = ctx.cluster.facts.get(cand.node.model)
+    if not ctx.best_work_per_usd or facts is None or not facts.usd_per_gpu_hour:
+        return 50.0
+    return 100.0 * (cand.speed / float(facts.usd_per_gpu_hour)) / ctx.best_work_per_usd
+
+
+def nvlink_locality(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
+    """A multi-GPU job wants its GPUs joined by NVLink."""
+    if req.gpus <= 1:
+        return 100.0
+    return 100.0 * ctx.cluster.interconnects.for_node(cand.node.interconnect)
+
+
+def spread_replicas(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
+    """Replicas of one inference service go to different nodes."""
+    if not req.service:
+        return 100.0
+    return 100.0 / (1 + ctx.cluster.services_on[cand.node.name][req.service])
+
+
+def first_fit(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
+    """Earliest node in fleet order (the model-unaware baselines)."""
+    return 100.0 * (1.0 - ctx.cluster.order[cand.node.name] / max(1, len(ctx.cluster.order)))
+
+
+SCORERS: dict[str, Scorer] = {
+    "best_fit": best_fit,
+    "speed": speed,
+    "cost": cost,
+    "comparative_advantage": comparative_advantage,
+    "memory_right_size": memory_right_size,
+    "nvlink_locality": nvlink_locality,
+    "spread_replicas": spread_replicas,
+    "first_fit": first_fit,
+}
+
+
+def candidate_speed(cluster: ClusterState, req: JobRequest, node: NodeState) -> float:
+    """Relative speed of the job on `req.gpus` GPUs of this one node."""
+    s = cluster.speed(node.model, req.workload_class)
+    return s if req.gpus <= 1 else s * cluster.interconnects.for_node(node.interconnect)
+
+
+def advantage(cluster: ClusterState, req: JobRequest, node: NodeState) -> float:
+    """The class's speed on the node's model over that model's mean speed across classes."""
+    facts = cluster.facts.get(node.model)
+    if facts is None or not facts.speed:
+        return 1.0
+    return facts.speed_for(req.workload_class) * len(facts.speed) / sum(facts.speed.values())
+
+
+def work_per_usd(cluster: ClusterState, cand: Candidate) -> float | None:
+    """Speed per dollar-hour of one GPU, or None without a price."""
+    facts = cluster.facts.get(cand.node.model)
+    if facts is None or not facts.usd_per_gpu_hour:
+        return None
+    return cand.speed / float(facts.usd_per_gpu_hour)

@@ -1,0 +1,81 @@
+"""The queue policy's inputs: waiting and running jobs, team quotas, policy configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..placement import FIRST_FIT, JobRequest, Profile
+
+# Lower rank runs first.
+PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
+
+
+def rank(priority: str) -> int:
+    """Rank of a priority class (unknown classes count as normal)."""
+    return PRIORITY_RANK.get(priority, 1)
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    request: JobRequest
+    submit_time: float
+    seq: int = 0  # ties between equal submit times, in arrival order
+    preemptions: int = 0  # times it was preempted so far
+
+    @property
+    def job_id(self) -> str:
+        return self.request.job_id
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    job_id: str
+    team: str
+    priority: str
+    preemptible: bool
+    gpus: int
+    started_at: float
+    # The policy's estimate of when it ends; None when the job gave no runtime.
+    expected_end: float | None = None
+    preemptions: int = 0
+
+
+@dataclass(frozen=True)
+class TeamPolicy:
+    """GPUs guaranteed to a team (None: no quota) and its weight in fair share."""
+
+    quota_gpus: int | None = None
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    name: str
+    profile: Profile = field(default_factory=Profile)
+    use_priorities: bool = True
+    fair_share: bool = True
+    backfill: bool = True
+    preemption: bool = True
+    # Estimates divide the A100 runtime by the placement's speed (model-aware);
+    # the baselines take the job's A100 runtime as it is.
+    estimates_scale_with_speed: bool = True
+    # Bounds on one pass (like Slurm's bf_max_job_test): jobs examined, and
+    # jobs examined in a row without placing one.
+    scan_depth: int = 2000
+    max_misses_in_a_row: int = 300
+    # Priority classes that may preempt lower, preemptible classes.
+    preempt_for: frozenset[str] = frozenset({"high"})
+    min_run_before_preemption_s: float = 600.0
+    max_preemptions_per_job: int = 3
+
+
+FIFO = PolicyConfig(
+    name="fifo", profile=FIRST_FIT, use_priorities=False, fair_share=False, backfill=False,
+    preemption=False, estimates_scale_with_speed=False,
+)
+BACKFILL = PolicyConfig(
+    name="backfill", profile=FIRST_FIT, use_priorities=False, fair_share=False, backfill=True,
+    preemption=False, estimates_scale_with_speed=False,
+)
+WHALEFLUX = PolicyConfig(name="whaleflux")
+POLICIES = {p.name: p for p in (FIFO, BACKFILL, WHALEFLUX)}

@@ -1,0 +1,95 @@
+"""The waiting jobs, in lanes by priority class and team, walked in policy order."""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from typing import Iterator, Mapping
+
+from .jobs import PendingJob, PolicyConfig, TeamPolicy, rank
+
+
+def _order(job: PendingJob) -> tuple[float, int, str]:
+    return (job.submit_time, job.seq, job.job_id)
+
+
+class PendingQueue:
+    """Jobs waiting to start. Pure data structure: no I/O, no clock."""
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self._lanes: dict[tuple[int, str], list[tuple[tuple, PendingJob]]] = {}
+        self._jobs: dict[str, PendingJob] = {}
+
+    def _lane(self, job: PendingJob) -> tuple[int, str]:
+        r = rank(job.request.priority) if self.config.use_priorities else 0
+        team = job.request.team if self.config.fair_share else "*"
+        return (r, team)
+
+    def add(self, job: PendingJob) -> None:
+        """Queue a job (a requeued one keeps its place by its original submit time)."""
+        if job.job_id in self._jobs:
+            raise ValueError(f"job {job.job_id} is already queued")
+        self._jobs[job.job_id] = job
+        lane = self._lanes.setdefault(self._lane(job), [])
+        entry = (_order(job), job)
+        if not lane or lane[-1][0] <= entry[0]:
+            lane.append(entry)
+        else:
+            insort(lane, entry, key=lambda e: e[0])
+
+    def remove(self, job_id: str) -> PendingJob | None:
+        """Take a job out of the queue; None if it was not queued."""
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            return None
+        key = self._lane(job)
+        lane = self._lanes[key]
+        i = bisect_left(lane, _order(job), key=lambda e: e[0])
+        while lane[i][1].job_id != job_id:
+            i += 1
+        del lane[i]
+        if not lane:
+            del self._lanes[key]
+        return job
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self._jobs
+
+    def get(self, job_id: str) -> PendingJob | None:
+        return self._jobs.get(job_id)
+
+    def ordered(self, usage: Mapping[str, int], teams: Mapping[str, TeamPolicy]) -> Iterator[PendingJob]:
+        """Jobs in the order a pass considers them: priority class, then weighted fair share, then age.
+
+        Between teams of one class the next job comes from the team furthest
+        below its quota, then the one using least per unit of weight; `usage`
+        is read at each step, so placements made during the pass count.
+        """
+        for r in sorted({k[0] for k in self._lanes}):
+            lanes = {team: lane for (lr, team), lane in self._lanes.items() if lr == r}
+            if len(lanes) == 1:
+                for _, job in next(iter(lanes.values())):
+                    yield job
+                continue
+            pos = dict.fromkeys(lanes, 0)
+            heap = [(self._team_key(team, usage, teams), lanes[team][0][0], team) for team in lanes]
+            heapq.heapify(heap)
+            while heap:
+                _, _, team = heapq.heappop(heap)
+                lane = lanes[team]
+                i = pos[team]
+                yield lane[i][1]
+                pos[team] = i + 1
+                if i + 1 < len(lane):
+                    heapq.heappush(heap, (self._team_key(team, usage, teams), lane[i + 1][0], team))
+
+    @staticmethod
+    def _team_key(team: str, usage: Mapping[str, int], teams: Mapping[str, TeamPolicy]) -> tuple[int, float]:
+        policy = teams.get(team) or TeamPolicy()
+        used = usage.get(team, 0)
+        within_quota = policy.quota_gpus is not None and used < policy.quota_gpus
+        return (0 if within_quota else 1, used / policy.weight)

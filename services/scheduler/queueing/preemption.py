@@ -1,0 +1,100 @@
+"""Preemption: make room for a waiting job by stopping whole lower-priority preemptible jobs.
+
+Victims are only jobs of a strictly lower priority class (for classes allowed
+to preempt), or jobs of a team running above its quota when the waiting job's
+team is below its own (reclaiming lent capacity). Neither can turn around:
+a victim never outranks its preemptor, and a team within its quota is never
+reclaimed from, so there are no preemption loops. A job that ran less than
+`min_run_before_preemption_s`, or was preempted `max_preemptions_per_job`
+times, is left alone so no job starves by repeated preemption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..placement import ClusterState
+from ..placement.framework import eligible, unavailable, usable
+from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
+
+
+@dataclass(frozen=True)
+class Preemption:
+    victim: str
+    for_job: str
+    reason: str
+
+
+def victim_reason(
+    job: PendingJob,
+    victim: RunningJob,
+    usage: Mapping[str, int],
+    teams: Mapping[str, TeamPolicy],
+    config: PolicyConfig,
+    now: float,
+) -> str | None:
+    """Why `victim` may be preempted for `job`, or None if it may not."""
+    if not victim.preemptible or victim.preemptions >= config.max_preemptions_per_job:
+        return None
+    if now - victim.started_at < config.min_run_before_preemption_s:
+        return None
+    req = job.request
+    if req.priority in config.preempt_for and rank(victim.priority) > rank(req.priority):
+        return f"{victim.priority} priority, preempted for {req.priority} job {req.job_id}"
+    mine, theirs = teams.get(req.team), teams.get(victim.team)
+    if (
+        victim.team != req.team
+        and mine is not None and mine.quota_gpus is not None
+        and usage.get(req.team, 0) + req.gpus <= mine.quota_gpus
+        and theirs is not None and theirs.quota_gpus is not None
+        and usage.get(victim.team, 0) > theirs.quota_gpus
+    ):
+        return f"team {victim.team} borrows above its quota; team {req.team} reclaims it for job {req.job_id}"
+    return None
+
+
+def choose_victims(
+    cluster: ClusterState,
+    job: PendingJob,
+    running: Mapping[str, RunningJob],
+    usage: Mapping[str, int],
+    teams: Mapping[str, TeamPolicy],
+    config: PolicyConfig,
+    now: float,
+) -> list[Preemption] | None:
+    """The fewest GPUs of victims on one node that let a one-node job start; None if impossible."""
+    req = job.request
+    view = eligible(cluster, req, config.profile)
+    if req.gpus > view.max_gpus_per_node:
+        return None  # gang jobs do not preempt (whole-node sets of victims are not searched)
+    by_node: dict[str, list[tuple[RunningJob, str, int]]] = {}
+    for r in running.values():
+        shares = cluster.holdings.get(r.job_id, ())
+        if not shares or (len(shares) > 1):
+            continue  # victims span one node only, so freeing them frees GPUs where they are needed
+        share = shares[0]
+        if share.node not in view.members:
+            continue
+        why = victim_reason(job, r, usage, teams, config, now)
+        if why:
+            by_node.setdefault(share.node, []).append((r, why, len(share.gpu_indices)))
+    best: tuple[tuple, list[Preemption]] | None = None
+    for node, victims in by_node.items():
+        if unavailable(cluster, req, cluster.nodes[node], config.profile, now):
+            continue
+        have = len(usable(cluster, req, node))
+        # Lowest priority first, then the most recently started (least work lost).
+        victims.sort(key=lambda v: (-rank(v[0].priority), -v[0].started_at, v[0].job_id))
+        chosen, freed = [], 0
+        for r, why, n in victims:
+            if have + freed >= req.gpus:
+                break
+            chosen.append(Preemption(r.job_id, req.job_id, why))
+            freed += n
+        if have + freed < req.gpus or not chosen:
+            continue
+        cost = (freed, len(chosen), cluster.order[node])
+        if best is None or cost < best[0]:
+            best = (cost, chosen)
+    return best[1] if best else None

@@ -1,0 +1,111 @@
+"""EASY backfill: reserve the start of the first job that cannot start now.
+
+The reservation says when (the shadow time: running jobs end, by their
+estimates, until the job fits) and where (nodes, with how many GPUs others may
+still take there). A later job may start now only if it ends by the shadow
+time or stays within those spare GPUs, so it never delays the reserved start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ..placement import ClusterState, Placement, Profile
+from ..placement.framework import eligible, unavailable, usable
+from .jobs import PendingJob, RunningJob
+
+
+@dataclass
+class Reservation:
+    job_id: str
+    # When the job can start by the running jobs' estimates; None: not known (some
+    # running job has no estimate), so only GPUs it could never use are spare.
+    start: float | None
+    spare: dict[str, int] = field(default_factory=dict)
+
+    def allows(self, placement: Placement, end: float | None) -> bool:
+        """A job placed so, ending at `end`, leaves the reserved start intact."""
+        if end is not None and self.start is not None and end <= self.start:
+            return True
+        return all(len(s.gpu_indices) <= self.spare.get(s.node, len(s.gpu_indices)) for s in placement.shares)
+
+    def take(self, placement: Placement, end: float | None) -> None:
+        """Account for a backfilled job that holds reserved nodes past the start."""
+        if end is not None and self.start is not None and end <= self.start:
+            return
+        for s in placement.shares:
+            if s.node in self.spare:
+                self.spare[s.node] -= len(s.gpu_indices)
+
+    def describe(self) -> str:
+        """Human words for the reservation."""
+        nodes = ", ".join(sorted(self.spare)[:3]) + (f" +{len(self.spare) - 3}" if len(self.spare) > 3 else "")
+        when = f"at t={self.start:.0f}s" if self.start is not None else "when running jobs end"
+        return f"reserved to start {when} on {nodes}"
+
+
+def reserve(
+    cluster: ClusterState,
+    job: PendingJob,
+    running: Mapping[str, RunningJob],
+    profile: Profile,
+    now: float,
+) -> Reservation:
+    """Where and when the job will start if nothing else starts before it."""
+    req = job.request
+    view = eligible(cluster, req, profile)
+    free = {
+        n: len(usable(cluster, req, n))
+        for n in view.nodes
+        if unavailable(cluster, req, cluster.nodes[n], profile, now) is None
+    }
+    gang = req.gpus > view.max_gpus_per_node
+    ends = sorted(
+        (r for r in running.values() if r.job_id in cluster.holdings),
+        key=lambda r: (r.expected_end is None, r.expected_end or 0.0, r.job_id),
+    )
+    found = _fits(free, req.gpus, gang)
+    total = sum(free.values())
+    start: float | None = now
+    for r in ends:
+        if found:
+            break
+        if r.expected_end is None:
+            start = None
+            break
+        start = max(now, r.expected_end)
+        for share in cluster.holdings[r.job_id]:
+            if share.node in free:
+                free[share.node] += len(share.gpu_indices)
+                total += len(share.gpu_indices)
+                # Only a node that just gained GPUs can newly fit a one-node job.
+                if not gang and free[share.node] >= req.gpus:
+                    found = {share.node: req.gpus}
+        if gang and total >= req.gpus:
+            found = _fits(free, req.gpus, gang)
+    if not found:
+        # Not even all running jobs ending frees enough (or an end is unknown): hold every node it could use.
+        return Reservation(job.job_id, None, {n: 0 for n in free})
+    spare = {n: free[n] - taken for n, taken in found.items()}
+    return Reservation(job.job_id, start, spare)
+
+
+def _fits(free: dict[str, int], gpus: int, gang: bool) -> dict[str, int] | None:
+    """Nodes (and GPUs on each) the job would take given these free counts, or None."""
+    if not gang:
+        best = None
+        for n, f in free.items():
+            if f >= gpus and (best is None or f < free[best]):
+                best = n
+        return {best: gpus} if best is not None else None
+    if sum(free.values()) < gpus:
+        return None
+    taken, left = {}, gpus
+    for n, f in sorted(free.items(), key=lambda item: -item[1]):
+        if left <= 0:
+            break
+        if f:
+            taken[n] = min(f, left)
+            left -= taken[n]
+    return taken

@@ -1,0 +1,111 @@
+"""GPU history points, their compact stored form, and the minute rollup. No I/O.
+
+Raw points are kept per GPU for `raw_retention_s` (at the agents' interval,
+1 s by default); beyond that, one rollup per GPU per minute holds the mean and
+peak of each gauge and the energy counter at the minute's first and last point.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from whaleflux.shared.events import GpuSample
+
+
+@dataclass(frozen=True)
+class Point:
+    """One GPU at one instant, as history keeps it."""
+
+    t: float  # epoch seconds
+    util: float
+    mem_mib: float
+    temp_c: float
+    power_w: float | None
+    energy_j: float | None
+    sm_clock_mhz: float | None
+
+    @classmethod
+    def of(cls, t: float, s: GpuSample) -> "Point":
+        return cls(t, s.utilization_gpu_pct, s.memory_used_mib, s.temperature_c, s.power_w, s.energy_j, s.sm_clock_mhz)
+
+    def encode(self) -> str:
+        """Compact JSON list; the timestamp makes each stored member unique."""
+        return json.dumps([self.t, self.util, self.mem_mib, self.temp_c, self.power_w, self.energy_j, self.sm_clock_mhz],
+                          separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, raw: str) -> "Point":
+        return cls(*json.loads(raw))
+
+    def as_dict(self) -> dict:
+        return {"t": self.t, "util": self.util, "mem_mib": self.mem_mib, "temp_c": self.temp_c,
+                "power_w": self.power_w, "energy_j": self.energy_j, "sm_clock_mhz": self.sm_clock_mhz}
+
+
+@dataclass(frozen=True)
+class Rollup:
+    """Aggregate of the raw points of one GPU in [t, t + 60)."""
+
+    t: float  # minute start, epoch seconds
+    n: int
+    util_mean: float
+    util_max: float
+    mem_mean: float
+    mem_max: float
+    temp_mean: float
+    temp_max: float
+    power_mean: float | None
+    power_max: float | None
+    energy_first: float | None
+    energy_last: float | None
+
+    def encode(self) -> str:
+        return json.dumps(list(self.__dict__.values()), separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, raw: str) -> "Rollup":
+        return cls(*json.loads(raw))
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def rollup(minute_start: float, points: list[Point]) -> Rollup | None:
+    """The minute rollup of `points` (all inside that minute), or None when there are none."""
+    if not points:
+        return None
+    points = sorted(points, key=lambda p: p.t)
+    powers = [p.power_w for p in points if p.power_w is not None]
+    energies = [p.energy_j for p in points if p.energy_j is not None]
+    return Rollup(
+        t=minute_start,
+        n=len(points),
+        util_mean=round(_mean([p.util for p in points]), 2),
+        util_max=max(p.util for p in points),
+        mem_mean=round(_mean([p.mem_mib for p in points]), 1),
+        mem_max=max(p.mem_mib for p in points),
+        temp_mean=round(_mean([p.temp_c for p in points]), 2),
+        temp_max=max(p.temp_c for p in points),
+        power_mean=round(_mean(powers), 2) if powers else None,
+        power_max=max(powers) if powers else None,
+        energy_first=energies[0] if energies else None,
+        energy_last=energies[-1] if energies else None,
+    )
+
+
+def minutes_to_roll(last_rolled: float | None, now: float, grace_s: float, oldest: float) -> list[float]:
+    """Minute starts that are complete (plus `grace_s` for late samples) and not rolled yet."""
+    end = (now - grace_s) // 60 * 60  # first minute that is not complete
+    start = (last_rolled + 60) if last_rolled is not None else end - 60
+    start = max(start, oldest // 60 * 60)
+    return [float(m) for m in range(int(start), int(end), 60)]
+
+
+def resolution_for(since: float, now: float, raw_retention_s: float) -> str:
+    """`raw` when the window starts inside the raw retention, else `1m`."""
+    return "raw" if since >= now - raw_retention_s else "1m"

@@ -1,0 +1,175 @@
+"""Memory line items per GPU: weights, KV cache, activations, adapters, gradients, optimizer, overhead.
+
+Splits: tensor parallel (tp) divides every layer's matrices, its activations
+(with sequence parallelism) and its KV heads; pipeline parallel (pp) gives each
+GPU a contiguous run of layers, the first stage also the embedding and the last
+the LM head; data parallel (dp, training only) shards weights, gradients and
+optimizer states ZeRO-3/FSDP style while each replica keeps its own activations.
+Pipelines run a 1F1B schedule: the first stage holds activations of pp
+micro-batches, the last of one. A split reports its heaviest stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from .architectures import ceil_div
+from .request import DTYPE_BYTES, Workload
+
+GiB = 1024**3
+CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context, cuBLAS/cuDNN workspaces
+NCCL_BYTES = GiB // 2  # NCCL communicator buffers, multi-GPU only
+FRAGMENTATION = 0.05  # caching-allocator fragmentation and short-lived buffers
+PREFILL_CHUNK_TOKENS = 8192  # serving: tokens one prefill step processes (chunked prefill)
+ADAPTER_BYTES = 4  # PEFT keeps LoRA weights in fp32 under bf16 autocast
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "adamw-8bit": 2, "sgd": 4}  # per trained parameter
+OPTIMIZER_NOTES = {
+    "adamw": "Adam m and v, fp32",
+    "adamw-8bit": "Adam m and v, 8-bit (bitsandbytes)",
+    "sgd": "SGD momentum, fp32",
+}
+
+
+@dataclass(frozen=True)
+class Split:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1  # training: data-parallel replicas sharding states (ZeRO-3/FSDP)
+
+    @property
+    def count(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def label(self) -> str:
+        parts = [f"tp{self.tp}" if self.tp > 1 else "", f"pp{self.pp}" if self.pp > 1 else "", f"fsdp{self.dp}" if self.dp > 1 else ""]
+        return " ".join(p for p in parts if p) or "single"
+
+
+class MemoryItem(BaseModel):
+    key: str
+    label: str
+    bytes: int
+    counted: bool = True
+    note: str = ""
+
+
+class MemoryBreakdown(BaseModel):
+    stage: str  # "all" (no pipeline), "first" or "last" pipeline stage
+    items: list[MemoryItem]
+    total_bytes: int
+
+
+def activation_elements_per_token(w: Workload) -> int:
+    """Values one layer keeps per token for its backward pass (bf16 autocast, flash attention).
+
+    Attention: norm input and output, q, k, v, attention output. Gated MLP: norm
+    input and output, gate, act(gate), up and their product; an MoE layer
+    dispatches a copy of the input to each of its k experts.
+    """
+    a = w.arch
+    attention = 2 * a.hidden + 2 * a.q_dim + 2 * a.kv_dim
+    if a.is_moe:
+        mlp = 2 * a.hidden + a.experts + a.experts_per_token * (a.hidden + 4 * a.expert_intermediate)
+        mlp += 4 * a.shared_expert_intermediate
+    else:
+        mlp = 2 * a.hidden + 4 * a.intermediate
+    return attention + mlp
+
+
+def _param_split(w: Workload, split: Split, stage: str) -> tuple[float, float, int]:
+    """(quantizable matrix params, 16-bit params, layers) one GPU of this stage holds."""
+    a = w.arch
+    layers = ceil_div(a.layers, split.pp)
+    if stage == "all":
+        edge = a.embedding_params() + a.lm_head_params() + a.hidden
+    elif stage == "first":
+        edge = a.embedding_params()
+    else:  # the last stage needs its own head matrix even when tied to the embedding
+        edge = a.vocab * a.hidden + a.hidden
+    linear = layers * a.layer_linear() / split.tp
+    other = (layers * a.layer_other() + edge) / split.tp
+    return linear, other, layers
+
+
+def stage_memory(w: Workload, split: Split, stage: str = "all") -> MemoryBreakdown:
+    """Memory one GPU of `stage` needs under `split`."""
+    a = w.arch
+    linear, other, layers = _param_split(w, split, stage)
+    shard = split.dp if w.training else 1
+    params = linear + other
+    wbytes = DTYPE_BYTES[w.weight_dtype]
+    keep = 4.0 if w.weight_dtype == "fp32" else 2.0  # embeddings, head, norms, biases stay 16-bit
+    items: list[MemoryItem] = []
+
+    def add(key: str, label: str, value: float, note: str = "", counted: bool = True) -> None:
+        items.append(MemoryItem(key=key, label=label, bytes=round(value), counted=counted, note=note))
+
+    quant_note = "" if wbytes >= 2 else f"matrices {w.weight_dtype} ({wbytes * 8:.3g} bits incl. scales), embeddings/head/norms bf16"
+    add("weights", f"weights ({w.weight_dtype})", (linear * wbytes + other * keep) / shard, quant_note)
+
+    in_flight = split.pp if stage == "first" else 1
+    has_head = stage in ("all", "last")
+    if w.task == "serve":
+        kv_heads = ceil_div(a.kv_heads, split.tp)  # tp beyond the KV heads replicates them
+        kv_bytes = DTYPE_BYTES[w.kv_dtype]
+        per_token = 2 * layers * kv_heads * a.head_dim * kv_bytes
+        add(
+            "kv_cache",
+            f"KV cache ({w.kv_dtype})",
+            per_token * w.context * w.batch,
+            f"2 x {layers} layers x {kv_heads} KV heads x {a.head_dim} x {kv_bytes:g} B = "
+            f"{per_token / 1024:g} KiB/token x {w.context} tokens x {w.batch} sequences",
+        )
+        chunk = min(PREFILL_CHUNK_TOKENS, w.context * w.batch)
+        prefill = activation_elements_per_token(w) * chunk * 2 / split.tp
+        logits = w.batch * a.vocab * 4 / split.tp if has_head else 0
+        add("activations", "activations (prefill)", prefill + logits,
+            f"one layer's tensors for a {chunk}-token prefill chunk, fp32 logits of {w.batch} sequences")
+    else:
+        act_bytes = 4 if w.weight_dtype == "fp32" else 2
+        tokens = w.context * w.batch
+        full_layer = activation_elements_per_token(w) * tokens * act_bytes / split.tp
+        with_ckpt = a.hidden * tokens * act_bytes / split.tp * layers * in_flight + full_layer
+        without = full_layer * layers * in_flight
+        where = f"{layers} layers x {in_flight} micro-batch{'es' if in_flight > 1 else ''} of {w.batch} x {w.context} tokens"
+        add("activations_checkpointed", "activations, with checkpointing", with_ckpt,
+            f"layer inputs of {where}, plus one layer recomputed", counted=w.checkpointing)
+        add("activations_full", "activations, without checkpointing", without, where, counted=not w.checkpointing)
+        if has_head:
+            add("logits", "logits and loss", tokens * a.vocab * (act_bytes + 4) / split.tp,
+                f"{tokens} tokens x {a.vocab} vocab, {act_bytes} B logits + fp32 copy for the loss")
+        opt = OPTIMIZER_STATE_BYTES[w.optimizer]
+        if w.adapters:
+            n = a.lora_params(w.lora_rank, w.lora_targets) * layers / a.layers / split.tp / shard
+            targets = ",".join(w.lora_targets)
+            add("lora_weights", "LoRA adapter weights", n * ADAPTER_BYTES, f"rank {w.lora_rank} on {targets}, fp32")
+            add("lora_gradients", "LoRA adapter gradients", n * ADAPTER_BYTES, "fp32")
+            add("lora_optimizer", "LoRA adapter optimizer states", n * opt, OPTIMIZER_NOTES[w.optimizer])
+        else:
+            n = params / shard
+            grad = 4 if w.weight_dtype == "fp32" else 2
+            master = 0 if w.weight_dtype == "fp32" else 4
+            add("gradients", f"gradients ({'fp32' if grad == 4 else 'bf16'})", n * grad)
+            note = OPTIMIZER_NOTES[w.optimizer] + (" + fp32 master weights" if master else "")
+            add("optimizer", "optimizer states", n * (opt + master), note)
+        if shard > 1:
+            # FSDP gathers one layer's full weights to compute it, and prefetches the next.
+            layer_bytes = a.layer_linear() * wbytes + a.layer_other() * keep
+            add("fsdp_buffers", "FSDP gathered layers", 2 * layer_bytes / split.tp, "two unsharded layers (current + prefetch)")
+
+    base = sum(i.bytes for i in items if i.counted)
+    nccl = NCCL_BYTES if split.count > 1 else 0
+    add("overhead", "framework/CUDA overhead", CUDA_CONTEXT_BYTES + nccl + FRAGMENTATION * base,
+        f"CUDA context and workspaces 1 GiB{', NCCL 0.5 GiB' if nccl else ''}, {FRAGMENTATION:.0%} allocator fragmentation")
+    total = sum(i.bytes for i in items if i.counted)
+    return MemoryBreakdown(stage=stage, items=items, total_bytes=total)
+
+
+def per_gpu_memory(w: Workload, split: Split) -> MemoryBreakdown:
+    """The heaviest GPU's memory under `split` (the first or last pipeline stage)."""
+    if split.pp == 1:
+        return stage_memory(w, split, "all")
+    return max((stage_memory(w, split, s) for s in ("first", "last")), key=lambda b: b.total_bytes)

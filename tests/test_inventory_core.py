@@ -1,0 +1,197 @@
+"""The inventory's pure core: declarations, reconciliation, lease notices, rollups and findings (no I/O)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+import pytest
+
+from whaleflux.inventory import findings as fnd
+from whaleflux.inventory.assets import AssetsError, parse_declarations
+from whaleflux.inventory.leases import due_notices, leases, notice_event
+from whaleflux.inventory.reconcile import DiscoveredGpu, reconcile
+from whaleflux.inventory.rollups import Allocation, UtilSums, allocated_time, rollup
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+GOOD = """\
+contracts:
+  - id: CW-1
+    provider: coreweave
+    start: 2026-01-01
+    end: 2026-03-31
+    monthly_price_per_gpu: "1890.00"
+    notice_days: 30
+assets:
+  - node: a100-01
+    model: A100
+    gpus: 8
+    ownership: leased
+    pool: cloud
+    site: east
+    leases: [CW-1]
+  - node: h100-01
+    ownership: owned
+    pool: onprem
+    purchase: {price_per_gpu: "36000", date: 2025-01-01, depreciation_months: 36}
+"""
+
+
+def _gpus(node: str, model: str, n: int, pool: str = "p", registered: datetime = T0) -> list[DiscoveredGpu]:
+    return [DiscoveredGpu(f"{node}-g{i}", i, model, node, "c", "r1", pool, "active", registered, registered) for i in range(n)]
+
+
+def _errors(text: str) -> list[str]:
+    with pytest.raises(AssetsError) as exc:
+        parse_declarations(text, "assets.yaml")
+    return exc.value.errors
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        ("    model: A100\n", "    model: Z900\n", "assets.yaml:10: assets[0].model: unknown model 'Z900'"),
+        ("    end: 2026-03-31\n", "    end: 2025-03-31\n", "assets.yaml:5: contracts[0].end: end 2025-03-31 is before start"),
+        ('"1890.00"', '"-1"', "assets.yaml:6: contracts[0].monthly_price_per_gpu: Input should be greater than or equal to 0"),
+        ("ownership: owned", "ownership: borrowed", "assets.yaml:17: assets[1].ownership: Input should be"),
+        ("leases: [CW-1]", "leases: [CW-9]", "assets.yaml:15: assets[0].leases[0]: unknown contract 'CW-9'"),
+    ],
+)
+def test_bad_declarations_name_file_line_and_key(old, new, expected):
+    errors = _errors(GOOD.replace(old, new))
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_overlapping_leases_for_one_node_are_rejected_at_the_later_contract():
+    text = GOOD.replace(
+        "assets:\n",
+        "  - {id: CW-2, provider: x, start: 2026-03-15, end: 2026-06-30, monthly_price_per_gpu: 1}\nassets:\n",
+    ).replace("leases: [CW-1]", "leases: [CW-1, CW-2]")
+    [error] = _errors(text)
+    assert error.startswith("assets.yaml:16: assets[0].leases[1]: contract CW-2") and "overlaps CW-1" in error
+
+
+def test_yaml_syntax_error_names_the_line():
+    [error] = _errors("assets:\n  - node: [a\n")
+    assert error.startswith("assets.yaml:3: (yaml):")
+
+
+def test_reconcile_flags_undeclared_and_never_seen_and_prices_each_gpu():
+    decl = parse_declarations(GOOD)
+    discovered = _gpus("a100-01", "A100", 8) + _gpus("r4090-01", "RTX4090", 4)
+    rec = reconcile(decl, discovered, T0 + timedelta(days=10))
+    by_node = {a.node: a for a in rec.assets}
+    assert by_node["a100-01"].ownership == "leased" and by_node["a100-01"].monthly_cost == Decimal("1890.00")
+    assert by_node["a100-01"].site == "east" and by_node["a100-01"].pool == "cloud"
+    assert by_node["r4090-01"].ownership == "owned-unknown" and not by_node["r4090-01"].declared
+    assert len(rec.undeclared) == 4
+    assert rec.never_seen == ["node h100-01 (owned, pool onprem) is declared but never registered"]
+
+
+def _notices(decl, discovered, now, fired, horizons=(30, 7, 1)):
+    rec = reconcile(decl, discovered, now)
+    return due_notices(leases(decl, rec.assets, now), horizons, now, fired)
+
+
+def test_each_horizon_fires_once_and_a_late_start_announces_only_the_nearest():
+    decl = parse_declarations(GOOD)  # ends 2026-04-01 00:00, notice deadline 2026-03-02
+    gpus = _gpus("a100-01", "A100", 8)
+    end = datetime(2026, 4, 1, tzinfo=timezone.utc)
+    fired: set[str] = set()
+    published = []
+    for now in [end - timedelta(days=31), end - timedelta(days=29), end - timedelta(days=28),
+                end - timedelta(days=6), end - timedelta(hours=12), end - timedelta(hours=11)]:
+        publish, done = _notices(decl, gpus, now, fired)
+        published += [n.event_id for n in publish]
+        fired |= set(done)
+    assert published == [
+        # 31 days before the end is 1 day before the notice deadline: the 30- and 7-day notice
+        # horizons are already reached, so only the 1-day one is announced.
+        "lease-expiring-CW-1-1d-notice-20260302",
+        "lease-expiring-CW-1-30d-end-20260401",
+        "lease-expiring-CW-1-7d-end-20260401",
+        "lease-expiring-CW-1-1d-end-20260401",
+    ]
+    publish, _ = _notices(decl, gpus, end + timedelta(minutes=1), fired)
+    assert [n.event_id for n in publish] == ["lease-expired-CW-1-20260401"]
+
+
+def test_expiring_event_says_what_expires_and_that_notice_passed():
+    decl = parse_declarations(GOOD)
+    now = datetime(2026, 3, 25, tzinfo=timezone.utc)
+    [notice], _ = _notices(decl, _gpus("a100-01", "A100", 8), now, set())
+    event = notice_event(notice, now)
+    assert event.summary.startswith("1 leased A100 node (8 GPUs) of contract CW-1 (coreweave) expire in 7 days")
+    assert "notice deadline passed — renew or release?" in event.summary
+    assert event.monthly_cost_usd == "15120.00" and event.gpu_count == 8 and event.notice_deadline_passed
+
+
+def test_renewal_by_a_later_end_date_or_a_contiguous_contract_stops_the_notices():
+    now = datetime(2026, 3, 28, tzinfo=timezone.utc)
+    gpus = _gpus("a100-01", "A100", 8)
+    extended = parse_declarations(GOOD.replace("end: 2026-03-31", "end: 2026-09-30"))
+    assert _notices(extended, gpus, now, set()) == ([], [])
+    successor = parse_declarations(
+        GOOD.replace("assets:\n", "  - {id: CW-2, provider: x, start: 2026-04-01, end: 2026-12-31, monthly_price_per_gpu: 1}\nassets:\n")
+        .replace("leases: [CW-1]", "leases: [CW-1, CW-2]")
+    )
+    assert _notices(successor, gpus, now, set()) == ([], [])
+
+
+def test_auto_renewing_lease_rolls_forward_instead_of_expiring():
+    decl = parse_declarations(GOOD.replace("notice_days: 30", "notice_days: 0\n    auto_renew: true"))
+    now = datetime(2026, 4, 25, tzinfo=timezone.utc)
+    [lease] = leases(decl, reconcile(decl, _gpus("a100-01", "A100", 8), now).assets, now)
+    assert lease.term_end == datetime(2026, 5, 1, tzinfo=timezone.utc)
+    publish, _ = _notices(decl, _gpus("a100-01", "A100", 8), now, set())
+    assert [n.event_id for n in publish] == ["lease-expiring-CW-1-7d-end-20260501"]
+
+
+def test_allocated_time_is_split_exactly_across_hours():
+    a = Allocation("j:1", ("g0", "g1"), T0 + timedelta(minutes=30), T0 + timedelta(hours=2, seconds=5))
+    got = allocated_time([a], T0, T0 + timedelta(days=1), T0 + timedelta(days=1))
+    assert got[("g0", T0)] == timedelta(minutes=30)
+    assert got[("g1", T0 + timedelta(hours=1))] == timedelta(hours=1)
+    assert got[("g0", T0 + timedelta(hours=2))] == timedelta(seconds=5)
+
+
+def test_pool_rollup_reports_fraction_and_mean_utilization_while_allocated():
+    groups = {"g0": "p", "g1": "p"}
+    allocs = [Allocation("j:1", ("g0",), T0, None)]
+    util = {("g0", T0): UtilSums(allocated_sum=90.0, allocated_n=2, total_sum=90.0, total_n=2),
+            ("g1", T0): UtilSums(total_sum=0.0, total_n=2)}
+    [row] = rollup(groups, allocs, util, T0, T0 + timedelta(hours=1), T0 + timedelta(hours=1))
+    assert row.allocated_s == 3600 and row.allocated_fraction == 0.5
+    assert row.mean_util_allocated == 45.0 and row.mean_util == 22.5
+
+
+def test_reserved_idle_finding_states_hours_and_money():
+    decl = parse_declarations(GOOD)
+    now = T0 + timedelta(days=14)
+    rec = reconcile(decl, _gpus("a100-01", "A100", 8), now)
+    [finding] = fnd.reserved_idle(rec.assets, {}, now, min_hours=72)
+    assert finding.summary == "8x A100 (leased, pool cloud) idle 336 h — $15,120.00/month"
+    assert finding.monthly_usd == Decimal("15120.00")
+
+
+def test_under_used_pool_gets_a_consolidation_recommendation():
+    decl = parse_declarations(GOOD)
+    now = T0 + timedelta(days=3)
+    rec = reconcile(decl, _gpus("a100-01", "A100", 8), now)
+    groups = {a.uuid: a.pool for a in rec.assets}
+    # Two GPUs busy for two hours a day, nothing else.
+    allocs = [Allocation(f"j{d}:1", ("a100-01-g0", "a100-01-g1"), T0 + timedelta(days=d, hours=9), T0 + timedelta(days=d, hours=11))
+              for d in range(3)]
+    rows = rollup(groups, allocs, {}, T0, now, now)
+    [finding] = fnd.consolidation(rows, rec.assets, threshold=0.3, days=3)
+    assert "pool cloud: 8 GPUs 2% allocated" in finding.summary
+    assert "consolidating onto 2 would free 6" in finding.summary
+    assert finding.monthly_usd == Decimal("11340.00")
+
+
+def test_capacity_counts_free_gpus_and_whole_free_nodes():
+    decl = parse_declarations(GOOD)
+    rec = reconcile(decl, _gpus("a100-01", "A100", 8) + _gpus("a100-02", "A100", 8, pool="cloud"), T0)
+    [row] = fnd.capacity(rec.assets, {"a100-01-g0"})
+    assert (row.gpus, row.free, row.free_nodes) == (16, 15, 1)

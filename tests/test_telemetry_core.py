@@ -1,0 +1,198 @@
+"""The telemetry service's pure core: sequence checks, rollups, job usage, the DCGM exposition."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+import subprocess
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from whaleflux.agent.simulated import SimulatedNode
+from whaleflux.shared.catalog import gpu_models
+from whaleflux.telemetry import dcgm
+from whaleflux.telemetry.history import Point, Rollup, minutes_to_roll, resolution_for, rollup
+from whaleflux.telemetry.sequence import Last, Verdict, judge
+from whaleflux.telemetry.usage import from_points, from_rollups
+
+DATA = Path(__file__).parent / "data" / "dcgm"
+T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+
+# --------------------------------------------------------------------------- sequence numbers
+
+
+@pytest.mark.parametrize(
+    ("seq", "t", "verdict"),
+    [
+        (11, 101.0, Verdict.NEW),
+        (10, 100.0, Verdict.DUPLICATE),
+        (9, 99.0, Verdict.OUT_OF_ORDER),
+        (12, 99.0, Verdict.OUT_OF_ORDER),  # a higher number but an older sample time
+        (1, 500.0, Verdict.RESTART),  # the agent restarted and counts from 1 again
+    ],
+)
+def test_sequence_numbers_are_judged_against_the_last_stored_batch(seq, t, verdict):
+    assert judge(Last(10, 100.0), seq, t) is verdict
+
+
+def test_first_batch_of_a_node_is_new():
+    assert judge(None, 7, 1.0) is Verdict.NEW
+    assert Last.decode(Last(3, 1.5).encode()) == Last(3, 1.5)
+
+
+# --------------------------------------------------------------------------- history
+
+
+def _pts(n, start=0.0, util=50.0, power=100.0, energy0=1000.0):
+    return [Point(start + i, util + i, 1000.0 + i, 40.0, power, energy0 + power * i, 1980) for i in range(n)]
+
+
+def test_minute_rollup_keeps_mean_peak_and_energy_span():
+    r = rollup(60.0, _pts(60, start=60.0))
+    assert r.n == 60 and r.util_mean == pytest.approx(79.5) and r.util_max == 109.0 - 0  # 50 + 59
+    assert r.energy_first == 1000.0 and r.energy_last == 1000.0 + 100 * 59
+    assert Rollup.decode(r.encode()) == r
+    assert rollup(0.0, []) is None
+
+
+def test_only_complete_minutes_past_the_grace_are_rolled_once():
+    # A first pass rolls only the last complete minute.
+    assert minutes_to_roll(None, now=185.0, grace_s=5, oldest=0) == [120.0]
+    assert minutes_to_roll(None, now=183.0, grace_s=5, oldest=0) == [60.0]
+    assert minutes_to_roll(60.0, now=250.0, grace_s=5, oldest=0) == [120.0, 180.0]
+    assert minutes_to_roll(60.0, now=10_000.0, grace_s=5, oldest=9_010.0)[0] == 9_000.0
+
+
+def test_history_is_raw_within_retention_and_minutes_beyond():
+    assert resolution_for(since=9_000, now=10_000, raw_retention_s=3600) == "raw"
+    assert resolution_for(since=1_000, now=10_000, raw_retention_s=3600) == "1m"
+
+
+# --------------------------------------------------------------------------- job usage
+
+
+def test_job_usage_from_raw_points_sums_energy_over_gpus():
+    usage = from_points("j", {"a": _pts(10, util=40), "b": _pts(10, util=60, power=200)}, complete=True)
+    assert usage.gpus == 2 and usage.samples == 20
+    assert usage.util_mean_pct == pytest.approx(54.5) and usage.util_peak_pct == 69.0
+    assert usage.energy_j == pytest.approx(100 * 9 + 200 * 9)
+    assert usage.mem_peak_mib == 1009.0
+
+
+def test_job_usage_from_rollups_weights_minutes_by_samples():
+    r1 = rollup(0.0, _pts(60, util=10))
+    r2 = rollup(60.0, _pts(30, start=60, util=70, energy0=1000.0 + 100 * 60))
+    usage = from_rollups("j", {"a": [r2, r1]}, complete=True)
+    assert usage.samples == 90 and usage.resolution == "1m"
+    assert usage.util_mean_pct == pytest.approx((r1.util_mean * 60 + r2.util_mean * 30) / 90, abs=0.01)
+    assert usage.energy_j == pytest.approx(100 * 89)
+
+
+def test_job_without_samples_has_no_usage_numbers():
+    usage = from_points("short", {"a": []}, complete=True)
+    assert usage.samples == 0 and usage.util_mean_pct is None and usage.energy_j is None
+
+
+# --------------------------------------------------------------------------- DCGM exposition
+
+
+def _states():
+    out = []
+    for name, key, n in (("h100-01", "H100", 2), ("r4090-01", "RTX4090", 1)):
+        node = SimulatedNode(name, gpu_models()[key], n, interconnect="nvlink" if key == "H100" else "pcie")
+        node.job_started([node.identities()[0].uuid], "llama-ft", pid=1)
+        ids = {i.uuid: i for i in node.identities()}
+        for s in node.sample(T0):
+            job = dcgm.JobLabels("llama-ft", "nlp", "llm") if s.index == 0 else None
+            out.append(dcgm.GpuState("onprem", name, s, ids[s.uuid], job, last_xid=79 if name == "r4090-01" else 0))
+    return out
+
+
+def _dashboard_queries():
+    doc = json.loads((DATA / "grafana-dashboard-12239.json").read_text())
+    found = []
+
+    def walk(o):
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k in ("expr", "query", "definition") and isinstance(v, str) and "DCGM" in v:
+                    found.append(v)
+                walk(v)
+        elif isinstance(o, list):
+            for x in o:
+                walk(x)
+
+    walk(doc)
+    return found
+
+
+def test_exposition_serves_every_metric_and_label_the_grafana_dashboard_queries():
+    families = {f.name: f for f in text_string_to_metric_families(dcgm.render(_states()))}
+    queries = _dashboard_queries()
+    assert len(queries) >= 10
+    for q in queries:
+        for metric in re.findall(r"DCGM_[A-Z0-9_]+", q):
+            assert metric in families, f"{metric} (used by {q!r}) missing"
+            samples = families[metric].samples
+            assert samples, metric
+            for label in re.findall(r"(\w+)\s*=~", q) + re.findall(r"label_values\(\w+,\s*(\w+)\)", q):
+                assert all(label in s.labels for s in samples), f"label {label} missing on {metric}"
+
+
+def test_exposition_uses_dcgm_exporter_types_and_labels():
+    expected = {}
+    for row in csv.reader(line for line in (DATA / "default-counters.csv").read_text().splitlines()
+                          if line.strip() and not line.lstrip().startswith("#")):
+        expected[row[0].strip()] = row[1].strip()
+    text = dcgm.render(_states())
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name, fam in families.items():
+        if name in expected:
+            assert fam.type == expected[name], name
+    # Counters keep dcgm-exporter's names: no `_total` suffix.
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in text
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in text
+    for required in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_TEMP",
+                     "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                     "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"):
+        assert required in families, required
+    util = {s.labels["UUID"]: s.labels for s in families["DCGM_FI_DEV_GPU_UTIL"].samples}
+    assert len(util) == 3
+    for labels in util.values():
+        assert {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "cluster"} <= set(labels)
+        assert labels["device"] == f"nvidia{labels['gpu']}"
+    held = [lab for lab in util.values() if "job" in lab]
+    assert len(held) == 2 and all(lab["team"] == "nlp" and lab["project"] == "llm" for lab in held)
+    assert {lab["modelName"] for lab in util.values()} == {"NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090"}
+
+
+def test_unsupported_metrics_are_left_out_not_zero():
+    text = dcgm.render(_states())
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    rtx_hosts = lambda name: {s.labels["Hostname"] for s in families[name].samples}  # noqa: E731
+    assert rtx_hosts("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == {"h100-01"}
+    assert rtx_hosts("DCGM_FI_DEV_MEMORY_TEMP") == {"h100-01"}
+    assert rtx_hosts("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL") == {"h100-01"}
+    xid = {s.labels["Hostname"]: s.value for s in families["DCGM_FI_DEV_XID_ERRORS"].samples}
+    assert xid == {"h100-01": 0.0, "r4090-01": 79.0}
+    energy = [s for s in families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].samples]
+    assert all(s.value > 0 for s in energy)  # mJ
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+def test_exposition_passes_promtool_check_metrics():
+    text = dcgm.render(_states())
+    done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    # promtool 2.42 cannot turn linting off: dcgm-exporter's own names (counters without
+    # _total, camelCase labels) draw naming warnings by design. Anything else is a failure.
+    allowed = re.compile(r'counter metrics should have "_total" suffix|should be written in .snake_case.|should not include type')
+    assert done.returncode in (0, 3), done.stdout + done.stderr
+    problems = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and not allowed.search(line)]
+    assert problems == []

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_FLEET = DATA_DIR / "fleets" / "small-demo.yaml"
+DEFAULT_ASSETS = DATA_DIR / "small-demo-assets.yaml"
 
 
 class GpuModel(BaseModel):

@@ -154,6 +154,7 @@ class JobSubmitted(EventData):
     gpus: int = Field(default=1, ge=1, le=1024)
     gpu_models: list[str] = Field(default_factory=list, description="allowed models; empty means any")
     min_memory_mib: NonNeg = 0
+    expected_runtime_s: Annotated[float, Field(gt=0)] | None = Field(None, description="the submitter's estimate, if any")
     submitted_by: str | None = None
 
 
@@ -193,6 +194,14 @@ class JobFinished(EventData):
     exit_code: int
     started_at: AwareDatetime
     finished_at: AwareDatetime
+
+
+class JobRejected(EventData):
+    """The job can never run on this fleet (e.g. more GPUs per node than any node has)."""
+
+    event_name: ClassVar[str] = "job.rejected"
+    job_id: JobId
+    reason: str
 
 
 class JobFailed(EventData):
@@ -277,6 +286,7 @@ EVENT_MODELS: tuple[type[EventData], ...] = (
     JobStarted,
     JobFinished,
     JobFailed,
+    JobRejected,
     LeaseExpiring,
     LeaseExpired,
     AlertRaised,

@@ -109,7 +109,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("alerting-notify", "WHALEFLUX_ALERTS", f"{s.ALERT_RAISED}", f"{s.ALERT_RESOLVED}"),
         _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, f"{s.JOB_PLACED}.>"),
         _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
-        _c("inventory-jobs", "WHALEFLUX_JOBS", f"{s.JOB_PLACED}.>", s.JOB_FINISHED, s.JOB_FAILED),
+        _c("inventory-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_REJECTED, f"{s.JOB_PLACED}.>", s.JOB_FINISHED, s.JOB_FAILED),
         _c("inventory-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
     )
 }

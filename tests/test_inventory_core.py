@@ -195,3 +195,27 @@ def test_capacity_counts_free_gpus_and_whole_free_nodes():
     rec = reconcile(decl, _gpus("a100-01", "A100", 8) + _gpus("a100-02", "A100", 8, pool="cloud"), T0)
     [row] = fnd.capacity(rec.assets, {"a100-01-g0"})
     assert (row.gpus, row.free, row.free_nodes) == (16, 15, 1)
+
+
+def test_the_demo_fleets_assets_file_is_valid_and_covers_every_demo_node():
+    from whaleflux.shared.catalog import DEFAULT_ASSETS, load_fleet
+
+    declared = parse_declarations(DEFAULT_ASSETS.read_text(), str(DEFAULT_ASSETS))
+    assert {a.node for a in declared.assets} == {n.name for n in load_fleet().nodes()}
+
+
+def test_a_pool_younger_than_the_window_gets_no_consolidation_advice():
+    from whaleflux.inventory.reconcile import GpuAsset
+    from whaleflux.inventory.rollups import HourRow
+
+    now = datetime(2026, 3, 10, tzinfo=timezone.utc)
+    start = now - timedelta(days=3)
+    rows = [HourRow("cloud", start + timedelta(hours=h), 8, 0.0, 0.0, None, None) for h in range(72)]
+
+    def asset(registered):
+        return GpuAsset(uuid="g", index=0, model="H200", node="n", status="active", last_seen=now,
+                        registered_at=registered, ownership="leased", declared=True, site=None, cluster="c",
+                        rack=None, pool="cloud", monthly_cost=Decimal("2190"))
+    assert fnd.consolidation(rows, [asset(now - timedelta(hours=2))]) == []
+    [old] = fnd.consolidation(rows, [asset(start - timedelta(days=1))])
+    assert old.kind == "consolidation" and "pool cloud" in old.summary

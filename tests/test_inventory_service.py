@@ -351,3 +351,41 @@ async def _lease_events(servers) -> list:
         return [decode(m.data)[1] for m in msgs]
     finally:
         await bus.close()
+
+
+async def test_capacity_snapshot_names_queued_work_and_forgets_rejected_jobs(env, monkeypatch):
+    monkeypatch.setenv("WHALEFLUX_CHECK_INTERVAL_S", "3600")
+    clock = Clock(datetime(2026, 3, 10, tzinfo=timezone.utc))
+    bus = await _bus(env)
+    regs = _fleet_registrations()
+    for r in regs:
+        await bus.publish(subjects.node_registered(r.cluster, r.node), r)
+    sched = SchedulerService(SchedulerSettings(), clock=clock)
+    inv = InventoryService(InventorySettings(), clock=clock)
+    await sched._start()
+    await inv._start()
+    try:
+        await until(lambda: _count(sched.redis.hlen(f"{sched.prefix}:nodes"), len(regs)), what="scheduler nodes")
+        jobs = [
+            JobSubmitted(job_id="fills-h100", name="a", command=["true"], gpus=8, gpu_models=["H100"]),
+            JobSubmitted(job_id="waits-48h", name="b", command=["true"], gpus=8, gpu_models=["H100"],
+                         expected_runtime_s=48 * 3600),
+            JobSubmitted(job_id="never-fits", name="c", command=["true"], gpus=16),
+        ]
+        for job in jobs:
+            await bus.publish(subjects.JOB_SUBMITTED, job)
+        await until(lambda: _state(sched, "fills-h100", "placed"), what="first job placed")
+        await until(lambda: _state(sched, "never-fits", "rejected"), what="infeasible job rejected")
+
+        async def snapshot():
+            found = [f for f in await inv.all_findings(clock()) if f.kind == "capacity"]
+            text = found[0].summary if found else ""
+            return "1 job queued" in text and text
+        text = await until(snapshot, what="capacity snapshot with the queue")
+        assert "a 48 h job needing 8x H100 is queued (waits-48h)" in text
+        assert "never-fits" not in text
+        assert "H100 node" not in text  # the only H100 node is taken
+    finally:
+        await sched.stop()
+        await inv.stop()
+        await bus.close()

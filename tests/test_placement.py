@@ -54,3 +54,106 @@ def test_memory_held_by_a_foreign_process_counts_against_the_gpu():
 
 def test_no_nodes_yet_means_wait_not_reject():
     assert isinstance(place(JobRequest("j", 1), []), Unschedulable)
+
+
+# ---------------------------------------------------------------- the plugin pipeline
+
+from decimal import Decimal  # noqa: E402
+
+from whaleflux.scheduler.placement import ClusterState, ModelFacts, Profile, place_on  # noqa: E402
+
+FACTS = {
+    "RTX4090": ModelFacts("RTX4090", {"llm-train": 0.45, "finetune": 0.6, "inference": 0.5, "small": 0.9}),
+    "A100": ModelFacts("A100", {"llm-train": 1.0, "finetune": 1.0, "inference": 1.0, "small": 1.0}),
+    "H100": ModelFacts("H100", {"llm-train": 2.6, "finetune": 2.2, "inference": 1.6, "small": 1.5}),
+}
+
+
+def test_training_job_goes_to_the_model_that_runs_its_class_fastest():
+    nodes = [node("a100", model="A100"), node("h100", model="H100")]
+    decision = place(JobRequest("j", 1, workload_class="llm-train"), nodes, facts=FACTS)
+    assert decision.node == "h100" and decision.speed == 2.6
+
+
+def test_short_small_job_takes_the_gpu_it_gains_most_on_and_leaves_h100_to_training():
+    nodes = [node("r", model="RTX4090", gpus=4, mem=24 * GB), node("h100", model="H100")]
+    short = JobRequest("j", 1, workload_class="small", min_memory_mib=10 * GB, expected_runtime_s=300)
+    assert place(short, nodes, facts=FACTS).node == "r"
+    # A day-long training job wants the fastest GPU it can get.
+    long = JobRequest("k", 1, workload_class="llm-train", expected_runtime_s=86400)
+    assert place(long, [node("a100", model="A100"), node("h100", model="H100")], facts=FACTS).node == "h100"
+
+
+def test_unhealthy_nodes_are_skipped_and_named_in_the_reason():
+    from dataclasses import replace
+
+    base = node("ok", taken=(0, 1, 2, 3, 4, 5, 6, 7))
+    nodes = [
+        base,
+        replace(node("c"), cordoned=True),
+        replace(node("d"), draining=True),
+        replace(node("hot"), temperature_c=90, thermal_limit_c=87),
+        replace(node("xid"), last_critical_xid_at=900.0),
+    ]
+    decision = place(JobRequest("j", 1), nodes, now=1000.0)
+    assert isinstance(decision, Unschedulable)
+    for word in ("cordoned (c)", "draining (d)", "thermal limit 87 C (hot)", "critical XID 100 s ago (xid)"):
+        assert word in decision.reason
+    later = place(JobRequest("j", 1), nodes, now=2000.0)  # the XID is older than the quarantine
+    assert later.node == "xid"
+
+
+def test_pool_constraint_and_a_pool_that_does_not_exist():
+    from dataclasses import replace
+
+    nodes = [replace(node("cloud1"), pool="cloud"), replace(node("prem1"), pool="onprem")]
+    assert place(JobRequest("j", 1, pool="onprem"), nodes).node == "prem1"
+    nowhere = place(JobRequest("j", 1, pool="secret"), nodes)
+    assert isinstance(nowhere, Infeasible) and "pool" in nowhere.reason
+
+
+def test_leased_node_is_used_only_if_the_lease_outlives_the_job():
+    from dataclasses import replace
+
+    leased = replace(node("leased"), lease_expires_at=3600.0)
+    owned = node("owned", taken=(0, 1, 2, 3, 4, 5))
+    short = place(JobRequest("j", 1, expected_runtime_s=600), [leased, owned])
+    long = place(JobRequest("j", 1, expected_runtime_s=7200), [leased, owned])
+    assert short.node == "owned"  # best fit still wins among nodes that pass
+    lone = place(JobRequest("j", 1, expected_runtime_s=7200), [leased])
+    assert isinstance(lone, Unschedulable) and "lease ends in 1.0 h, job needs 2.0 h" in lone.reason
+    assert long.node == "owned"
+
+
+def test_gang_job_larger_than_a_node_spans_nodes_all_or_nothing():
+    nodes = [node("a", model="H100"), node("b", model="H100"), node("c", model="A100", taken=(0, 1, 2, 3))]
+    gang = place(JobRequest("j", 16, workload_class="llm-train", allow_multi_node=True), nodes, facts=FACTS)
+    assert isinstance(gang, Placement) and gang.gpu_count == 16
+    assert {s.node for s in gang.shares} == {"a", "b"}
+    assert gang.speed == 2.6 * 1.0 * 0.9  # one model, NVLink inside, cross-node
+    too_big = place(JobRequest("j", 24, allow_multi_node=True), nodes)
+    assert isinstance(too_big, Unschedulable) and "20 usable GPU(s) free" in too_big.reason
+    never = place(JobRequest("j", 32, allow_multi_node=True), nodes)
+    assert isinstance(never, Infeasible) and "24 GPUs in all" in never.reason
+
+
+def test_replicas_of_an_inference_service_spread_across_nodes():
+    cluster = ClusterState([node("a"), node("b"), node("c")], FACTS)
+    seen = set()
+    for i in range(3):
+        d = place_on(cluster, JobRequest(f"r{i}", 1, workload_class="inference", service="chat"), Profile(), 0.0)
+        cluster.allocate(f"r{i}", d, service="chat")
+        seen.add(d.node)
+    assert seen == {"a", "b", "c"}
+
+
+def test_cheaper_work_wins_when_speed_is_equal():
+    facts = {"A100": ModelFacts("A100", {"small": 1.0}, Decimal("1.00")), "H100": ModelFacts("H100", {"small": 1.0}, Decimal("3.00"))}
+    nodes = [node("h", model="H100"), node("a", model="A100")]
+    assert place(JobRequest("j", 1), nodes, profile=Profile(weights={"cost": 1.0}), facts=facts).node == "a"
+
+
+def test_wait_reason_names_the_need_and_the_largest_free_block():
+    nodes = [node("h100-01", taken=(0, 1, 2, 3, 4, 5, 6)), node("h100-02", taken=(0, 1, 2, 3, 4))]
+    decision = place(JobRequest("j", 4, min_memory_mib=80 * GB), nodes)
+    assert decision.reason == "needs 4 GPUs with >= 80 GB on one node; largest free block is 3 on h100-02"

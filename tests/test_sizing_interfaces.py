@@ -19,7 +19,8 @@ def size(*args: str):
 
 def _one_line_error(result, *words: str) -> None:
     assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     for w in words:
@@ -112,3 +113,28 @@ async def test_post_size_bad_input_gets_400_or_422_naming_the_field():
     assert too_long.status_code == 400 and too_long.json()["field"] == "context"
     assert bad_type.status_code == 422 and bad_type.json()["detail"][0]["loc"] == ["body", "task"]
     assert bad_config.status_code == 400 and "missing num_hidden_layers" in bad_config.json()["detail"]
+
+
+def test_a_job_naming_a_model_gets_its_memory_figure_from_the_estimate():
+    from whaleflux.scheduler.app import SubmitRequest
+    from whaleflux.shared.sizing import SizingRequest, memory_floor_mib
+
+    sizing = SizingRequest(model="llama-3-70b", task="qlora", context=8192)
+    fields = SubmitRequest(name="ft", command=["python", "train.py"], gpus=2, sizing=sizing).job_fields()
+    assert "sizing" not in fields
+    assert fields["min_memory_mib"] == -(-memory_floor_mib(sizing, 2) // 1)
+    assert 20 * 1024 < fields["min_memory_mib"] < 40 * 1024  # QLoRA 70B @ 8K split over two GPUs
+    given = SubmitRequest(name="ft", command=["x"], min_memory_mib=1000, sizing=sizing).job_fields()
+    assert given["min_memory_mib"] == 1000  # an explicit figure wins
+
+
+async def test_submit_with_a_bad_sizing_is_refused_before_anything_is_published():
+    settings = SchedulerSettings(admin_token="t" * 32)
+    app_ = SchedulerService(settings).create_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_), base_url="http://scheduler") as client:
+        r = await client.post(
+            "/v1/jobs",
+            json={"name": "x", "command": ["true"], "sizing": {"model": "llama-3-70b", "context": 131072}},
+            headers={"Authorization": "Bearer " + "t" * 32},
+        )
+    assert r.status_code == 400 and r.json()["field"] == "context"

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from whaleflux.shared import subjects
-from whaleflux.shared.catalog import DEFAULT_FLEET
+from whaleflux.shared.catalog import DEFAULT_ASSETS, DEFAULT_FLEET
 from whaleflux.shared.events import JobSubmitted
 
 from .client import ClientError, Connection
@@ -39,11 +39,18 @@ def _fail(message: str) -> None:
 
 
 @app.command()
-def up(fleet: Annotated[Path, typer.Option(help="fleet file to simulate")] = DEFAULT_FLEET) -> None:
+def up(
+    fleet: Annotated[Path, typer.Option(help="fleet file to simulate")] = DEFAULT_FLEET,
+    assets: Annotated[Optional[Path], typer.Option(help="declared ownership and leases; default: the demo fleet's")] = None,
+) -> None:
     """Run everything locally: NATS, Redis, the five services and a simulated fleet."""
     from .local import up as run_up
 
-    raise typer.Exit(run_up(fleet))
+    if assets is None and fleet == DEFAULT_FLEET:
+        assets = DEFAULT_ASSETS
+    if assets is not None and not assets.exists():
+        _fail(f"assets file {assets} does not exist")
+    raise typer.Exit(run_up(fleet, assets))
 
 
 @app.command()
@@ -109,6 +116,7 @@ def submit(
     gpus: Annotated[int, typer.Option(min=1, help="number of GPUs")] = 1,
     model: Annotated[Optional[list[str]], typer.Option(help="allowed GPU model(s), e.g. H100; default any")] = None,
     min_memory_gb: Annotated[float, typer.Option(min=0, help="minimum memory per GPU, GB")] = 0,
+    expected_hours: Annotated[Optional[float], typer.Option(min=0, help="how long you expect it to run")] = None,
     name: Annotated[Optional[str], typer.Option(help="job name; default the command")] = None,
     team: str = "default",
     project: str = "default",
@@ -134,6 +142,7 @@ def submit(
             gpus=gpus,
             gpu_models=model or [],
             min_memory_mib=min_memory_gb * 1024,
+            expected_runtime_s=expected_hours * 3600 if expected_hours else None,
             submitted_by="cli",
         )
     except ValueError as exc:

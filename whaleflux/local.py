@@ -53,6 +53,7 @@ class Stack:
     cfg: LocalConfig
     state_dir: Path
     fleet: Path
+    assets: Path | None = None
     children: list[Child] = field(default_factory=list)
     servers: LocalServers | None = None
     stopping: bool = False
@@ -97,6 +98,8 @@ class Stack:
             child_env = {**env, "WHALEFLUX_HTTP_PORT": str(port)}
             if name == "alerting":
                 child_env["WHALEFLUX_EXTERNAL_URL"] = self.cfg.services[name]
+            if name == "inventory" and self.assets:
+                child_env["WHALEFLUX_ASSETS_FILE"] = str(self.assets.resolve())
             self.children.append(
                 Child(name, [sys.executable, "-m", "whaleflux", "service", name], child_env, logs / f"{name}.log")
             )
@@ -152,6 +155,8 @@ class Stack:
         for name in SERVICES:
             table.add_row(name, f"{self.cfg.services[name]}  (docs: {self.cfg.services[name]}/docs)")
         table.add_row("simulated fleet", str(self.fleet))
+        if self.assets:
+            table.add_row("declared assets", str(self.assets))
         table.add_row("config (0600)", str(localconfig.config_path()))
         table.add_row("logs", str(self.state_dir / "logs"))
         console.print(table)
@@ -174,7 +179,7 @@ class Stack:
             self.servers.stop()
 
 
-def up(fleet: Path) -> int:
+def up(fleet: Path, assets: Path | None = None) -> int:
     state_dir = localconfig.home()
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # Two `up`s on one state folder would share the JetStream store and corrupt it.
@@ -186,7 +191,7 @@ def up(fleet: Path) -> int:
         return 1
     cfg = localconfig.load_or_create()
     cfg.services = {}
-    stack = Stack(cfg, state_dir, fleet)
+    stack = Stack(cfg, state_dir, fleet, assets)
 
     def on_signal(signum, frame):  # noqa: ARG001
         stack.stopping = True

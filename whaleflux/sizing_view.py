@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from whaleflux.shared.sizing import CATALOGUE, SizingReport
@@ -52,15 +53,15 @@ def render_catalogue(console: Console, as_json: bool) -> None:
 def render_report(console: Console, report: SizingReport, all_splits: bool) -> None:
     m, w = report.model, report.workload
     training = w["task"] != "serve"
-    console.print(f"[bold]{report.summary}[/bold]")
+    console.print(f"[bold]{escape(report.summary)}[/bold]", soft_wrap=True)
     shape = f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads / {m['kv_heads']} KV heads x {m['head_dim']}"
     if m["experts"]:
         shape += f", {m['experts']} experts (top-{m['experts_per_token']})"
     active = f" ({_billions(m['active_params'])} active)" if m["experts"] else ""
-    console.print(f"{m['name']}: {_billions(m['total_params'])} parameters{active}; {shape}; "
-                  f"max context {m['max_context']}; {m['source']}")
+    console.print(f"{escape(m['name'])}: {_billions(m['total_params'])} parameters{active}; {shape}; "
+                  f"max context {m['max_context']}; {escape(m['source'])}", soft_wrap=True)
     for note in report.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
 
     table = Table(title="Memory on one GPU, before any split", title_justify="left")
     table.add_column("item")
@@ -77,7 +78,7 @@ def render_report(console: Console, report: SizingReport, all_splits: bool) -> N
         line = f"training: {flops / 1e9:,.0f} GFLOPs per token (forward + backward)"
         if w["dataset_tokens"]:
             total = flops * w["dataset_tokens"] * w["epochs"]
-            line += f"; {w['dataset_tokens']:,} tokens x {w['epochs']:g} epochs = {total:.2e} FLOPs; MFU {w['mfu']:.0%} on A100"
+            line += f"; {w['dataset_tokens']:,} tokens x {w['epochs']:g} epoch{'' if w['epochs'] == 1 else 's'} = {total:.2e} FLOPs; MFU {w['mfu']:.0%} on A100"
         console.print(line)
 
     shown = [o for o in report.options if all_splits or o.best_split]
@@ -112,4 +113,4 @@ def render_report(console: Console, report: SizingReport, all_splits: bool) -> N
             table.add_row(*row)
         console.print(table)
     for line in report.assumptions:
-        console.print(f"[dim]- {line}[/dim]")
+        console.print(f"[dim]- {escape(line)}[/dim]", soft_wrap=True)

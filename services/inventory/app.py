@@ -29,6 +29,8 @@ from whaleflux.shared.events import (
     JobFailed,
     JobFinished,
     JobPlaced,
+    JobRejected,
+    JobSubmitted,
     LeaseExpired,
     NodeHeartbeat,
     NodeRegistered,
@@ -165,6 +167,12 @@ class InventoryService(ServiceBase):
     # ---------------------------------------------------------------- allocations and utilization
 
     async def on_job_event(self, env: Envelope, data) -> None:
+        if isinstance(data, JobSubmitted):
+            queued = {"gpus": data.gpus, "models": data.gpu_models, "expected_runtime_s": data.expected_runtime_s}
+            await self.redis.hsetnx(self.k("queued"), data.job_id, json.dumps(queued))
+            return
+        if isinstance(data, (JobPlaced, JobRejected)):
+            await self.redis.hdel(self.k("queued"), data.job_id)
         if isinstance(data, JobPlaced):
             key = _alloc_key(data.job_id, data.attempt)
             # The placement's envelope time is when the scheduler allocated the GPUs.
@@ -377,6 +385,14 @@ class InventoryService(ServiceBase):
                 self.log.warning("inventory.check_failed", error=repr(exc))
             await asyncio.sleep(self.settings.check_interval_s)
 
+    async def queued(self) -> list[fnd.QueuedJob]:
+        """Jobs submitted and not yet placed or rejected."""
+        raw = await self.redis.hgetall(self.k("queued"))
+        return [
+            fnd.QueuedJob(job_id, q["gpus"], tuple(q["models"]), q["expected_runtime_s"])
+            for job_id, q in sorted((k, json.loads(v)) for k, v in raw.items())
+        ]
+
     # ---------------------------------------------------------------- findings
 
     async def all_findings(self, now: datetime) -> list[fnd.Finding]:
@@ -392,7 +408,7 @@ class InventoryService(ServiceBase):
         out = fnd.idle_allocated(gpu_rows_, by_uuid, holders, s.idle_threshold_pct)
         out += fnd.reserved_idle(rec.assets, last_active(allocs, now), now, s.reserved_idle_hours)
         out += fnd.consolidation(pool_rows, rec.assets, s.consolidation_threshold, s.consolidation_days)
-        out.append(fnd.capacity_finding(fnd.capacity(rec.assets, set(holders))))
+        out.append(fnd.capacity_finding(fnd.capacity(rec.assets, set(holders)), await self.queued()))
         out += fnd.reconciliation_findings(rec, by_uuid)
         return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Literal
 
@@ -103,6 +103,9 @@ def consolidation(
         span_h = sum(1 for _ in rows)
         if span_h < days * 24 - 1:
             continue  # not enough history to judge
+        pool_assets = gpus_by_pool.get(pool, [])
+        if pool_assets and min(g.registered_at for g in pool_assets) > min(r.hour for r in rows) + timedelta(hours=1):
+            continue  # the pool is younger than the window: its empty early hours say nothing
         capacity = sum(r.gpus for r in rows) * 3600
         mean = sum(r.allocated_s for r in rows) / capacity if capacity else 0.0
         if mean >= threshold:
@@ -151,15 +154,42 @@ def capacity(assets: list[GpuAsset], allocated: set[str]) -> list[CapacityRow]:
     return rows
 
 
-def capacity_finding(rows: list[CapacityRow]) -> Finding:
-    """One line on what could run now: '2 H100 nodes idle (16 GPUs); 3 A100 GPUs free'."""
+@dataclass(frozen=True)
+class QueuedJob:
+    """A submitted job not yet placed, as far as inventory has seen."""
+
+    job_id: str
+    gpus: int
+    models: tuple[str, ...]  # empty: any model
+    expected_runtime_s: float | None
+
+
+def _job_phrase(job: QueuedJob) -> str:
+    runtime = f"{job.expected_runtime_s / 3600:.0f} h " if job.expected_runtime_s else ""
+    models = "/".join(job.models) if job.models else "any GPU"
+    return f"a {runtime}job needing {job.gpus}x {models} is queued ({job.job_id})"
+
+
+def capacity_finding(rows: list[CapacityRow], queued: list[QueuedJob] = ()) -> Finding:
+    """What could run now and what waits: '2 H100 nodes idle in onprem; a 48 h job needing 8x H100 is queued'."""
     parts = []
     for r in rows:
         if r.free_nodes:
             parts.append(f"{r.free_nodes} {r.model} node{'s' if r.free_nodes != 1 else ''} idle in {r.pool}")
         if r.free:
             parts.append(f"{r.free}/{r.gpus} {r.model} GPUs free in {r.pool}")
-    return Finding("capacity", "info", "capacity now: " + ("; ".join(parts) or "no free GPUs"))
+    text = "capacity now: " + ("; ".join(parts) or "no free GPUs")
+    if queued:
+        longest = max(queued, key=lambda j: (j.expected_runtime_s or 0, j.gpus))
+        text += f"; {len(queued)} job{'s' if len(queued) != 1 else ''} queued, e.g. {_job_phrase(longest)}"
+        # Free GPUs of a model a queued job may use, yet it waits: usually a shape or placement problem.
+        stuck = [
+            j for j in queued
+            if any(r.free >= j.gpus and (not j.models or r.model in j.models) for r in rows)
+        ]
+        if stuck:
+            text += f"; {len(stuck)} of them could fit in free GPUs now — check `whaleflux jobs` for why they wait"
+    return Finding("capacity", "info", text, None, (), {"queued_jobs": str(len(queued))})
 
 
 def reconciliation_findings(rec: Reconciliation, assets: dict[str, GpuAsset]) -> list[Finding]:

@@ -8,6 +8,7 @@ placement). A placement pass runs whenever something changed and every second.
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from datetime import datetime
 from typing import Literal
@@ -22,6 +23,7 @@ from whaleflux.shared.events import (
     JobFailed,
     JobFinished,
     JobPlaced,
+    JobRejected,
     JobStarted,
     JobSubmitted,
     NodeRegistered,
@@ -29,7 +31,7 @@ from whaleflux.shared.events import (
 )
 from whaleflux.shared.service import ServiceBase, run_service
 from whaleflux.shared.settings import CommonSettings
-from whaleflux.shared.sizing import SizingError, SizingReport, SizingRequest, estimate
+from whaleflux.shared.sizing import SizingError, SizingReport, SizingRequest, estimate, memory_floor_mib
 
 from .placement import GpuState, Infeasible, JobRequest, NodeState, Placement, place
 
@@ -71,6 +73,16 @@ class SubmitRequest(BaseModel):
     gpus: int = Field(1, ge=1, le=1024)
     gpu_models: list[str] = Field(default_factory=list)
     min_memory_mib: float = Field(0, ge=0)
+    sizing: SizingRequest | None = Field(
+        None, description="a model and workload instead of min_memory_mib: its estimate for `gpus` GPUs fills that in"
+    )
+
+    def job_fields(self) -> dict:
+        """The job.submitted fields; min_memory_mib estimated from `sizing` unless given."""
+        fields = self.model_dump(exclude={"sizing"})
+        if self.sizing is not None and not self.min_memory_mib:
+            fields["min_memory_mib"] = math.ceil(memory_floor_mib(self.sizing, self.gpus))
+        return fields
 
 
 class SchedulerService(ServiceBase):
@@ -170,7 +182,7 @@ class SchedulerService(ServiceBase):
         async with self._lock:
             nodes = await self._nodes()
             pending = await self.redis.zrange(f"{self.prefix}:pending", 0, -1)
-            placed = 0
+            placed, rejected = 0, False
             for job_id in pending:
                 job = await self.get_job(job_id)
                 if job is None or job.state != "pending":
@@ -185,18 +197,31 @@ class SchedulerService(ServiceBase):
                     nodes = _mark_allocated(nodes, decision, job_id)
                     placed += 1
                 elif isinstance(decision, Infeasible):
-                    job.state, job.reason = "rejected", decision.reason
-                    async with self.redis.pipeline(transaction=True) as pipe:
-                        pipe.set(self._job_key(job_id), job.model_dump_json())
-                        pipe.zrem(f"{self.prefix}:pending", job_id)
-                        await pipe.execute()
-                    self.log.info("job.rejected", job_id=job_id, reason=decision.reason)
+                    await self._reject(job, decision.reason)
+                    rejected = True
                 elif job.reason != decision.reason:
                     job.reason = decision.reason
                     await self._save(job)
-        if placed:
+        if placed or rejected:
             await self.publish_staged()
         return placed
+
+    async def _reject(self, job: JobRecord, reason: str) -> None:
+        """A job that can never run is rejected with its reason, never queued forever."""
+        job.state, job.reason = "rejected", reason
+        env = make_envelope(
+            JobRejected(job_id=job.job_id, reason=reason),
+            source=f"whaleflux/scheduler/{self.settings.instance}",
+            subject=job.job_id,
+            event_id=f"rejected-{job.job_id}",
+            correlation_id=job.job_id,
+        )
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._job_key(job.job_id), job.model_dump_json())
+            pipe.zrem(f"{self.prefix}:pending", job.job_id)
+            self.outbox.stage(pipe, subjects.JOB_REJECTED, env)
+            await pipe.execute()
+        self.log.info("job.rejected", job_id=job.job_id, reason=reason)
 
     async def _commit_placement(self, job: JobRecord, p: Placement) -> None:
         job.attempt += 1
@@ -294,7 +319,7 @@ class SchedulerService(ServiceBase):
         async def submit(body: SubmitRequest) -> dict:
             """Submit a job (publishes job.submitted); needs the bearer token."""
             job_id = uuid.uuid4().hex[:12]
-            data = JobSubmitted(job_id=job_id, submitted_by="api", **body.model_dump())
+            data = JobSubmitted(job_id=job_id, submitted_by="api", **body.job_fields())
             await self.bus.publish(subjects.JOB_SUBMITTED, data, subject=job_id, correlation_id=job_id)
             return {"job_id": job_id}
 

@@ -9,7 +9,6 @@ a caller may pass its own prices.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from functools import lru_cache
 
 from pydantic import BaseModel
@@ -156,16 +155,6 @@ def _counts(max_gpus: int) -> list[int]:
         out.append(n)
         n *= 2
     return out
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    gpu: GpuModel
-    split: Split
-    per_gpu: int
-    stage: str
-    memory: dict[str, int]
-    speed: Speed
 
 
 def _cost_key(w: Workload, o: Option) -> tuple:

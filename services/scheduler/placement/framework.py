@@ -27,7 +27,7 @@ class Profile:
     dynamic_filters: tuple[str, ...] = tuple(F.DYNAMIC_FILTERS)
     weights: Mapping[str, float] = field(
         default_factory=lambda: {
-            "speed": 4.0, "comparative_advantage": 4.0, "best_fit": 2.0, "nvlink_locality": 2.0,
+            "speed_by_runtime": 6.0, "comparative_advantage": 2.0, "best_fit": 2.0, "nvlink_locality": 2.0,
             "cost": 1.0, "spread_replicas": 2.0,
         }
     )

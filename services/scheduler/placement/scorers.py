@@ -6,6 +6,7 @@ configuration of plugins, not a fork of the scheduler.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,6 +31,8 @@ class ScoreContext:
     smallest_memory_mib: float = 1.0  # smallest GPU memory among candidates
 
 
+LONG_JOB_S = 48 * 3600.0  # from this runtime on, speed counts fully
+
 Scorer = Callable[[JobRequest, Candidate, ScoreContext], float]
 
 
@@ -41,6 +44,16 @@ def best_fit(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
 def speed(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
     """The job's class runs faster on this model (gpu_models.yaml `speed`)."""
     return 100.0 * cand.speed / ctx.best_speed if ctx.best_speed > 0 else 100.0
+
+
+def speed_by_runtime(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
+    """Speed matters in proportion to how long the job runs: a day-long job wants the
+    fastest GPU, a five-minute job hardly gains from one (unknown runtime: like `speed`)."""
+    ratio = cand.speed / ctx.best_speed if ctx.best_speed > 0 else 1.0
+    if req.expected_runtime_s is None:
+        return 100.0 * ratio
+    weight = min(1.0, math.log1p(req.expected_runtime_s / 600.0) / math.log1p(LONG_JOB_S / 600.0))
+    return 100.0 * (weight * ratio + (1.0 - weight))
 
 
 def comparative_advantage(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
@@ -92,6 +105,7 @@ def first_fit(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
 SCORERS: dict[str, Scorer] = {
     "best_fit": best_fit,
     "speed": speed,
+    "speed_by_runtime": speed_by_runtime,
     "cost": cost,
     "comparative_advantage": comparative_advantage,
     "memory_right_size": memory_right_size,

@@ -67,6 +67,8 @@ class PolicyConfig:
     preempt_for: frozenset[str] = frozenset({"high"})
     min_run_before_preemption_s: float = 600.0
     max_preemptions_per_job: int = 3
+    # Within a class and team, the least work (expected runtime x GPUs) first, instead of oldest first.
+    shortest_first: bool = False
 
 
 FIFO = PolicyConfig(

@@ -9,8 +9,13 @@ from typing import Iterator, Mapping
 from .jobs import PendingJob, PolicyConfig, TeamPolicy, rank
 
 
-def _order(job: PendingJob) -> tuple[float, int, str]:
-    return (job.submit_time, job.seq, job.job_id)
+def _order(job: PendingJob) -> tuple[float, float, int, str]:
+    return (0.0, job.submit_time, job.seq, job.job_id)
+
+
+def _shortest_first(job: PendingJob) -> tuple[float, float, int, str]:
+    work = (job.request.expected_runtime_s or float("inf")) * job.request.gpus
+    return (work, job.submit_time, job.seq, job.job_id)
 
 
 class PendingQueue:
@@ -20,6 +25,7 @@ class PendingQueue:
         self.config = config
         self._lanes: dict[tuple[int, str], list[tuple[tuple, PendingJob]]] = {}
         self._jobs: dict[str, PendingJob] = {}
+        self._key = _shortest_first if config.shortest_first else _order
 
     def _lane(self, job: PendingJob) -> tuple[int, str]:
         r = rank(job.request.priority) if self.config.use_priorities else 0
@@ -32,7 +38,7 @@ class PendingQueue:
             raise ValueError(f"job {job.job_id} is already queued")
         self._jobs[job.job_id] = job
         lane = self._lanes.setdefault(self._lane(job), [])
-        entry = (_order(job), job)
+        entry = (self._key(job), job)
         if not lane or lane[-1][0] <= entry[0]:
             lane.append(entry)
         else:
@@ -45,7 +51,7 @@ class PendingQueue:
             return None
         key = self._lane(job)
         lane = self._lanes[key]
-        i = bisect_left(lane, _order(job), key=lambda e: e[0])
+        i = bisect_left(lane, self._key(job), key=lambda e: e[0])
         while lane[i][1].job_id != job_id:
             i += 1
         del lane[i]

@@ -1,0 +1,207 @@
+"""Queue policy core (`schedule(request) -> reply`): pure decisions, no I/O."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from whaleflux.scheduler.placement import ClusterState, GpuState, JobRequest, NodeState
+from whaleflux.scheduler.queueing import (
+    BACKFILL,
+    FIFO,
+    WHALEFLUX,
+    PendingJob,
+    PendingQueue,
+    RunningJob,
+    ScheduleRequest,
+    TeamPolicy,
+    schedule,
+)
+from whaleflux.scheduler.queueing.reservation import reserve
+
+ONE_NODE_POLICY = replace(WHALEFLUX, preemption=False)
+
+
+def nodes(*sizes, model="A100"):
+    return [
+        NodeState(f"n{i}", "c", model, "nvlink", tuple(GpuState(f"n{i}-g{g}", g, 81920) for g in range(size)))
+        for i, size in enumerate(sizes)
+    ]
+
+
+def job(job_id, gpus=1, t=0.0, runtime=100.0, team="t", priority="normal", preemptible=False, multi=False):
+    req = JobRequest(job_id, gpus, team=team, priority=priority, preemptible=preemptible,
+                     expected_runtime_s=runtime, allow_multi_node=multi)
+    return PendingJob(req, t)
+
+
+class World:
+    """A cluster, a queue and the running jobs, advanced by schedule() passes."""
+
+    def __init__(self, policy, node_list, teams=None):
+        self.policy, self.cluster, self.queue = policy, ClusterState(node_list), PendingQueue(policy)
+        self.running: dict[str, RunningJob] = {}
+        self.teams = teams or {}
+
+    def submit(self, *jobs):
+        for j in jobs:
+            self.queue.add(j)
+
+    def start_running(self, j: PendingJob, now=0.0, end=None):
+        """Put a job on GPUs directly, as if an earlier pass had started it."""
+        from whaleflux.scheduler.placement import place_on
+
+        d = place_on(self.cluster, j.request, self.policy.profile, now)
+        self.cluster.allocate(j.job_id, d)
+        r = j.request
+        self.running[j.job_id] = RunningJob(j.job_id, r.team, r.priority, r.preemptible, r.gpus, now, end)
+
+    def step(self, now=0.0):
+        reply = schedule(ScheduleRequest(now, self.cluster, self.queue, self.running, self.policy, self.teams))
+        for p in reply.preempted:
+            self.running.pop(p.victim)
+        for s in reply.started:
+            r = s.job.request
+            self.running[s.job.job_id] = RunningJob(s.job.job_id, r.team, r.priority, r.preemptible, r.gpus, now, s.expected_end)
+        return reply
+
+    def finish(self, job_id):
+        self.running.pop(job_id)
+        self.cluster.release(job_id)
+
+
+def started(reply):
+    return [s.job.job_id for s in reply.started]
+
+
+def test_high_priority_job_starts_before_an_older_normal_one():
+    w = World(ONE_NODE_POLICY, nodes(1))
+    w.submit(job("old", t=0), job("urgent", t=5, priority="high"))
+    assert started(w.step()) == ["urgent"]
+
+
+def test_strict_fifo_lets_nothing_overtake_a_blocked_head():
+    w = World(FIFO, nodes(8))
+    w.start_running(job("running", gpus=4), end=1000)
+    w.submit(job("big", gpus=8, t=1), job("small", gpus=1, t=2))
+    reply = w.step()
+    assert started(reply) == [] and "largest free block is 4" in reply.waiting["big"]
+
+
+def test_backfill_starts_a_short_job_but_not_one_that_would_delay_the_head():
+    w = World(BACKFILL, nodes(8))
+    w.start_running(job("running", gpus=4), end=1000)
+    w.submit(job("big", gpus=8, t=1), job("long", gpus=2, t=2, runtime=5000), job("short", gpus=2, t=3, runtime=500))
+    reply = w.step()
+    assert started(reply) == ["short"]
+    assert reply.reservation.job_id == "big" and reply.reservation.start == 1000
+    assert "would delay big" in reply.waiting["long"]
+
+
+def test_backfill_never_delays_the_reserved_start_of_the_head():
+    """Over random states: the head's reservation after a pass is no later than before it."""
+    rng = random.Random(7)
+    for trial in range(200):
+        policy = rng.choice([BACKFILL, ONE_NODE_POLICY])
+        w = World(policy, nodes(*[rng.choice([4, 8]) for _ in range(rng.randint(2, 5))]))
+        for i in range(rng.randint(3, 12)):
+            j = job(f"r{i}", gpus=rng.choice([1, 2, 4]), runtime=rng.uniform(100, 5000))
+            d_free = w.cluster.total_free
+            if d_free >= j.request.gpus:
+                try:
+                    w.start_running(j, end=rng.uniform(10, 5000))
+                except (AttributeError, ValueError):
+                    pass  # did not fit on one node
+        for i in range(rng.randint(2, 15)):
+            w.submit(job(f"q{i}", gpus=rng.choice([1, 1, 2, 4, 8]), t=float(i), runtime=rng.uniform(10, 6000)))
+        reply = w.step(now=0.0)
+        res = reply.reservation
+        if res is None or res.start is None:
+            continue
+        head = w.queue.get(res.job_id)
+        after = reserve(w.cluster, head, w.running, policy.profile, 0.0)
+        assert after.start is not None and after.start <= res.start, (trial, res, after)
+
+
+def test_gang_job_starts_whole_or_not_at_all():
+    w = World(ONE_NODE_POLICY, nodes(8, 8))
+    w.start_running(job("holder", gpus=4), end=100)
+    w.submit(job("gang", gpus=16, multi=True))
+    reply = w.step()
+    assert started(reply) == [] and "gang" not in w.cluster.holdings
+    assert w.cluster.total_free == 12
+    w.finish("holder")
+    reply = w.step(now=100)
+    assert started(reply) == ["gang"] and reply.started[0].placement.gpu_count == 16
+
+
+def test_team_within_quota_goes_before_a_team_borrowing_above_its_own():
+    teams = {"a": TeamPolicy(quota_gpus=2), "b": TeamPolicy(quota_gpus=2)}
+    w = World(ONE_NODE_POLICY, nodes(8), teams)
+    for i in range(4):
+        w.start_running(job(f"b{i}", team="b"), end=1000)  # b borrows 2 above its quota
+    w.submit(job("b-next", team="b", t=0), job("a-first", team="a", t=1))
+    w.start_running(job("x1", team="c"), end=1000)
+    w.start_running(job("x2", team="c"), end=1000)
+    w.start_running(job("x3", team="c"), end=1000)
+    assert started(w.step()) == ["a-first"]
+
+
+def test_weighted_fair_share_alternates_between_teams():
+    teams = {"a": TeamPolicy(weight=1.0), "b": TeamPolicy(weight=1.0)}
+    w = World(ONE_NODE_POLICY, nodes(4), teams)
+    w.submit(*[job(f"a{i}", team="a", t=i) for i in range(4)], *[job(f"b{i}", team="b", t=10 + i) for i in range(4)])
+    assert sorted(started(w.step())) == ["a0", "a1", "b0", "b1"]
+
+
+def test_high_priority_job_preempts_whole_low_priority_preemptible_jobs():
+    w = World(WHALEFLUX, nodes(4))
+    w.start_running(job("low1", gpus=2, priority="low", preemptible=True), end=5000)
+    w.start_running(job("low2", gpus=2, priority="low", preemptible=True), now=-5000, end=5000)
+    w.submit(job("urgent", gpus=2, priority="high"))
+    reply = w.step(now=1000)
+    assert [p.victim for p in reply.preempted] == ["low1"]  # the most recently started loses least work
+    assert started(reply) == ["urgent"]
+    assert "low priority, preempted for high job urgent" in reply.preempted[0].reason
+
+
+def test_no_preemption_of_equal_priority_or_non_preemptible_or_young_jobs():
+    w = World(WHALEFLUX, nodes(3))
+    w.start_running(job("peer", priority="high", preemptible=True), end=5000)
+    w.start_running(job("pinned", priority="low", preemptible=False), end=5000)
+    w.start_running(job("young", priority="low", preemptible=True), now=900, end=5000)
+    w.submit(job("urgent", priority="high"))
+    reply = w.step(now=1000)  # "young" ran 100 s, under the 600 s guard
+    assert reply.preempted == [] and started(reply) == []
+
+
+def test_preempted_job_cannot_preempt_back_so_there_are_no_loops():
+    w = World(WHALEFLUX, nodes(1))
+    w.start_running(job("low", priority="low", preemptible=True), end=5000)
+    w.submit(job("urgent", priority="high"))
+    assert [p.victim for p in w.step(now=1000).preempted] == ["low"]
+    w.submit(job("low", priority="low", preemptible=True))  # requeued
+    for now in (2000, 3000, 4000):
+        reply = w.step(now=now)
+        assert reply.preempted == [] and started(reply) == []
+    assert "urgent" in w.running
+
+
+def test_team_under_quota_reclaims_lent_gpus_by_preemption():
+    teams = {"a": TeamPolicy(quota_gpus=2), "b": TeamPolicy(quota_gpus=2)}
+    w = World(WHALEFLUX, nodes(4), teams)
+    for i in range(4):
+        w.start_running(job(f"b{i}", team="b", preemptible=True), end=9000)
+    w.submit(job("a1", team="a"))
+    reply = w.step(now=1000)
+    assert len(reply.preempted) == 1 and "reclaims" in reply.preempted[0].reason and started(reply) == ["a1"]
+    # b is now at 3 > quota 2 and a at 1 < quota: b can never reclaim from a.
+    w.submit(job("b-more", team="b"))
+    assert w.step(now=2000).preempted == []
+
+
+def test_infeasible_job_leaves_the_queue_with_its_reason():
+    w = World(ONE_NODE_POLICY, nodes(8))
+    w.submit(job("huge", gpus=16))
+    reply = w.step()
+    assert "only 8 GPUs per node" in reply.infeasible["huge"] and len(w.queue) == 0

@@ -102,3 +102,41 @@ def test_kill_9_scheduler_and_billing_mid_stream_places_and_charges_each_job_onc
             assert Decimal(usage["gpu_seconds"]) == gpu_seconds(f.started_at, f.finished_at, 1)
     finally:
         cluster.stop()
+
+
+async def _drop_keys(servers, pattern: str) -> int:
+    from redis.asyncio import Redis
+
+    redis = Redis.from_url(servers.redis_url, password=servers.redis_password)
+    keys = [k async for k in redis.scan_iter(match=pattern)]
+    if keys:
+        await redis.delete(*keys)
+    await redis.aclose()
+    return len(keys)
+
+
+def test_billing_rebuilds_identical_totals_by_replay_after_losing_its_redis_state(clean_servers, tmp_path):
+    cluster = make_cluster(clean_servers, tmp_path)
+    scheduler = cluster.service("scheduler")
+    billing = cluster.service("billing")
+    cluster.agent("r4090-01")
+    ids = [f"replay-{i}" for i in range(6)]
+    try:
+        scheduler.wait_ready()
+        billing.wait_ready()
+        wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json(), what="node registered")
+        asyncio.run(_submit(clean_servers, ids))
+
+        def charged():
+            report = httpx.get(billing.url + "/v1/costs", params={"by": "job"}).json()
+            return len(report["rows"]) == len(ids) and report
+        before = wait_until(charged, timeout=60, what="all jobs charged")
+
+        billing.stop()
+        assert asyncio.run(_drop_keys(clean_servers, "wf:billing:*")) > 0
+        billing.start().wait_ready()
+        after = wait_until(charged, timeout=30, what="totals rebuilt")
+        assert after["rows"] == before["rows"] and after["total_usd"] == before["total_usd"]
+        assert "state.replaying" in billing.log_path.read_text()
+    finally:
+        cluster.stop()

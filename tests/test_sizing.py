@@ -106,6 +106,20 @@ def test_a_published_config_json_gives_the_same_architecture_as_the_catalogue(tm
     assert arch.kv_bytes_per_token(2) == CATALOGUE["llama-3-8b"].kv_bytes_per_token(2)
 
 
+def test_a_moe_config_with_shared_experts_matches_its_published_counts():
+    # Qwen/Qwen1.5-MoE-A2.7B config.json; model card: "14.3B parameters in total and 2.7B activated".
+    config = {
+        "model_type": "qwen2_moe", "num_hidden_layers": 24, "hidden_size": 2048, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+    }
+    arch = from_hf_config(config)
+    assert arch.total_params() == pytest.approx(14.3e9, rel=0.01)
+    assert arch.active_params() == pytest.approx(2.7e9, rel=0.01)
+
+
 # ---------------------------------------------------------------- acceptance figures
 
 

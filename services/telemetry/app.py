@@ -333,18 +333,20 @@ class TelemetryService(ServiceBase):
         pipe.hgetall(self._k("lastxid"))
         latest, xids = await pipe.execute()
         jobs = await self._jobs_by_gpu()
-        now = self.clock().timestamp()
         out = []
         for raw in latest.values():
             s = LatestSample.model_validate_json(raw)
             if node is not None and s.node != node:
                 continue
-            age = now - _epoch(s.sample_time)
-            stale = age > self.settings.stale_after_s
             last_xid = int(xids[s.gpu.uuid]) if s.gpu.uuid in xids else None
-            out.append(GpuStatus(**s.model_dump(), age_s=round(age, 3), stale=stale, flags=flags(s.gpu, last_xid, stale),
-                                 last_xid=last_xid, job=jobs.get(s.gpu.uuid)))
+            out.append(self._status(s, last_xid, jobs.get(s.gpu.uuid)))
         return sorted(out, key=lambda g: (g.node, g.gpu.index))
+
+    def _status(self, s: LatestSample, last_xid: int | None, job: JobRef | None) -> GpuStatus:
+        age = self.clock().timestamp() - _epoch(s.sample_time)
+        stale = age > self.settings.stale_after_s
+        return GpuStatus(**s.model_dump(), age_s=round(age, 3), stale=stale, flags=flags(s.gpu, last_xid, stale),
+                         last_xid=last_xid, job=job)
 
     async def latest(self) -> list[LatestSample]:
         raw = await self.redis.hgetall(self._k("latest"))
@@ -417,10 +419,18 @@ class TelemetryService(ServiceBase):
         @app.get("/v1/gpus/{uuid}", tags=["telemetry"])
         async def gpu(uuid: str) -> GpuStatus:
             """Latest sample of one GPU."""
-            for st in await self.statuses():
-                if st.gpu.uuid == uuid:
-                    return st
-            raise HTTPException(404, f"uuid: no sample for GPU {uuid!r}")
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hget(self._k("latest"), uuid)
+            pipe.hget(self._k("lastxid"), uuid)
+            pipe.hget(self._k("gpujob"), uuid)
+            raw, xid, job_id = await pipe.execute()
+            if raw is None:
+                raise HTTPException(404, f"uuid: no sample for GPU {uuid!r}")
+            job = None
+            if job_id:
+                name, team, project = await self.redis.hmget(self._k("job", job_id), ["name", "team", "project"])
+                job = JobRef(job_id=job_id, name=name, team=team, project=project)
+            return self._status(LatestSample.model_validate_json(raw), int(xid) if xid else None, job)
 
         @app.get("/v1/gpus/{uuid}/history", tags=["telemetry"])
         async def history(

@@ -73,6 +73,8 @@ def test_size_bad_input_exits_non_zero_with_one_line_naming_the_problem(tmp_path
     _one_line_error(size("llama-3-70b", "--task", "qlora", "--weights", "bf16"), "weight_dtype:")
     _one_line_error(size("llama-3-70b", "--task", "pretrain"), "task:")
     _one_line_error(size("llama-3-70b", "--context", "lots"), "--context 'lots'")
+    _one_line_error(size("llama-3-70b", "--context", "inf"), "--context 'inf'")
+    _one_line_error(size("llama-3-70b", "--price", "H100"), "--price 'H100'")
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
     _one_line_error(size(str(bad)), "config:", "not valid JSON")

@@ -390,7 +390,7 @@ def _count(text: str, option: str, binary: bool) -> int:
         value = float(raw[:-1] if scale != 1 else raw) * scale
     except ValueError:
         _fail(f"{option} {text!r}: expected a number such as 8192, 8K, 100M or 1.5B")
-    if value < 1 or value != int(value):
+    if not 1 <= value < 1e18 or value != int(value):
         _fail(f"{option} {text!r}: expected a whole number of tokens >= 1")
     return int(value)
 

@@ -128,8 +128,8 @@ def _prices(overrides: dict[str, float]) -> dict[str, Price]:
         key = model_key(name) or next((k for k in gpu_models() if k.lower() == name.lower()), None)
         if key is None:
             raise SizingError("prices", f"unknown GPU model {name!r}; known: {', '.join(gpu_models())}")
-        if not usd > 0:
-            raise SizingError("prices", f"{name}: price must be > 0 USD per GPU-hour, got {usd}")
+        if not 0 < usd < float("inf"):
+            raise SizingError("prices", f"{name}: price must be a positive number of USD per GPU-hour, got {usd}")
         prices[key] = Price(usd_per_gpu_hour=usd, source="given", reference=False)
     return prices
 

@@ -1,0 +1,143 @@
+"""Budgets and forecasts per team, project or the whole cluster. Pure, no I/O.
+
+Spend is a daily series (UTC days) the shell computes with the chargeback:
+allocated cost for a team or project, fleet cost (allocated + idle) for the
+cluster. For a monthly budget at time `now`:
+
+- spend to date: the period's days up to now;
+- burn-rate projection: spend to date / elapsed x period length;
+- trend projection: spend to date + the trailing 7 days' daily mean x days left;
+- the projection compared with the thresholds is the larger of the two, and
+  only from one elapsed day on (before that, the spend itself), so the first
+  hours of a month do not page anyone.
+
+Alerts, each once (its event id is fixed by content):
+- `raised-cost-budget-<scope>-<name>-<YYYYMM>-<pct>` when the projection
+  reaches pct% of the budget (each threshold of each period once);
+- `raised-cost-week-<scope>-<name>-<YYYYMMDD>` when a complete week's
+  (Monday to Sunday) spend exceeds its forecast, the mean of the four weeks
+  before it, by `week_overrun_pct` (15) or more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .ownership import month_start, next_month
+from .pricing import to_cents
+
+DAY = timedelta(days=1)
+
+
+class Budget(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scope: Literal["team", "project", "cluster"]
+    name: str = Field("all", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
+    period: Literal["month"] = "month"
+    amount_usd: Decimal = Field(gt=0)
+    thresholds_pct: list[int] = Field(default_factory=lambda: [80, 100], min_length=1)
+    week_overrun_pct: Decimal = Field(Decimal(15), gt=0)
+
+    @property
+    def ident(self) -> str:
+        return f"{self.scope}-{self.name}"
+
+    @property
+    def label(self) -> str:
+        return "Cluster" if self.scope == "cluster" else f"{self.scope.capitalize()} {self.name}"
+
+
+@dataclass(frozen=True)
+class BudgetAlert:
+    event_id: str
+    fingerprint: str
+    rule: str
+    severity: str
+    summary: str
+    value: float
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    budget: Budget
+    period_start: datetime
+    period_end: datetime
+    spend_to_date: Decimal
+    projected_burn: Decimal
+    projected_trend: Decimal
+    projected_pct: float
+    last_week_start: date | None
+    last_week_usd: Decimal | None
+    last_week_forecast_usd: Decimal | None
+    alerts: tuple[BudgetAlert, ...]
+
+
+def _sum(daily: dict[date, Decimal], start: date, end: date) -> Decimal:
+    """Spend over days [start, end)."""
+    return sum((v for d, v in daily.items() if start <= d < end), Decimal(0))
+
+
+def history_start(now: datetime) -> date:
+    """The first day the evaluation needs: the period start or five weeks back, whichever is earlier."""
+    week = (now.date() - timedelta(days=now.weekday())) - timedelta(weeks=5)
+    return min(month_start(now).date(), week)
+
+
+def evaluate(budget: Budget, daily: dict[date, Decimal], now: datetime) -> BudgetStatus:
+    """Spend, projections and the alerts due at `now` for one budget."""
+    start, end = month_start(now), next_month(now)
+    today = now.date()
+    # Today counts in proportion to the hours passed: spend so far includes today's partial day.
+    spend = _sum(daily, start.date(), today + DAY)
+    elapsed = (now - start).total_seconds()
+    length = (end - start).total_seconds()
+    burn = spend * Decimal(length) / Decimal(elapsed) if elapsed > 0 else spend
+    trailing = _sum(daily, today - timedelta(days=6), today + DAY) / 7
+    trend = spend + trailing * Decimal((end - now).total_seconds()) / Decimal(86400)
+    projected = max(spend, burn, trend) if elapsed >= 86400 else spend
+    pct = float(projected / budget.amount_usd * 100)
+    labels = {"scope": budget.scope, "name": budget.name, "period": start.strftime("%Y-%m")}
+    alerts = []
+    reached = [t for t in sorted(budget.thresholds_pct) if pct >= t]
+    for t in reached:
+        fp = f"cost-budget-{budget.ident}-{start:%Y%m}-{t}"
+        alerts.append(BudgetAlert(
+            event_id=f"raised-{fp}", fingerprint=fp, rule="BudgetProjection",
+            severity="critical" if t >= 100 else "warning",
+            summary=(f"{budget.label} projected to spend ${to_cents(projected):,} in {start:%B %Y}, "
+                     f"{pct:.0f}% of its ${to_cents(budget.amount_usd):,} budget (threshold {t}%; "
+                     f"${to_cents(spend):,} spent so far)"),
+            value=round(pct, 2), labels={**labels, "threshold_pct": str(t)},
+        ))
+    week_start = today - timedelta(days=today.weekday()) - timedelta(weeks=1)  # last complete week
+    last = _sum(daily, week_start, week_start + timedelta(weeks=1))
+    prior = [_sum(daily, week_start - timedelta(weeks=k), week_start - timedelta(weeks=k - 1)) for k in range(1, 5)]
+    seen = [p for p in prior if p > 0]
+    forecast = sum(seen, Decimal(0)) / len(seen) if seen else None
+    if forecast and last >= forecast * (1 + budget.week_overrun_pct / 100):
+        over = float((last / forecast - 1) * 100)
+        fp = f"cost-week-{budget.ident}-{week_start:%Y%m%d}"
+        alerts.append(BudgetAlert(
+            event_id=f"raised-{fp}", fingerprint=fp, rule="SpendAboveForecast", severity="warning",
+            summary=(f"{budget.label} spend exceeded forecast by {over:.0f}% in the week of {week_start} "
+                     f"(${to_cents(last):,} against ${to_cents(forecast):,})"),
+            value=round(over, 2), labels={**labels, "week": week_start.isoformat()},
+        ))
+    return BudgetStatus(budget, start, end, spend, burn, trend, round(pct, 2), week_start, last,
+                        forecast, tuple(alerts))
+
+
+def day_windows(first: date, now: datetime) -> list[tuple[datetime, datetime]]:
+    """UTC day windows from `first` to now (the last one partial)."""
+    out = []
+    d = datetime(first.year, first.month, first.day, tzinfo=timezone.utc)
+    while d < now:
+        out.append((d, min(d + DAY, now)))
+        d += DAY
+    return out

@@ -154,6 +154,15 @@ def _ms_in_month(t: datetime) -> int:
     return to_ms(next_month(t)) - to_ms(month_start(t))
 
 
+def lease_term(terms: GpuTerms) -> tuple[datetime, datetime]:
+    """[start, end) of what a lease owes: its term, extended to the minimum term."""
+    since = day_start(terms.lease_start)
+    last = terms.lease_end or terms.lease_start
+    until = max(day_start(last + timedelta(days=1)),
+                day_start(add_months(terms.lease_start, max(terms.minimum_term_months, 1))))
+    return since, until
+
+
 def gpu_cost(terms: GpuTerms, book: PriceBook, start: datetime, end: datetime) -> GpuCost:
     """Fixed-cost segments of one GPU over [start, end)."""
     notes: list[str] = []
@@ -172,13 +181,7 @@ def gpu_cost(terms: GpuTerms, book: PriceBook, start: datetime, end: datetime) -
         since = day_start(terms.purchase_date) if terms.purchase_date else (terms.in_fleet_since or start)
         until = FAR
     elif own == "leased":
-        if terms.lease_start is None:
-            since, until = terms.in_fleet_since or start, FAR
-        else:
-            since = day_start(terms.lease_start)
-            last = terms.lease_end or terms.lease_start
-            until = max(day_start(last + timedelta(days=1)),
-                        day_start(add_months(terms.lease_start, max(terms.minimum_term_months, 1))))
+        since, until = lease_term(terms) if terms.lease_start else (terms.in_fleet_since or start, FAR)
     else:
         since, until = terms.in_fleet_since or start, FAR
     lo, hi = max(start, since), min(end, until)

@@ -1,0 +1,273 @@
+"""Exports of a window's costs: CSV and FOCUS 1.2 rows. Pure, no I/O.
+
+FOCUS (FinOps Open Cost and Usage Specification) 1.2, columns from
+`../shared/data/focus/focus-1.2-columns.csv`. Rows:
+
+- Usage, one per job attempt, GPU and rate segment (a calendar month, a price
+  period): `EffectiveCost` = its share of the GPU's cost, `ConsumedQuantity`
+  = GPU-hours held, `ResourceId` = GPU UUID, `x_Team`, `x_Project`,
+  `x_JobId`, `x_GpuUuid`;
+- Usage, one per job attempt, owned GPU and month for measured power;
+- Usage, idle: one per GPU and segment for the time no job held it, and one
+  per owned GPU and month for power drawn while idle (`x_Idle` = true);
+- Purchase, Recurring: one per leased GPU and month of its term overlapping
+  the window, `BilledCost` = the monthly fee (owed whatever the use),
+  `EffectiveCost` 0: that fee reaches usage and idle rows as their
+  `EffectiveCost`.
+
+Amortized costs (owned purchase, lease fees) appear as `EffectiveCost` with
+`BilledCost` 0 on usage rows; cloud time and power are billed as used. So the
+sum of `EffectiveCost` is the fleet cost of the window, and each `BilledCost`
+is what an invoice said. Money is kept to 1e-6 USD (the rounding rule in
+allocation.py); times are UTC, `YYYY-MM-DDTHH:MM:SSZ`, usage periods widened
+to whole seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+
+from .allocation import Chargeback, EnergyUse, Interval, JobInfo
+from .ownership import GpuCost, from_ms, lease_term, month_start, next_month, to_ms
+from .pricing import MICRO
+
+MS_PER_HOUR = Decimal(3_600_000)
+J_PER_KWH = Decimal(3_600_000)
+
+FOCUS_COLUMNS = [
+    "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency", "BillingPeriodEnd",
+    "BillingPeriodStart", "ChargeCategory", "ChargeClass", "ChargeDescription", "ChargeFrequency",
+    "ChargePeriodEnd", "ChargePeriodStart", "ConsumedQuantity", "ConsumedUnit", "ContractedCost",
+    "ContractedUnitPrice", "EffectiveCost", "InvoiceIssuerName", "ListCost", "ListUnitPrice", "PricingCategory",
+    "PricingQuantity", "PricingUnit", "ProviderName", "PublisherName", "RegionId", "RegionName", "ResourceId",
+    "ResourceName", "ResourceType", "ServiceCategory", "ServiceName", "SkuId", "Tags",
+    "x_Team", "x_Project", "x_JobId", "x_Attempt", "x_GpuUuid", "x_GpuModel", "x_Ownership", "x_Pool", "x_Idle",
+]
+
+
+def _q(x: Decimal) -> Decimal:
+    return x.quantize(MICRO, rounding=ROUND_HALF_EVEN)
+
+
+def _t(ms: int, up: bool = False) -> str:
+    """FOCUS date-time: whole seconds, UTC, `Z`."""
+    secs = -(-ms // 1000) if up else ms // 1000
+    return from_ms(secs * 1000).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _d(x: Decimal | None) -> str | None:
+    return None if x is None else format(x.normalize() if x == x.to_integral() else x, "f")
+
+
+class FocusContext:
+    """Account names and who issues the invoice for each ownership."""
+
+    def __init__(self, account_id: str = "whaleflux", account_name: str = "WhaleFlux GPU fleet", owner: str = "WhaleFlux"):
+        self.account_id = account_id
+        self.account_name = account_name
+        self.owner = owner
+
+    def issuer(self, gc: GpuCost) -> str:
+        t = gc.terms
+        if t.ownership == "leased":
+            return t.lease_provider or "lessor"
+        if t.ownership == "cloud":
+            return t.cluster or "cloud provider"
+        return self.owner
+
+
+def _base(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int) -> dict:
+    t = gc.terms
+    period = month_start(from_ms(start_ms))
+    return {
+        "BillingAccountId": ctx.account_id, "BillingAccountName": ctx.account_name, "BillingCurrency": "USD",
+        "BillingPeriodStart": _t(to_ms(period)), "BillingPeriodEnd": _t(to_ms(next_month(period))),
+        "ChargeClass": None, "ChargePeriodStart": _t(start_ms), "ChargePeriodEnd": _t(end_ms, up=True),
+        "InvoiceIssuerName": ctx.issuer(gc), "ProviderName": ctx.issuer(gc), "PublisherName": ctx.issuer(gc),
+        "PricingCategory": {"cloud": "Standard", "leased": "Committed", "unknown": "Standard"}.get(t.ownership, "Other"),
+        "RegionId": t.site, "RegionName": t.site, "ResourceId": t.uuid,
+        "ResourceName": f"{t.node}/{t.uuid}" if t.node else t.uuid, "ResourceType": "GPU",
+        "ServiceCategory": "Compute", "ServiceName": "GPU compute", "SkuId": f"{t.model}-{t.ownership}",
+        "x_GpuUuid": t.uuid, "x_GpuModel": t.model, "x_Ownership": t.ownership, "x_Pool": t.pool,
+    }
+
+
+def _usage(ctx, gc, start_ms, end_ms, ms: int, rate: Decimal, list_rate: Decimal | None, cost: Decimal,
+           description: str, job: JobInfo | None) -> dict:
+    hours = _q(Decimal(ms) / MS_PER_HOUR)
+    unit = _q(rate * MS_PER_HOUR)
+    billed = cost if gc.terms.ownership in ("cloud", "unknown") else Decimal(0)
+    lst = list_rate if list_rate is not None else unit
+    tags = {} if job is None else {"team": job.team, "project": job.project, "job": job.job_id}
+    return {
+        **_base(ctx, gc, start_ms, end_ms), "ChargeCategory": "Usage", "ChargeFrequency": "Usage-Based",
+        "ChargeDescription": description, "BilledCost": billed, "EffectiveCost": cost,
+        "ContractedUnitPrice": unit, "ContractedCost": cost, "ListUnitPrice": lst, "ListCost": _q(lst * hours),
+        "PricingQuantity": hours, "PricingUnit": "GPU-Hours", "ConsumedQuantity": hours, "ConsumedUnit": "GPU-Hours",
+        "Tags": tags, "x_Team": job.team if job else None, "x_Project": job.project if job else None,
+        "x_JobId": job.job_id if job else None, "x_Attempt": job.attempt if job else None, "x_Idle": job is None,
+    }
+
+
+def _power(ctx, gc, month: datetime, window: tuple[int, int], kwh: Decimal, cost: Decimal, job: JobInfo | None) -> dict:
+    start = max(to_ms(month), window[0])
+    end = min(to_ms(next_month(month)), window[1])
+    tags = {} if job is None else {"team": job.team, "project": job.project, "job": job.job_id}
+    price = _q(cost / kwh) if kwh else Decimal(0)
+    return {
+        **_base(ctx, gc, start, end), "ChargeCategory": "Usage", "ChargeFrequency": "Usage-Based",
+        "ChargeDescription": f"power for {gc.terms.model} {'while idle' if job is None else 'job ' + job.job_id}",
+        "BilledCost": cost, "EffectiveCost": cost, "ContractedUnitPrice": price, "ContractedCost": cost,
+        "ListUnitPrice": price, "ListCost": cost, "PricingQuantity": _q(kwh), "PricingUnit": "kWh",
+        "ConsumedQuantity": _q(kwh), "ConsumedUnit": "kWh", "Tags": tags, "SkuId": f"{gc.terms.model}-power",
+        "x_Team": job.team if job else None, "x_Project": job.project if job else None,
+        "x_JobId": job.job_id if job else None, "x_Attempt": job.attempt if job else None, "x_Idle": job is None,
+    }
+
+
+def _lease_purchases(ctx, gc: GpuCost, start_ms: int, end_ms: int) -> list[dict]:
+    """One recurring purchase row per calendar month of the lease term that overlaps the window."""
+    t = gc.terms
+    if t.ownership != "leased" or not gc.segments:
+        return []
+    if t.lease_start:
+        term_start, term_end = (to_ms(x) for x in lease_term(t))
+    else:
+        term_start, term_end = gc.segments[0].start_ms, gc.segments[-1].end_ms
+    rows = []
+    m = month_start(from_ms(max(start_ms, term_start)))
+    while to_ms(m) < min(end_ms, term_end):
+        lo, hi = max(to_ms(m), term_start), min(to_ms(next_month(m)), term_end)
+        month_ms = to_ms(next_month(m)) - to_ms(m)
+        fee = gc.segments[0].usd_per_ms * month_ms  # the lease's monthly price
+        fee = next((s.usd_per_ms * month_ms for s in gc.segments if s.start_ms <= lo < s.end_ms), fee)
+        qty = _q(Decimal(hi - lo) / Decimal(month_ms))
+        billed = _q(fee * qty)
+        rows.append({
+            **_base(ctx, gc, lo, hi), "ChargeCategory": "Purchase", "ChargeFrequency": "Recurring",
+            "ChargeDescription": f"lease {t.lease_contract or ''} {t.model} GPU, {m:%B %Y}".replace("  ", " "),
+            "BilledCost": billed, "EffectiveCost": Decimal(0), "ContractedUnitPrice": _q(fee), "ContractedCost": billed,
+            "ListUnitPrice": _q(fee), "ListCost": billed, "PricingQuantity": qty, "PricingUnit": "GPU-Months",
+            "ConsumedQuantity": None, "ConsumedUnit": None, "Tags": {}, "x_Team": None, "x_Project": None,
+            "x_JobId": None, "x_Attempt": None, "x_Idle": False,
+        })
+        m = next_month(m)
+    return rows
+
+
+def focus_rows(
+    intervals: list[Interval], jobs: dict[str, JobInfo], gpus: dict[str, GpuCost], start_ms: int, end_ms: int,
+    energy: list[EnergyUse] = (), kwh_price: dict[tuple[str, int], Decimal] | None = None,
+    ctx: FocusContext | None = None,
+) -> list[dict]:
+    """FOCUS 1.2 rows for [start_ms, end_ms); values are Decimals, strings, dicts (Tags) or None."""
+    ctx = ctx or FocusContext()
+    rows: list[dict] = []
+    used: dict[tuple[str, int], Decimal] = defaultdict(Decimal)  # (gpu, segment index) -> allocated cost
+    used_ms: dict[tuple[str, int], int] = defaultdict(int)
+    for iv in sorted(intervals, key=lambda i: (i.gpu, i.start_ms, i.job)):
+        s, e = max(iv.start_ms, start_ms), min(iv.end_ms, end_ms)
+        if e <= s:
+            continue
+        gc = gpus[iv.gpu]
+        for k, seg in enumerate(gc.segments):
+            lo, hi = max(s, seg.start_ms), min(e, seg.end_ms)
+            if hi <= lo:
+                continue
+            cost = _q((hi - lo) * seg.usd_per_ms)
+            used[(iv.gpu, k)] += cost
+            used_ms[(iv.gpu, k)] += hi - lo
+            job = jobs[iv.job]
+            rows.append(_usage(ctx, gc, lo, hi, hi - lo, seg.usd_per_ms, seg.list_usd_per_hour, cost,
+                               f"{job.model} GPU for job {job.job_id} attempt {job.attempt}", job))
+    for uuid, gc in sorted(gpus.items()):
+        if gc.usage_only:
+            continue
+        for k, seg in enumerate(gc.segments):
+            lo, hi = max(start_ms, seg.start_ms), min(end_ms, seg.end_ms)
+            if hi <= lo:
+                continue
+            idle = _q((hi - lo) * seg.usd_per_ms) - used[(uuid, k)]
+            idle_ms = hi - lo - used_ms[(uuid, k)]
+            if idle == 0 and idle_ms <= 0:
+                continue
+            rows.append(_usage(ctx, gc, lo, hi, max(idle_ms, 0), seg.usd_per_ms, seg.list_usd_per_hour, idle,
+                               f"idle {gc.terms.model} GPU ({gc.terms.ownership}, pool {gc.terms.pool})", None))
+        rows.extend(_lease_purchases(ctx, gc, start_ms, end_ms))
+    # Power: per job attempt (or idle), GPU and month.
+    prices = kwh_price or {}
+    power: dict[tuple[str, str | None, datetime], list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])
+    for use in energy:
+        price = prices.get((use.gpu, use.hour_ms))
+        if price is None or use.gpu not in gpus or not start_ms <= use.hour_ms < end_ms:
+            continue
+        month = month_start(from_ms(use.hour_ms))
+        total = _q(Decimal(repr(use.total_j)) * price / J_PER_KWH)
+        spent, joules = Decimal(0), Decimal(0)
+        for job, j in use.by_job:
+            if job not in jobs:
+                continue
+            c = _q(Decimal(repr(j)) * price / J_PER_KWH)
+            acc = power[(use.gpu, job, month)]
+            acc[0] += Decimal(repr(j)) / J_PER_KWH
+            acc[1] += c
+            spent += c
+            joules += Decimal(repr(j))
+        acc = power[(use.gpu, None, month)]
+        acc[0] += (Decimal(repr(use.total_j)) - joules) / J_PER_KWH
+        acc[1] += total - spent
+    for (gpu, job, month), (kwh, cost) in sorted(power.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])):
+        if cost == 0 and kwh <= 0:
+            continue
+        rows.append(_power(ctx, gpus[gpu], month, (start_ms, end_ms), kwh, cost, jobs.get(job) if job else None))
+    return rows
+
+
+def focus_csv(rows: list[dict]) -> str:
+    """FOCUS rows as CSV: Decimals plain, Tags as a JSON object, nulls empty."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=FOCUS_COLUMNS, extrasaction="raise", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: _cell(r.get(k)) for k in FOCUS_COLUMNS})
+    return buf.getvalue()
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, Decimal):
+        return format(v, "f")
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    return str(v)
+
+
+def focus_json(rows: list[dict]) -> list[dict]:
+    return [{k: (format(r.get(k), "f") if isinstance(r.get(k), Decimal) else r.get(k)) for k in FOCUS_COLUMNS} for r in rows]
+
+
+def jobs_csv(cb: Chargeback) -> str:
+    """One line per job attempt, then one idle line per pool and model; amounts exact to 1e-6 USD."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["kind", "job_id", "attempt", "team", "project", "model", "pool", "gpu_hours", "fixed_usd", "power_usd",
+                "cost_usd", "efficiency_pct"])
+    for key in sorted(cb.jobs):
+        j = cb.jobs[key]
+        w.writerow(["job", j.info.job_id, j.info.attempt, j.info.team, j.info.project, j.info.model, "",
+                    format(_q(Decimal(j.gpu_ms) / MS_PER_HOUR), "f"), format(j.fixed_usd, "f"),
+                    format(j.power_usd, "f"), format(j.usd, "f"),
+                    "" if j.util_mean is None else f"{j.util_mean:.1f}"])
+    for (pool, model), g in sorted(cb.groups.items()):
+        w.writerow(["idle", "", "", "", "", model, pool,
+                    format(_q(Decimal(g.capacity_ms - g.allocated_ms) / MS_PER_HOUR), "f"), "", "",
+                    format(g.idle_usd, "f"), ""])
+    return buf.getvalue()

@@ -137,6 +137,16 @@ class NodeHeartbeat(EventData):
     running_jobs: list[str] = Field(default_factory=list)
 
 
+class NodeDrainRequested(EventData):
+    """Take no new work on the node and move its jobs elsewhere (alerting, an operator)."""
+
+    event_name: ClassVar[str] = "node.drain_requested"
+    cluster: Token
+    node: Token
+    reason: str
+    fingerprint: str | None = Field(None, description="the alert that asked for it, if any")
+
+
 # --------------------------------------------------------------------------- jobs
 
 
@@ -156,6 +166,22 @@ class JobSubmitted(EventData):
     min_memory_mib: NonNeg = 0
     expected_runtime_s: Annotated[float, Field(gt=0)] | None = Field(None, description="the submitter's estimate, if any")
     submitted_by: str | None = None
+    # Added in v1 before release; all optional with defaults.
+    workload_class: Literal["llm-train", "finetune", "inference", "small"] = Field(
+        "small", description="what kind of work: picks the GPU model that runs it fastest"
+    )
+    priority: Literal["high", "normal", "low"] = "normal"
+    preemptible: bool = Field(False, description="may be stopped (SIGTERM, grace, then requeued) for higher-priority work")
+    checkpoint_dir: str | None = Field(
+        None, description="passed as WHALEFLUX_CHECKPOINT_DIR; default <agent home>/checkpoints/<job_id>"
+    )
+    resume: Literal["checkpoint", "restart"] = Field(
+        "checkpoint", description="after a preemption or failover: resume from the checkpoint dir, or start over"
+    )
+    nvlink: bool = Field(False, description="all GPUs on one node whose GPUs are joined by NVLink")
+    labels: dict[Name, Name] = Field(default_factory=dict, description="placement constraints, e.g. {\"pool\": \"onprem\"}")
+    service: Name | None = Field(None, description="inference service name: its replicas are spread across nodes")
+    restart_on_failure: bool = Field(False, description="requeue the job when it exits non-zero or fails")
 
 
 class JobPlaced(EventData):
@@ -172,6 +198,37 @@ class JobPlaced(EventData):
     workdir: str | None = None
     team: Name
     project: Name
+    # Added in v1 before release: where the job keeps checkpoints, and whether this attempt resumes.
+    checkpoint_dir: str | None = None
+    resume: bool = False
+
+
+class JobPreempted(EventData):
+    """Stop this attempt of the job on its node (SIGTERM, grace, SIGKILL); the scheduler has requeued it.
+
+    Sent for preemption by a higher-priority job, a drained node, and to fence a
+    node declared lost that comes back still running the job.
+    """
+
+    event_name: ClassVar[str] = "job.preempted"
+    job_id: JobId
+    attempt: int = Field(ge=1)
+    cluster: Token
+    node: Token
+    reason: str
+    grace_s: float = Field(5.0, ge=0, le=3600)
+
+
+class JobRequeued(EventData):
+    """The job went back to the queue; its next placement is attempt `attempt + 1`."""
+
+    event_name: ClassVar[str] = "job.requeued"
+    job_id: JobId
+    attempt: int = Field(ge=1, description="the attempt that was stopped or lost")
+    cluster: Token
+    node: Token
+    reason: str
+    cause: Literal["preempted", "node_lost", "node_drained", "restart_on_failure"]
 
 
 class JobStarted(EventData):
@@ -281,12 +338,15 @@ EVENT_MODELS: tuple[type[EventData], ...] = (
     GpuTelemetry,
     NodeRegistered,
     NodeHeartbeat,
+    NodeDrainRequested,
     JobSubmitted,
     JobPlaced,
     JobStarted,
     JobFinished,
     JobFailed,
     JobRejected,
+    JobPreempted,
+    JobRequeued,
     LeaseExpiring,
     LeaseExpired,
     AlertRaised,

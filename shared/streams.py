@@ -104,10 +104,20 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         # Job names, teams and GPUs, so samples and /metrics carry job labels and per-job usage.
         _c("telemetry-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED),
         _c("scheduler-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED),
-        _c("scheduler-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>"),
+        _c("scheduler-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_DRAIN_REQUESTED}.>"),
+        # Liveness only matters now: start at new heartbeats, and skip the per-event dedup
+        # marker (one per node per second); recording the latest time twice changes nothing.
+        _c("scheduler-heartbeats", "WHALEFLUX_NODES", f"{s.NODE_HEARTBEAT}.>", deliver_new=True, batch=256, dedup=False),
         _c("alerting-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
         _c("alerting-notify", "WHALEFLUX_ALERTS", f"{s.ALERT_RAISED}", f"{s.ALERT_RESOLVED}"),
+        # Topology (rack, pool) from registrations, liveness from heartbeats: idempotent, no id dedup.
+        _c("alerting-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
+        # Event rules: live only, so a replay never re-raises last month's failures.
+        _c("alerting-jobs", "WHALEFLUX_JOBS", s.JOB_FAILED, s.JOB_REJECTED, deliver_new=True),
+        _c("alerting-leases", "WHALEFLUX_LEASES", s.LEASE_EXPIRING, s.LEASE_EXPIRED, deliver_new=True),
         _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, f"{s.JOB_PLACED}.>"),
+        # Measured energy for power cost; counters are cumulative, so a redelivered sample adds nothing.
+        _c("billing-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
         _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
         _c("inventory-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_REJECTED, f"{s.JOB_PLACED}.>", s.JOB_FINISHED, s.JOB_FAILED),
         _c("inventory-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
@@ -122,4 +132,12 @@ def agent_consumer(cluster: str, node: str) -> ConsumerSpec:
     placements of an earlier node of the same name. Afterwards the durable
     consumer resumes where the agent left off.
     """
-    return _c(f"agent-{s.token(cluster)}-{s.token(node)}", "WHALEFLUX_JOBS", s.job_placed(cluster, node), deliver_new=True)
+    # Placements and stop orders on one consumer: the agent handles them in the order
+    # the scheduler published them (a preempted job stops before its GPUs are reused).
+    return _c(
+        f"agent-{s.token(cluster)}-{s.token(node)}",
+        "WHALEFLUX_JOBS",
+        s.job_placed(cluster, node),
+        s.job_preempted(cluster, node),
+        deliver_new=True,
+    )

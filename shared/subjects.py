@@ -20,6 +20,8 @@ JOB_STARTED = "job.started"
 JOB_FINISHED = "job.finished"
 JOB_FAILED = "job.failed"
 JOB_REJECTED = "job.rejected"
+JOB_PREEMPTED = "job.preempted"
+JOB_REQUEUED = "job.requeued"
 LEASE_EXPIRING = "lease.expiring"
 LEASE_EXPIRED = "lease.expired"
 ALERT_RAISED = "alert.raised"
@@ -49,6 +51,15 @@ def node_heartbeat(cluster: str, node: str) -> str:
 def job_placed(cluster: str, node: str) -> str:
     """Placements carry the node so each agent consumes only its own."""
     return f"{JOB_PLACED}.{token(cluster)}.{token(node)}"
+
+
+def job_preempted(cluster: str, node: str) -> str:
+    """Stop orders carry the node, like placements, so the node's agent consumes them in order with its placements."""
+    return f"{JOB_PREEMPTED}.{token(cluster)}.{token(node)}"
+
+
+def node_drain_requested(cluster: str, node: str) -> str:
+    return f"{NODE_DRAIN_REQUESTED}.{token(cluster)}.{token(node)}"
 
 
 def deadletter(subject: str) -> str:

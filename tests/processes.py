@@ -77,13 +77,17 @@ class Cluster:
         self.procs[name] = proc.start()
         return proc
 
-    def agent(self, *nodes: str, interval_s: float = 1.0) -> Proc:
+    def agent(self, *nodes: str, interval_s: float = 1.0, name: str = "agent", http: bool = False) -> Proc:
+        """An agent process for the nodes; `name` tells several apart, `http` gives it a port (fault injection)."""
         argv = [sys.executable, "-m", "whaleflux", "agent"]
         for node in nodes:
             argv += ["--node", node]
         env = {**self.base_env, "WHALEFLUX_INTERVAL_S": str(interval_s)}
-        proc = Proc("agent", argv, env, self.log_dir / "agent.log")
-        self.procs["agent"] = proc.start()
+        port = free_port() if http else None
+        if port:
+            env["WHALEFLUX_HTTP_PORT"] = str(port)
+        proc = Proc(name, argv, env, self.log_dir / f"{name}.log", port)
+        self.procs[name] = proc.start()
         return proc
 
     def cli_env(self) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 import uuid
@@ -121,6 +122,17 @@ def submit(
     team: str = "default",
     project: str = "default",
     env: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE for the job's environment")] = None,
+    workdir: Annotated[Optional[str], typer.Option(help="working directory of the command on the node")] = None,
+    workload: Annotated[str, typer.Option(help="llm-train | finetune | inference | small (picks the fastest GPU model)")] = "small",
+    priority: Annotated[str, typer.Option(help="high | normal | low")] = "normal",
+    preemptible: Annotated[bool, typer.Option(help="may be stopped for higher-priority work, then resumed")] = False,
+    checkpoint_dir: Annotated[Optional[str], typer.Option(help="WHALEFLUX_CHECKPOINT_DIR; default per job under the agent's home")] = None,
+    restart: Annotated[bool, typer.Option("--restart", help="after a preemption or failover start over instead of resuming")] = False,
+    nvlink: Annotated[bool, typer.Option(help="all GPUs on one NVLink node")] = False,
+    label: Annotated[Optional[list[str]], typer.Option(help="placement constraint KEY=VALUE, e.g. pool=onprem")] = None,
+    service: Annotated[Optional[str], typer.Option(help="inference service name (replicas spread across nodes)")] = None,
+    replicas: Annotated[int, typer.Option(min=1, max=64, help="inference service replicas: one job each")] = 1,
+    restart_on_failure: Annotated[bool, typer.Option(help="requeue the job when it fails")] = False,
     wait: Annotated[bool, typer.Option(help="wait until the job ends and show its cost")] = False,
 ) -> None:
     """Submit a job:  whaleflux submit --gpus 1 -- python train.py"""
@@ -130,29 +142,52 @@ def submit(
         if not sep or not key:
             _fail(f"--env {item!r}: expected KEY=VALUE")
         environment[key] = value
+    labels = {}
+    for item in label or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(f"--label {item!r}: expected KEY=VALUE")
+        labels[key] = value
     job_id = uuid.uuid4().hex[:12]
+    # Replicas of a service are one job each, `<id>-r<i>`, spread across nodes by the scheduler.
+    ids = [job_id] if replicas == 1 else [f"{job_id}-r{i}" for i in range(replicas)]
     try:
-        data = JobSubmitted(
-            job_id=job_id,
-            name=name or " ".join(command)[:128],
-            team=team,
-            project=project,
-            command=command,
-            env=environment,
-            gpus=gpus,
-            gpu_models=model or [],
-            min_memory_mib=min_memory_gb * 1024,
-            expected_runtime_s=expected_hours * 3600 if expected_hours else None,
-            submitted_by="cli",
-        )
+        jobs = [
+            JobSubmitted(
+                job_id=one,
+                name=name or " ".join(command)[:128],
+                team=team,
+                project=project,
+                command=command,
+                env=environment,
+                workdir=workdir,
+                gpus=gpus,
+                gpu_models=model or [],
+                min_memory_mib=min_memory_gb * 1024,
+                expected_runtime_s=expected_hours * 3600 if expected_hours else None,
+                submitted_by="cli",
+                workload_class=workload,
+                priority=priority,
+                preemptible=preemptible,
+                checkpoint_dir=checkpoint_dir,
+                resume="restart" if restart else "checkpoint",
+                nvlink=nvlink,
+                labels=labels,
+                service=service or (job_id if replicas > 1 else None),
+                restart_on_failure=restart_on_failure,
+            )
+            for one in ids
+        ]
     except ValueError as exc:
         _fail(str(exc))
+    data = jobs[0]
     conn = Connection.discover()
 
     async def _publish() -> None:
         bus = await conn.bus()
         try:
-            await bus.publish(subjects.JOB_SUBMITTED, data, subject=job_id, correlation_id=job_id)
+            for one in jobs:
+                await bus.publish(subjects.JOB_SUBMITTED, one, subject=one.job_id, correlation_id=one.job_id)
         finally:
             await bus.close()
 
@@ -160,9 +195,10 @@ def submit(
         asyncio.run(_publish())
     except ClientError as exc:
         _fail(str(exc))
-    console.print(f"submitted job [bold]{job_id}[/bold]")
+    for one in jobs:
+        console.print(f"submitted job [bold]{one.job_id}[/bold]")
     if wait:
-        _wait_for(conn, job_id)
+        _wait_for(conn, data.job_id)
 
 
 def _wait_for(conn: Connection, job_id: str, timeout_s: float = 3600) -> None:
@@ -247,18 +283,49 @@ def jobs_show(job_id: str) -> None:
         _show_cost(conn, job_id)
 
 
-@app.command()
-def costs(by: Annotated[str, typer.Option(help="job | team | project | model")] = "team") -> None:
-    """Metered GPU-hours and cost."""
+@jobs_app.command("why")
+def jobs_why(job_id: str) -> None:
+    """Why a job waits (what it needs, the largest free block, jobs ahead), or where and why it runs."""
     try:
-        report = Connection.discover().get("billing", "/v1/costs", by=by)
+        answer = Connection.discover().get("scheduler", f"/v1/jobs/{job_id}/why")
     except ClientError as exc:
         _fail(str(exc))
-    table = Table(by, "jobs", "GPU-hours", "cost (USD)")
-    for row in report["rows"]:
-        table.add_row(row["key"], str(row["jobs"]), str(row["gpu_hours"]), f"{row['cost_usd']}")
-    console.print(table)
-    console.print(f"total: ${report['total_usd']}  (reference on-demand prices; see `rates` in /v1/costs)")
+    console.print(f"{job_id}: {answer['state']} (attempt {answer['attempt']})")
+    console.print(escape(answer["why"]), soft_wrap=True)
+
+
+@jobs_app.command("logs")
+def jobs_logs(
+    job_id: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new output until the job ends")] = False,
+    attempt: Annotated[Optional[int], typer.Option(min=1, help="which attempt; default the latest")] = None,
+) -> None:
+    """A job's output. Reads the agent's log files under WHALEFLUX_HOME/jobs, so it works where the agent runs
+    (one machine, e.g. `whaleflux up`), not yet for an agent on another host."""
+    from .job_logs import follow_log, latest_attempt, log_path
+
+    conn = Connection.discover()
+
+    def state() -> tuple[str | None, int | None]:
+        try:
+            job = conn.get("scheduler", f"/v1/jobs/{job_id}")
+            return job["state"], job["attempt"] or None
+        except ClientError:
+            return None, None
+
+    current, known = state()
+    which = attempt or known or latest_attempt(job_id)
+    if which is None or not log_path(job_id, which).exists():
+        _fail(f"no log for job {job_id} yet under {log_path(job_id, which or 1).parent}" + (f" (job is {current})" if current else ""))
+    if not follow:
+        sys.stdout.write(log_path(job_id, which).read_text(errors="replace"))
+        return
+    follow_log(job_id, which, state, fixed_attempt=attempt is not None, terminal=TERMINAL)
+
+
+from .costs_view import costs_app  # noqa: E402  (grouped with its subcommand `tco`)
+
+app.add_typer(costs_app, name="costs")
 
 
 @app.command()
@@ -298,16 +365,103 @@ def simulate(
         console.print(teams)
 
 
-@app.command()
-def alerts() -> None:
-    """Alerts firing now."""
+alerts_app = typer.Typer(help="Alerts firing now; acknowledge, silence, incidents, notification log.", invoke_without_command=True)
+app.add_typer(alerts_app, name="alerts")
+silence_app = typer.Typer(help="Mute alerts by label matchers for a while.", invoke_without_command=True)
+alerts_app.add_typer(silence_app, name="silence")
+
+
+def _alerting_get(path: str, **params):
     try:
-        rows = Connection.discover().get("alerting", "/v1/alerts")
+        return Connection.discover().get("alerting", path, **params)
     except ClientError as exc:
         _fail(str(exc))
-    table = Table("since", "severity", "rule", "summary")
+
+
+def _alerting_post(path: str, body: dict):
+    try:
+        return Connection.discover().post_admin("alerting", path, body)
+    except ClientError as exc:
+        _fail(str(exc))
+
+
+@alerts_app.callback()
+def alerts(ctx: typer.Context) -> None:
+    """Alerts firing now, with their incident and whether they are acknowledged or muted."""
+    if ctx.invoked_subcommand:
+        return
+    rows = _alerting_get("/v1/alerts")
+    table = Table("since", "severity", "rule", "summary", "fingerprint", "incident", "state")
     for a in rows:
-        table.add_row(a["starts_at"][:19], a["severity"], a["rule"], a["summary"])
+        state = "acked" if a.get("acknowledged") else "silenced" if a.get("silenced_by") else "inhibited" if a.get("inhibited") else ""
+        table.add_row(a["starts_at"][:19], a["severity"], a["rule"], escape(a["summary"]), a["fingerprint"],
+                      a.get("incident") or "", state)
+    console.print(table)
+
+
+@alerts_app.command("ack")
+def alerts_ack(
+    fingerprint: str,
+    by: Annotated[str, typer.Option(help="who acknowledges")] = os.environ.get("USER", "cli"),
+    comment: Annotated[str, typer.Option()] = "",
+) -> None:
+    """Acknowledge a firing alert: no repeats; PagerDuty gets `acknowledge`."""
+    _alerting_post(f"/v1/alerts/{fingerprint}/ack", {"by": by, "comment": comment})
+    console.print(f"acknowledged {fingerprint}")
+
+
+@silence_app.callback()
+def silences(ctx: typer.Context) -> None:
+    """List silences."""
+    if ctx.invoked_subcommand:
+        return
+    table = Table("id", "state", "matchers", "starts", "ends", "by", "comment")
+    for s in _alerting_get("/v1/silences"):
+        table.add_row(s["id"], s["state"], escape(" ".join(s["matchers"])), s["starts_at"][:19], s["ends_at"][:19],
+                      s["created_by"], escape(s["comment"]))
+    console.print(table)
+
+
+@silence_app.command("add")
+def silence_add(
+    matchers: Annotated[list[str], typer.Argument(help='e.g. Hostname="h100-01" alertname=~"GPU.*"')],
+    comment: Annotated[str, typer.Option(help="why")],
+    duration: Annotated[str, typer.Option(help="how long: 30m, 2h, 1d")] = "2h",
+    author: Annotated[str, typer.Option(help="who")] = os.environ.get("USER", "cli"),
+) -> None:
+    """Mute alerts whose labels match every matcher, from now for --duration."""
+    s = _alerting_post("/v1/silences", {"matchers": matchers, "duration": duration, "created_by": author, "comment": comment})
+    console.print(f"silence {s['id']} until {s['ends_at'][:19]}")
+
+
+@silence_app.command("expire")
+def silence_expire(silence_id: str) -> None:
+    """End a silence now."""
+    _alerting_post(f"/v1/silences/{silence_id}/expire", {})
+    console.print(f"expired {silence_id}")
+
+
+@alerts_app.command("incidents")
+def alerts_incidents() -> None:
+    """Incidents: correlated alerts, firing count, nodes drained."""
+    table = Table("id", "opened", "title", "firing", "members", "open", "drained")
+    for i in _alerting_get("/v1/incidents"):
+        table.add_row(i["id"], str(i["opened_at"])[:19], escape(i["title"]), str(i["firing"]), str(i["members"]),
+                      "yes" if i["open"] else "no", ", ".join(i["drained_nodes"]))
+    console.print(table)
+
+
+@alerts_app.command("notifications")
+def alerts_notifications(
+    receiver: Annotated[Optional[str], typer.Option()] = None,
+    status: Annotated[Optional[str], typer.Option(help="delivered, rejected, failed, skipped, pending")] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 50,
+) -> None:
+    """The notification log, newest first."""
+    table = Table("finished", "receiver", "status", "what", "attempts", "latency ms", "title")
+    for e in _alerting_get("/v1/notifications", receiver=receiver, status=status, limit=limit):
+        table.add_row(str(e.get("finished_at") or e.get("created_at"))[:19], e["receiver"], e["status"],
+                      e["notification_status"], str(e["attempts"]), str(e.get("latency_ms", "")), escape(e.get("title", "")))
     console.print(table)
 
 

@@ -20,6 +20,7 @@ from whaleflux.shared.events import (
     JobFailed,
     JobFinished,
     JobPlaced,
+    JobPreempted,
     JobStarted,
     NodeHeartbeat,
     NodeRegistered,
@@ -54,6 +55,7 @@ class NodeAgent:
         self.jobs: dict[tuple[str, int], runner.RunningJob] = {}
         self._tasks: list[asyncio.Task] = []
         self._waiters: list[asyncio.Task] = []  # one per running job: reports how it ended
+        self._stops: dict[tuple[str, int], asyncio.Task] = {}  # jobs being stopped (preempted), by (job, attempt)
         self._seq = 0
         # Fault injection "node goes silent": no telemetry or heartbeat until then (None: not silent).
         self.silent_until: datetime | None = None
@@ -79,7 +81,7 @@ class NodeAgent:
                 gpus=self.backend.identities(),
             ),
         )
-        self.bus.start_consumer(placements, self.on_placed, None, "")
+        self.bus.start_consumer(placements, self.on_order, None, "")
         self._tasks.append(asyncio.create_task(self._telemetry_loop(), name=f"telemetry-{self.node.name}"))
         log.info("agent.node_started", node=self.node.name, gpus=len(self.backend.identities()))
 
@@ -120,10 +122,48 @@ class NodeAgent:
         heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq, running_jobs=sorted({k[0] for k in self.jobs}))
         await self.bus.publish_envelope(subjects.node_heartbeat(cluster, name), make_envelope(heartbeat, source=self.source, time=now))
 
+    async def on_order(self, env: Envelope, data: EventData) -> None:
+        """Placements and stop orders for this node, in the order the scheduler sent them."""
+        if isinstance(data, JobPlaced):
+            await self.on_placed(env, data)
+        elif isinstance(data, JobPreempted):
+            await self.on_preempted(env, data)
+
+    async def on_preempted(self, env: Envelope, order: JobPreempted) -> None:
+        """Stop the job (SIGTERM to its process group, SIGKILL after the grace period).
+
+        Any attempt up to the ordered one is stopped: a node declared lost that
+        comes back may still run an older attempt the scheduler has moved away.
+        The stop runs in the background; its waiter reports job.finished with the
+        signal's exit code, and a later placement on the same GPUs waits for it.
+        """
+        for key, job in list(self.jobs.items()):
+            if key[0] == order.job_id and key[1] <= order.attempt:
+                self._stop_in_background(key, job, order.grace_s)
+                log.info("job.preempting", job_id=order.job_id, attempt=key[1], reason=order.reason, grace_s=order.grace_s)
+
+    def _stop_in_background(self, key: tuple[str, int], job: runner.RunningJob, grace_s: float) -> asyncio.Task:
+        task = self._stops.get(key)
+        if task is None:
+            task = self._stops[key] = asyncio.create_task(runner.stop(job, grace_s=grace_s))
+            task.add_done_callback(lambda _t: self._stops.pop(key, None))
+        return task
+
     async def on_placed(self, env: Envelope, placed: JobPlaced) -> None:
         key = (placed.job_id, placed.attempt)
         if key in self.jobs:
             return  # redelivered placement: the job already runs here
+        # The scheduler gave these GPUs to a new job, so whatever holds them here was
+        # preempted or moved away: it stops before the new job starts, never shares them.
+        wanted = set(placed.gpu_uuids)
+        holders = [(k, j) for k, j in self.jobs.items() if k != key and wanted & set(j.placed.gpu_uuids)]
+        if holders:
+            await asyncio.gather(*(self._stop_in_background(k, j, 5.0) for k, j in holders), return_exceptions=True)
+            # Let their waiters hand the GPUs back to the backend before the new job takes them.
+            for _ in range(200):
+                if not any(k in self.jobs for k, _ in holders):
+                    break
+                await asyncio.sleep(0.01)
         base = dict(cluster=placed.cluster, node=placed.node, job_id=placed.job_id, attempt=placed.attempt)
         try:
             job = await runner.launch(placed, self.log_dir)

@@ -17,10 +17,14 @@ ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
 class DeliveryError(Exception):
-    def __init__(self, reason: str, retryable: bool):
+    """A POST failed; `retryable` says whether trying again can help (5xx, 429, no connection)."""
+
+    def __init__(self, reason: str, retryable: bool, status: int | None = None):
         super().__init__(reason)
         self.reason = reason
         self.retryable = retryable
+        self.status = status
+        self.retry_after_s: float | None = None
 
 
 def _ts(value: datetime) -> str:

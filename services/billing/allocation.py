@@ -45,6 +45,7 @@ class JobInfo:
     team: str
     project: str
     model: str
+    running: bool = False  # not ended yet: held up to the report's end
 
 
 @dataclass(frozen=True)
@@ -57,14 +58,12 @@ class EnergyUse:
     by_job: tuple[tuple[str, float], ...] = ()
 
 
-@dataclass
+@dataclass(slots=True)
 class JobCost:
     info: JobInfo
     gpu_ms: int = 0
     fixed_usd: Decimal = Decimal(0)
     power_usd: Decimal = Decimal(0)
-    # GPU-ms per (pool, model) group, to share that group's idle cost back in proportion to use.
-    group_ms: dict[tuple[str, str], int] = field(default_factory=dict)
     util_mean: float | None = None
 
     @property
@@ -97,6 +96,9 @@ class Chargeback:
     jobs: dict[str, JobCost]
     groups: dict[tuple[str, str], GroupCost]
     notes: list[str] = field(default_factory=list)
+    # Per segment id, job -> GPU-ms, and each segment's (pool, model): to share idle back in proportion to use.
+    accs: list[dict[str, int]] = field(default_factory=list)
+    seg_group: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def fleet_usd(self) -> Decimal:
@@ -160,41 +162,63 @@ def chargeback(
         gpu_segs[uuid] = (starts, ends, ids)
     usage_only = {gid for ident, gid in seg_index.items() if ident[4]}
 
-    acc: dict[tuple[str, int], int] = defaultdict(int)
-    held: dict[str, int] = defaultdict(int)
+    # Hot loop (a million intervals): locals only, one small-dict update per interval in the common
+    # case of an interval inside one rate segment. One dict per segment keeps keys plain strings.
+    accs: list[dict[str, int]] = [{} for _ in seg_rate]
+    uncovered: dict[str, int] = defaultdict(int)  # held outside any segment (before a lease began): no cost
     bisect_right = bisect.bisect_right
     for iv in intervals:
-        s = iv.start_ms if iv.start_ms > start_ms else start_ms
-        e = iv.end_ms if iv.end_ms < end_ms else end_ms
+        s = iv.start_ms
+        e = iv.end_ms
+        if s < start_ms:
+            s = start_ms
+        if e > end_ms:
+            e = end_ms
         if e <= s:
             continue
-        held[iv.job] += e - s
         starts, ends, ids = gpu_segs[iv.gpu]
         i = bisect_right(starts, s) - 1
+        if i >= 0 and e <= ends[i]:
+            d = accs[ids[i]]
+            job = iv.job
+            d[job] = d.get(job, 0) + e - s
+            continue
         if i < 0:
             i = 0
+        covered = 0
         n = len(starts)
         while i < n and starts[i] < e:
             lo = s if s > starts[i] else starts[i]
             hi = e if e < ends[i] else ends[i]
             if hi > lo:
-                acc[(iv.job, ids[i])] += hi - lo
+                d = accs[ids[i]]
+                d[iv.job] = d.get(iv.job, 0) + hi - lo
+                covered += hi - lo
             i += 1
+        if covered < e - s:
+            uncovered[iv.job] += e - s - covered
 
-    out: dict[str, JobCost] = {}
-    for job, ms in held.items():
-        out[job] = JobCost(jobs[job], gpu_ms=ms)
-    for (job, gid), ms in acc.items():
-        jc = out[job]
-        cost = _q(ms * seg_rate[gid])
-        jc.fixed_usd += cost
-        key = seg_group[gid]
-        jc.group_ms[key] = jc.group_ms.get(key, 0) + ms
-        g = groups[key]
-        g.allocated_usd += cost
-        g.allocated_ms += ms
+    zero = Decimal(0)
+    job_fixed: dict[str, Decimal] = {}
+    job_ms: dict[str, int] = dict(uncovered)
+    fixed_get, ms_get = job_fixed.get, job_ms.get
+    for gid, d in enumerate(accs):
+        if not d:
+            continue
+        rate = seg_rate[gid]
+        total_cost, total_ms = zero, 0
+        for job, ms in d.items():
+            cost = (ms * rate).quantize(MICRO, rounding=ROUND_HALF_EVEN)
+            job_fixed[job] = fixed_get(job, zero) + cost
+            job_ms[job] = ms_get(job, 0) + ms
+            total_cost += cost
+            total_ms += ms
+        g = groups[seg_group[gid]]
+        g.allocated_usd += total_cost
+        g.allocated_ms += total_ms
         if gid in usage_only:
-            g.fleet_usd += cost  # no terms known: its fleet cost is its use, never idle
+            g.fleet_usd += total_cost  # no terms known: its fleet cost is its use, never idle
+    out: dict[str, JobCost] = {job: JobCost(jobs[job], ms, job_fixed.get(job, zero)) for job, ms in job_ms.items()}
     for gid, ms in fleet_ms.items():
         groups[seg_group[gid]].fleet_usd += _q(ms * seg_rate[gid])
         groups[seg_group[gid]].capacity_ms += ms
@@ -218,7 +242,7 @@ def chargeback(
     for job, (total, n) in (util or {}).items():
         if job in out and n:
             out[job].util_mean = total / n
-    return Chargeback(start_ms, end_ms, out, groups, list(dict.fromkeys(notes)))
+    return Chargeback(start_ms, end_ms, out, groups, list(dict.fromkeys(notes)), accs, seg_group)
 
 
 def apportion(amounts: list[Decimal], total: Decimal | None = None) -> list[Decimal]:
@@ -266,6 +290,7 @@ class Showback:
     idle_usd: Decimal
     unshared_idle_usd: Decimal
     share_idle: bool
+    running_usd: Decimal = Decimal("0.00")  # attempts still running, when not shown as rows
 
 
 GROUP_KEYS = {
@@ -276,15 +301,23 @@ GROUP_KEYS = {
 }
 
 
-def showback(cb: Chargeback, by: str = "team", share_idle: bool = False) -> Showback:
-    """Group job costs by job, team, project or model; idle per pool and model, optionally shared back by use."""
+def showback(cb: Chargeback, by: str = "team", share_idle: bool = False, running: bool = True) -> Showback:
+    """Group job costs by job, team, project or model; idle per pool and model, optionally shared back by use.
+
+    Without `running`, attempts that have not ended are one `running_usd` line instead of rows (a job is
+    charged when it ends); their GPU time is never idle either way.
+    """
     keyf = GROUP_KEYS[by]
+    in_flight = Decimal(0)
     cost: dict[str, Decimal] = defaultdict(Decimal)
     ms: dict[str, int] = defaultdict(int)
     jobs: dict[str, set[str]] = defaultdict(set)
     util_w: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     use: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for jc in cb.jobs.values():
+        if jc.info.running and not running:
+            in_flight += jc.usd
+            continue
         k = keyf(jc)
         cost[k] += jc.usd
         ms[k] += jc.gpu_ms
@@ -292,9 +325,13 @@ def showback(cb: Chargeback, by: str = "team", share_idle: bool = False) -> Show
         if jc.util_mean is not None:
             util_w[k][0] += jc.util_mean * jc.gpu_ms
             util_w[k][1] += jc.gpu_ms
-        for g, gms in jc.group_ms.items():
-            use[g][k] += gms
     keys = sorted(cost)
+    if share_idle:
+        names = {job: ("\0running" if jc.info.running and not running else keyf(jc)) for job, jc in cb.jobs.items()}
+        for gid, d in enumerate(cb.accs):
+            for job, gms in d.items():
+                # A running attempt takes its idle share too, so the rows' shares stay proportional to use.
+                use[cb.seg_group[gid]][names[job]] += gms
     share: dict[str, Decimal] = defaultdict(Decimal)
     group_keys = sorted(cb.groups)
     shared: dict[tuple[str, str], Decimal] = {g: Decimal(0) for g in group_keys}
@@ -314,10 +351,10 @@ def showback(cb: Chargeback, by: str = "team", share_idle: bool = False) -> Show
                 parts[i] += MICRO
             for n, p in zip(names, parts):
                 share[n] += p
-            shared[g] = idle
+            shared[g] = idle - share.pop("\0running", Decimal(0))
     fleet = cb.fleet_usd
     unshared = [cb.groups[g].idle_usd - shared[g] for g in group_keys]
-    cents = apportion([cost[k] for k in keys] + [share[k] for k in keys] + unshared, fleet)
+    cents = apportion([cost[k] for k in keys] + [share[k] for k in keys] + unshared + [in_flight], fleet)
     n = len(keys)
     rows = []
     for i, k in enumerate(keys):
@@ -339,7 +376,7 @@ def showback(cb: Chargeback, by: str = "team", share_idle: bool = False) -> Show
             idle_pct=round(float(gc.idle_usd / gc.fleet_usd) * 100, 1) if gc.fleet_usd else None,
             shared_usd=to_cents(shared[g]),
         ))
-    unshared_cents = cents[2 * n:]
+    unshared_cents = cents[2 * n:-1]
     return Showback(by, rows, idle_lines, to_cents(fleet), sum(cents[:n], Decimal(0)) if n else Decimal("0.00"),
                     to_cents(cb.idle_usd), sum(unshared_cents, Decimal(0)) if unshared_cents else Decimal("0.00"),
-                    share_idle)
+                    share_idle, cents[-1])

@@ -16,7 +16,8 @@ Alerts, each once (its event id is fixed by content):
   reaches pct% of the budget (each threshold of each period once);
 - `raised-cost-week-<scope>-<name>-<YYYYMMDD>` when a complete week's
   (Monday to Sunday) spend exceeds its forecast, the mean of the four weeks
-  before it, by `week_overrun_pct` (15) or more.
+  before it (leaving out weeks before the first spend and the first week
+  with spend, which may be partial), by `week_overrun_pct` (15) or more.
 """
 
 from __future__ import annotations
@@ -117,8 +118,11 @@ def evaluate(budget: Budget, daily: dict[date, Decimal], now: datetime) -> Budge
         ))
     week_start = today - timedelta(days=today.weekday()) - timedelta(weeks=1)  # last complete week
     last = _sum(daily, week_start, week_start + timedelta(weeks=1))
-    prior = [_sum(daily, week_start - timedelta(weeks=k), week_start - timedelta(weeks=k - 1)) for k in range(1, 5)]
-    seen = [p for p in prior if p > 0]
+    prior = [_sum(daily, week_start - timedelta(weeks=k), week_start - timedelta(weeks=k - 1)) for k in range(4, 0, -1)]
+    # Weeks before any spend say nothing, and the first week with spend may be partial: skip both.
+    while prior and prior[0] == 0:
+        prior.pop(0)
+    seen = prior[1:]
     forecast = sum(seen, Decimal(0)) / len(seen) if seen else None
     if forecast and last >= forecast * (1 + budget.week_overrun_pct / 100):
         over = float((last / forecast - 1) * 100)

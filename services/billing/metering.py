@@ -53,7 +53,7 @@ def intervals(records: list[UsageRecord], now: datetime) -> tuple[list[Interval]
     now_ms = to_ms(now)
     for r in records:
         key = r.key
-        jobs[key] = JobInfo(r.job_id, r.attempt, r.team, r.project, r.gpu_model)
+        jobs[key] = JobInfo(r.job_id, r.attempt, r.team, r.project, r.gpu_model, running=r.ended_at is None)
         start = to_ms(r.started_at)
         end = to_ms(r.ended_at) if r.ended_at is not None else max(now_ms, start)
         for gpu in r.gpu_uuids:

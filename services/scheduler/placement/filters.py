@@ -49,6 +49,13 @@ def gpus_per_node(req: JobRequest, node: NodeState) -> str | None:
     return None
 
 
+def interconnect(req: JobRequest, node: NodeState) -> str | None:
+    """A multi-GPU job that asks for NVLink needs a node whose GPUs have it."""
+    if req.nvlink and node.interconnect != "nvlink":
+        return f"{node.interconnect}, not NVLink"
+    return None
+
+
 def pool_and_labels(req: JobRequest, node: NodeState) -> str | None:
     """Pool and label constraints, e.g. data that must stay in pool=onprem."""
     if req.pool and node.pool != req.pool:
@@ -109,6 +116,7 @@ STATIC_FILTERS: dict[str, StaticFilter] = {
     "memory_size": memory_size,
     "gpus_per_node": gpus_per_node,
     "pool_and_labels": pool_and_labels,
+    "interconnect": interconnect,
 }
 DYNAMIC_FILTERS: dict[str, DynamicFilter] = {
     "healthy": healthy,

@@ -92,7 +92,7 @@ def place_on(
 
 
 def _static_view(cluster: ClusterState, req: JobRequest, profile: Profile) -> StaticView:
-    key = (req.gpu_models, req.min_memory_mib, req.pool, req.labels, req.allow_multi_node or req.gpus, profile.static_filters)
+    key = (req.gpu_models, req.min_memory_mib, req.pool, req.labels, req.allow_multi_node or req.gpus, req.nvlink, profile.static_filters)
 
     def build() -> StaticView:
         checks = [F.STATIC_FILTERS[n] for n in profile.static_filters]
@@ -286,7 +286,7 @@ def _needs(req: JobRequest) -> str:
         text += f" with >= {req.min_memory_mib / F.MIB_PER_GB:.0f} GB"
     if req.gpu_models:
         text += f" of {'/'.join(req.gpu_models)}"
-    text += " across nodes" if req.allow_multi_node else " on one node"
+    text += " across nodes" if req.allow_multi_node else " on one NVLink node" if req.nvlink else " on one node"
     if req.pool:
         text += f" in pool {req.pool}"
     return text

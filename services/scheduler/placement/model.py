@@ -56,6 +56,8 @@ class JobRequest:
     allow_multi_node: bool = False
     # Replicas of one inference service share this name and are spread across nodes.
     service: str | None = None
+    # All GPUs on one node whose GPUs are joined by NVLink.
+    nvlink: bool = False
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ class ScheduleReply:
     started: list[Started] = field(default_factory=list)
     preempted: list[Preemption] = field(default_factory=list)
     infeasible: dict[str, str] = field(default_factory=dict)
+    # Why each examined job still waits, in the order the policy considered them.
     waiting: dict[str, str] = field(default_factory=dict)
     reservation: Reservation | None = None
 
@@ -119,7 +120,8 @@ def schedule(request: ScheduleRequest) -> ScheduleReply:
             reservation = reply.reservation = reserve(cluster, job, request.running, cfg.profile, now)
             reply.waiting[job.job_id] = f"{why}; {reservation.describe()}"
             continue
-        reply.waiting[job.job_id] = f"{why}; {len(reply.waiting)} job(s) ahead"
+        # The shell says how many jobs are ahead: `waiting` keeps the policy's order.
+        reply.waiting[job.job_id] = why
 
     for s in reply.started:
         request.queue.remove(s.job.job_id)

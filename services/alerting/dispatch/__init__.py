@@ -1,0 +1,1 @@
+"""Alert routing, grouping, silencing, inhibition and incident correlation: pure, time passed in."""

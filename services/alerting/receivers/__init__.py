@@ -1,0 +1,24 @@
+"""Receivers: turn a notification into the body each service expects. Pure; the shell POSTs."""
+
+from __future__ import annotations
+
+from ..dispatch.groups import Notification
+from . import pagerduty, slack, teams, webhook
+
+SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+
+
+def headline(n: Notification) -> str:
+    """One line: the incident title when there is one, else the first alert's summary."""
+    first = n.alerts[0].annotations.get("summary", n.alerts[0].labels.get("alertname", "")) if n.alerts else ""
+    return n.title or first
+
+
+def top_severity(n: Notification) -> str:
+    levels = [a.labels.get("severity", "warning") for a in n.alerts if a.status == "firing"] or ["info"]
+    return max(levels, key=lambda s: SEVERITY_ORDER.get(s, 1))
+
+
+BUILDERS = {"webhook": webhook.build, "pagerduty": pagerduty.build, "slack": slack.build, "teams": teams.build}
+# Which notification kinds a receiver type wants: only PagerDuty has an acknowledge action.
+WANTS_ACK = {"pagerduty"}

@@ -1,0 +1,40 @@
+"""PagerDuty Events API v2: trigger, acknowledge, resolve one PagerDuty incident per group.
+
+`dedup_key` is the group key, stable for the life of the WhaleFlux incident, so
+a re-sent trigger updates the open PagerDuty incident instead of paging again.
+"""
+
+from __future__ import annotations
+
+from ..dispatch.groups import Notification
+
+DEFAULT_URL = "https://events.pagerduty.com/v2/enqueue"
+_PD_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
+
+
+def build(n: Notification, *, routing_key: str, external_url: str, **_) -> dict:
+    from . import headline, top_severity
+
+    action = {"firing": "trigger", "resolved": "resolve", "acknowledged": "acknowledge"}[n.status]
+    body = {"routing_key": routing_key, "event_action": action, "dedup_key": f"whaleflux-{n.group_key}"}
+    if action != "trigger":
+        return body
+    firing = [a for a in n.alerts if a.status == "firing"]
+    first = firing[0] if firing else n.alerts[0]
+    body["payload"] = {
+        "summary": headline(n)[:1024],
+        "source": first.labels.get("Hostname") or first.labels.get("cluster") or "whaleflux",
+        "severity": _PD_SEVERITY.get(top_severity(n), "warning"),
+        "timestamp": first.starts_at.isoformat(),
+        "component": first.labels.get("modelName", "gpu"),
+        "group": first.labels.get("pool") or first.labels.get("cluster", ""),
+        "class": first.labels.get("alertname", ""),
+        "custom_details": {
+            "firing": [a.annotations.get("summary", "") for a in firing][:50],
+            "group": n.group_labels,
+            "alerts": len(firing),
+        },
+    }
+    body["client"] = "WhaleFlux"
+    body["client_url"] = f"{external_url}/v1/alerts"
+    return body

@@ -1,0 +1,49 @@
+"""Which nodes are alive, by their heartbeats: healthy, suspect, or lost. Pure (no I/O, no clock).
+
+A node silent for `suspect_after_s` takes no new work but keeps its jobs (a
+brief blip is not a failure). Silent for `lost_after_s` it is lost and its jobs
+move elsewhere, unless most nodes went silent together: then the fault is far
+more likely on the scheduler's side (bus, network, its own pause) than on the
+nodes, and moving every job would cause a storm: nothing is declared lost or
+suspect, and placement goes on as if all were well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class LivenessPolicy:
+    suspect_after_s: float = 5.0
+    lost_after_s: float = 10.0
+    # More than this fraction of nodes silent at once: assume our side failed.
+    mass_silence_fraction: float = 0.5
+
+
+@dataclass(frozen=True)
+class Liveness:
+    suspect: frozenset[str] = frozenset()
+    lost: frozenset[str] = frozenset()
+    # Most of the fleet is silent: `held_back` are the silent nodes not acted on.
+    mass_silence: bool = False
+    held_back: frozenset[str] = frozenset()
+    silent_ages: Mapping[str, float] = field(default_factory=dict)
+
+
+def assess(last_seen: Mapping[str, float], now: float, since: float, policy: LivenessPolicy) -> Liveness:
+    """Classify nodes by the age of their last heartbeat.
+
+    `last_seen`: node -> time of its last heartbeat, for nodes
+    not already declared lost (those left the fleet's count, so a fleet losing
+    nodes one by one over days never looks like a mass silence); `since`: when
+    this scheduler started watching. A node is never older than that, so a
+    scheduler that was down does not blame the nodes for its own absence.
+    """
+    ages = {n: now - max(t, since) for n, t in last_seen.items()}
+    silent = {n: a for n, a in ages.items() if a >= policy.suspect_after_s}
+    over = frozenset(n for n, a in silent.items() if a >= policy.lost_after_s)
+    if ages and len(silent) > policy.mass_silence_fraction * len(ages):
+        return Liveness(mass_silence=True, held_back=frozenset(silent), silent_ages=silent)
+    return Liveness(frozenset(silent) - over, over, silent_ages=silent)

@@ -1,0 +1,122 @@
+"""Turn the service's records into the queue policy's request, and its reasons into words. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from whaleflux.shared.catalog import model_key
+from whaleflux.shared.events import JobSubmitted, NodeRegistered
+
+from .placement import ClusterState, GpuState, Infeasible, JobRequest, NodeState, Profile, place_on
+from .queueing import PendingJob, RunningJob
+from .records import JobRecord, NodeCondition
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One registered node as the scheduler sees it now."""
+
+    registration: NodeRegistered
+    condition: NodeCondition | None = None
+    suspect: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.registration.cluster}/{self.registration.node}"
+
+    @property
+    def status(self) -> str:
+        if self.condition is not None:
+            return self.condition.state
+        return "suspect" if self.suspect else "healthy"
+
+
+def node_model(reg: NodeRegistered) -> str:
+    """The catalogue key of the node's GPUs ("H100"), or the device's own name if unknown."""
+    if not reg.gpus:
+        return "unknown"
+    return model_key(reg.gpus[0].model) or reg.gpus[0].model
+
+
+def node_state(view: NodeView, alloc: Mapping[str, str]) -> NodeState:
+    reg = view.registration
+    gpus = tuple(
+        GpuState(uuid=g.uuid, index=g.index, memory_total_mib=g.memory_total_mib, allocated_to=alloc.get(g.uuid))
+        for g in reg.gpus
+    )
+    pool = reg.pool or "default"
+    labels = {"pool": pool, "cluster": reg.cluster, "node": reg.node, "interconnect": reg.interconnect}
+    if reg.rack:
+        labels["rack"] = reg.rack
+    return NodeState(
+        name=reg.node,
+        cluster=reg.cluster,
+        model=node_model(reg),
+        interconnect=reg.interconnect,
+        gpus=gpus,
+        # A suspect or lost node keeps its jobs but takes no new ones.
+        schedulable=not view.suspect and (view.condition is None or view.condition.state != "lost"),
+        draining=view.condition is not None and view.condition.state == "draining",
+        pool=pool,
+        labels=labels,
+    )
+
+
+def job_request(job_id: str, spec: JobSubmitted) -> JobRequest:
+    labels = dict(spec.labels)
+    pool = labels.pop("pool", None)
+    return JobRequest(
+        job_id=job_id,
+        gpus=spec.gpus,
+        gpu_models=tuple(spec.gpu_models),
+        min_memory_mib=spec.min_memory_mib,
+        workload_class=spec.workload_class,
+        team=spec.team,
+        priority=spec.priority,
+        preemptible=spec.preemptible,
+        pool=pool,
+        labels=tuple(sorted(labels.items())),
+        expected_runtime_s=spec.expected_runtime_s,
+        # Gangs across nodes need one placement event per node: the service does not run them yet.
+        allow_multi_node=False,
+        service=spec.service,
+        nvlink=spec.nvlink and spec.gpus > 1,
+    )
+
+
+def pending_job(job: JobRecord, seq: int) -> PendingJob:
+    return PendingJob(job_request(job.job_id, job.spec), job.submitted_at.timestamp(), seq, job.preemptions)
+
+
+def running_job(job: JobRecord) -> RunningJob:
+    started = job.started_at or job.placed_at or job.submitted_at
+    return RunningJob(
+        job_id=job.job_id,
+        team=job.spec.team,
+        priority=job.spec.priority,
+        preemptible=job.spec.preemptible,
+        gpus=len(job.gpu_uuids) or job.spec.gpus,
+        started_at=started.timestamp(),
+        expected_end=job.expected_end,
+        preemptions=job.preemptions,
+    )
+
+
+def waiting_reasons(waiting: Mapping[str, str], queue_order: Iterable[str], not_examined: str) -> dict[str, str]:
+    """Each waiting job's reason with its place in line; jobs the pass did not reach get `not_examined`."""
+    order = list(waiting) + [j for j in queue_order if j not in waiting]
+    out = {}
+    for i, job_id in enumerate(order):
+        why = waiting.get(job_id, not_examined)
+        out[job_id] = f"{why}; {'first in line' if i == 0 else f'{i} job(s) ahead'}"
+    return out
+
+
+def infeasible_reason(registrations: Iterable[NodeRegistered], req: JobRequest, profile: Profile) -> str | None:
+    """Why the job could never run on these nodes (all free, all healthy), or None; None too when no node is known."""
+    nodes = [node_state(NodeView(reg), {}) for reg in registrations]
+    if not nodes:
+        return None
+    decision = place_on(ClusterState(nodes), req, profile, 0.0)
+    return decision.reason if isinstance(decision, Infeasible) else None

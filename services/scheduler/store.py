@@ -1,0 +1,183 @@
+"""The scheduler's Redis state, and the transactions that change it together with the events they cause.
+
+Every state change that others must hear about stages its event in the
+outbox inside the same MULTI, with an id fixed by (job, attempt), so a crash
+neither loses nor doubles it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from redis.asyncio import Redis
+
+from whaleflux.shared import subjects
+from whaleflux.shared.events import (
+    EventData,
+    JobPlaced,
+    JobPreempted,
+    JobRejected,
+    JobRequeued,
+    NodeRegistered,
+    make_envelope,
+)
+from whaleflux.shared.outbox import Outbox
+
+from .placement import Placement
+from .records import JobRecord, NodeCondition
+
+
+class SchedulerStore:
+    def __init__(self, redis: Redis, prefix: str, outbox: Outbox, source: str):
+        self.redis = redis
+        self.prefix = prefix
+        self.outbox = outbox
+        self.source = source
+
+    # ------------------------------------------------------------ keys
+
+    def job_key(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}"
+
+    @property
+    def pending_key(self) -> str:
+        return f"{self.prefix}:pending"
+
+    @property
+    def alloc_key(self) -> str:
+        return f"{self.prefix}:alloc"
+
+    @property
+    def nodes_key(self) -> str:
+        return f"{self.prefix}:nodes"
+
+    @property
+    def conditions_key(self) -> str:
+        return f"{self.prefix}:node-conditions"
+
+    @property
+    def seen_key(self) -> str:
+        return f"{self.prefix}:heartbeats"
+
+    # ------------------------------------------------------------ reads
+
+    async def job(self, job_id: str) -> JobRecord | None:
+        raw = await self.redis.get(self.job_key(job_id))
+        return JobRecord.model_validate_json(raw) if raw else None
+
+    async def jobs(self, job_ids: list[str]) -> dict[str, JobRecord]:
+        if not job_ids:
+            return {}
+        raws = await self.redis.mget([self.job_key(j) for j in job_ids])
+        return {j: JobRecord.model_validate_json(r) for j, r in zip(job_ids, raws) if r}
+
+    async def registrations(self) -> dict[str, NodeRegistered]:
+        """`cluster/node` -> its registration."""
+        raw = await self.redis.hgetall(self.nodes_key)
+        return {k: NodeRegistered.model_validate_json(v) for k, v in raw.items()}
+
+    async def conditions(self) -> dict[str, NodeCondition]:
+        raw = await self.redis.hgetall(self.conditions_key)
+        return {k: NodeCondition.model_validate_json(v) for k, v in raw.items()}
+
+    async def last_seen(self) -> dict[str, float]:
+        return {k: float(v) for k, v in (await self.redis.hgetall(self.seen_key)).items()}
+
+    async def alloc(self) -> dict[str, str]:
+        return await self.redis.hgetall(self.alloc_key)
+
+    async def jobs_on(self, node_key: str) -> list[JobRecord]:
+        """Jobs holding GPUs of the node (`cluster/node`)."""
+        reg = (await self.registrations()).get(node_key)
+        if reg is None:
+            return []
+        alloc = await self.alloc()
+        ids = sorted({alloc[g.uuid] for g in reg.gpus if g.uuid in alloc})
+        return [j for j in (await self.jobs(ids)).values() if j.state in ("placed", "running")]
+
+    # ------------------------------------------------------------ writes
+
+    async def save(self, job: JobRecord) -> None:
+        await self.redis.set(self.job_key(job.job_id), job.model_dump_json())
+
+    def _envelope(self, data: EventData, event_id: str, job_id: str, time: datetime | None = None):
+        return make_envelope(data, source=self.source, subject=job_id, event_id=event_id, correlation_id=job_id, time=time)
+
+    async def commit_placement(self, job: JobRecord, p: Placement, now: datetime, expected_end: float | None) -> None:
+        """Job placed, its GPUs held and job.placed staged: all or nothing."""
+        job.attempt += 1
+        job.state, job.reason, job.placed_at = "placed", None, now
+        job.cluster, job.node, job.gpu_model, job.gpu_uuids = p.cluster, p.node, p.model, list(p.gpu_uuids)
+        job.started_at = job.finished_at = job.exit_code = None
+        job.placed_because, job.expected_end = p.explanation or None, expected_end
+        spec = job.spec
+        event = JobPlaced(
+            job_id=job.job_id,
+            attempt=job.attempt,
+            cluster=p.cluster,
+            node=p.node,
+            gpu_model=p.model,
+            gpu_uuids=list(p.gpu_uuids),
+            gpu_indices=list(p.gpu_indices),
+            command=spec.command,
+            env=spec.env,
+            workdir=spec.workdir,
+            team=spec.team,
+            project=spec.project,
+            checkpoint_dir=spec.checkpoint_dir,
+            # A later attempt resumes from the checkpoint unless the job asked to start over.
+            resume=job.attempt > 1 and spec.resume == "checkpoint",
+        )
+        env = self._envelope(event, f"placed-{job.job_id}-{job.attempt}", job.job_id, now)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.job_key(job.job_id), job.model_dump_json())
+            pipe.zrem(self.pending_key, job.job_id)
+            for gpu in p.gpu_uuids:
+                pipe.hset(self.alloc_key, gpu, job.job_id)
+            self.outbox.stage(pipe, subjects.job_placed(p.cluster, p.node), env)
+            await pipe.execute()
+
+    async def reject(self, job: JobRecord, reason: str) -> None:
+        """A job that can never run is rejected with its reason, never queued forever."""
+        job.state, job.reason = "rejected", reason
+        env = self._envelope(JobRejected(job_id=job.job_id, reason=reason), f"rejected-{job.job_id}", job.job_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.job_key(job.job_id), job.model_dump_json())
+            pipe.zrem(self.pending_key, job.job_id)
+            self.outbox.stage(pipe, subjects.JOB_REJECTED, env)
+            await pipe.execute()
+
+    async def requeue(self, job: JobRecord, cause: str, reason: str, now: datetime, stop_grace_s: float | None) -> None:
+        """Back to the queue at its original place; GPUs released; job.requeued staged.
+
+        With `stop_grace_s`, a job.preempted stop order goes to the node first
+        (before any placement that reuses the GPUs, since the outbox keeps order).
+        It is sent even to a lost node: its agent finds it in its consumer when it
+        comes back, and stops the old attempt rather than run it twice.
+        """
+        attempt, cluster, node = job.attempt, job.cluster, job.node
+        held = list(job.gpu_uuids)
+        job.requeues.append(f"attempt {attempt} on {node}: {reason}")
+        if cause == "preempted":
+            job.preemptions += 1
+        job.state, job.reason = "pending", f"requeued: {reason}"
+        job.gpu_uuids, job.expected_end = [], None
+        requeued = JobRequeued(job_id=job.job_id, attempt=attempt, cluster=cluster, node=node, reason=reason, cause=cause)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.job_key(job.job_id), job.model_dump_json())
+            for gpu in held:
+                pipe.hdel(self.alloc_key, gpu)
+            pipe.zadd(self.pending_key, {job.job_id: job.submitted_at.timestamp()})
+            if stop_grace_s is not None:
+                order = JobPreempted(
+                    job_id=job.job_id, attempt=attempt, cluster=cluster, node=node, reason=reason, grace_s=stop_grace_s
+                )
+                self.outbox.stage(pipe, subjects.job_preempted(cluster, node), self._envelope(order, f"preempted-{job.job_id}-{attempt}", job.job_id, now))
+            self.outbox.stage(pipe, subjects.JOB_REQUEUED, self._envelope(requeued, f"requeued-{job.job_id}-{attempt}", job.job_id, now))
+            await pipe.execute()
+
+    async def set_condition(self, node_key: str, condition: NodeCondition | None) -> None:
+        if condition is None:
+            await self.redis.hdel(self.conditions_key, node_key)
+        else:
+            await self.redis.hset(self.conditions_key, node_key, condition.model_dump_json())

@@ -1,0 +1,329 @@
+"""The pure core of alerting: rules file, rule kinds, routes, groups, silences, inhibition, incidents, payloads."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from whaleflux.alerting.config import DEFAULT_RULES_FILE, ConfigError, load_config, parse_config
+from whaleflux.alerting.dispatch.groups import Dispatcher, GroupedAlert
+from whaleflux.alerting.dispatch.incidents import Correlator
+from whaleflux.alerting.dispatch.inhibit import InhibitRule
+from whaleflux.alerting.dispatch.matchers import Matcher
+from whaleflux.alerting.dispatch.route import build_route
+from whaleflux.alerting.dispatch.silences import Silence
+from whaleflux.alerting.receivers import pagerduty, slack, teams, webhook
+from whaleflux.alerting.receivers.delivery import TokenBucket, backoff_s
+from whaleflux.alerting.rules.engine import NodeInfo, RuleEngine
+from whaleflux.shared.catalog import gpu_models
+from whaleflux.shared.events import GpuSample, GpuTelemetry, JobFailed
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "alertmanager"
+
+
+def sample(**kw) -> GpuSample:
+    base = dict(uuid="GPU-1", index=0, model="H100", utilization_gpu_pct=90, memory_used_mib=1000,
+                memory_total_mib=81559, temperature_c=60)
+    return GpuSample(**{**base, **kw})
+
+
+def batch(t: float, *gpus: GpuSample, node="h100-01") -> GpuTelemetry:
+    return GpuTelemetry(cluster="onprem", node=node, seq=int(t), sample_time=T0 + timedelta(seconds=t), gpus=list(gpus))
+
+
+def engine(rules_yaml: str) -> RuleEngine:
+    return RuleEngine(parse_config(rules_yaml + "\nroute: {receiver: r}\nreceivers: [{name: r, type: webhook, url: 'http://x'}]\n"), gpu_models())
+
+
+def fired(transitions) -> list[str]:
+    return [t.rule.name for t in transitions if t.firing]
+
+
+# --------------------------------------------------------------------------- rules file
+
+
+def test_bad_rules_file_names_file_line_and_key():
+    text = "rules:\n  - name: Hot\n    kind: threshold\n    metric: temprature_c\n    threshold: {value: 80}\n    summary: s\n"
+    with pytest.raises(ConfigError) as exc:
+        parse_config(text + "route: {receiver: nobody}\n", "site.yaml")
+    assert "site.yaml:4: rules[0].metric: unknown metric 'temprature_c'" in exc.value.errors
+    assert "site.yaml:7: route.receiver: no receiver named 'nobody'" in exc.value.errors
+
+
+def test_missing_field_and_bad_duration_point_at_their_lines():
+    text = "rules:\n  - name: Up\n    kind: rate\n    metric: temperature_c\n    for: soon\n    summary: s\n"
+    with pytest.raises(ConfigError) as exc:
+        parse_config(text, "r.yaml")
+    assert any(e.startswith("r.yaml:2: rules[0].per_minute: Field required") for e in exc.value.errors), exc.value.errors
+    assert any(e.startswith("r.yaml:5: rules[0].for: expected a duration") for e in exc.value.errors), exc.value.errors
+
+
+def test_the_shipped_default_rules_file_loads():
+    config = load_config(DEFAULT_RULES_FILE)
+    assert config.rule("GPUTemperatureHigh").actions == ["drain"]
+    assert {48, 79} <= set(config.rule("GPUXidDrain").codes)
+
+
+# --------------------------------------------------------------------------- rule kinds
+
+THERMAL = """rules:
+  - {name: Hot, kind: threshold, metric: temperature_c, threshold: {device: slowdown_temperature_c, per_model: {A100: 80}, model: temp_slowdown_c}, hysteresis: 3, severity: critical, summary: "{value:.0f} of {threshold:.0f}"}
+"""
+
+
+def test_threshold_prefers_device_then_per_model_then_catalogue_with_hysteresis():
+    e = engine(THERMAL)
+    assert fired(e.observe_telemetry(batch(0, sample(temperature_c=88.9)), T0)) == []  # H100 slowdown 89 in the catalogue
+    [tr] = e.observe_telemetry(batch(1, sample(temperature_c=89)), T0)
+    assert tr.firing and tr.summary == "89 of 89"
+    assert e.observe_telemetry(batch(2, sample(temperature_c=87)), T0) == []  # inside the band: still firing
+    [tr] = e.observe_telemetry(batch(3, sample(temperature_c=85.9)), T0)
+    assert not tr.firing
+    assert fired(e.observe_telemetry(batch(4, sample(uuid="G2", temperature_c=85, slowdown_temperature_c=84)), T0)) == ["Hot"]
+    assert fired(e.observe_telemetry(batch(5, sample(uuid="G3", model="A100", temperature_c=81)), T0)) == ["Hot"]
+
+
+def test_for_duration_waits_before_firing_and_resets_when_condition_breaks():
+    e = engine(THERMAL.replace("hysteresis: 3", "hysteresis: 3, for: 10s"))
+    assert fired(e.observe_telemetry(batch(0, sample(temperature_c=95)), T0)) == []
+    assert fired(e.observe_telemetry(batch(5, sample(temperature_c=60)), T0)) == []
+    assert fired(e.observe_telemetry(batch(6, sample(temperature_c=95)), T0)) == []
+    assert fired(e.observe_telemetry(batch(15, sample(temperature_c=95)), T0)) == []
+    assert fired(e.observe_telemetry(batch(16, sample(temperature_c=95)), T0)) == ["Hot"]
+
+
+def test_rate_of_change_fires_on_a_fast_rise_only():
+    e = engine('rules:\n  - {name: Rising, kind: rate, metric: temperature_c, per_minute: 10, window: 30s, min_samples: 5, summary: "{per_minute:.0f}"}\n')
+    out = []
+    for t in range(30):
+        out += e.observe_telemetry(batch(t, sample(temperature_c=50 + 0.05 * t)), T0)  # 3 C/min: fine
+    assert fired(out) == []
+    for t in range(30, 60):
+        out += e.observe_telemetry(batch(t, sample(temperature_c=52 + 0.5 * (t - 30))), T0)  # 30 C/min
+    assert fired(out) == ["Rising"]
+
+
+def test_memory_trend_fires_when_projected_to_fill_within_the_horizon():
+    e = engine("rules:\n  - {name: Leak, kind: trend, window: 60s, within: 10m, min_samples: 10, summary: '{eta_min:.1f}'}\n")
+    out = []
+    for t in range(60):  # flat
+        out += e.observe_telemetry(batch(t, sample(memory_used_mib=40000 + (t % 3) * 10)), T0)
+    assert fired(out) == []
+    for t in range(60, 120):  # +100 MiB/s: ~41,000 MiB left -> ~7 min
+        out += e.observe_telemetry(batch(t, sample(memory_used_mib=40000 + 100 * (t - 60))), T0)
+    [tr] = [t for t in out if t.firing]
+    assert 5 < float(tr.summary) < 10
+
+
+def test_counters_xids_throttle_and_flags():
+    e = engine("""rules:
+  - {name: ECC, kind: counter, metric: ecc_uncorrected, increase: 1, window: 10m, clear_after: 60s, summary: s}
+  - {name: Xid, kind: xid, codes: [79, 48], clear_after: 60s, summary: "XID {codes}"}
+  - {name: Brake, kind: throttle, reasons: [hw_power_brake_slowdown], summary: s}
+  - {name: RemapFail, kind: flag, metric: row_remap_failure, summary: s}
+""")
+    assert fired(e.observe_telemetry(batch(0, sample(ecc_uncorrected=3, row_remap_failure=False)), T0)) == []  # old errors: no page
+    out = e.observe_telemetry(batch(1, sample(ecc_uncorrected=4, xid_errors=[13, 79], throttle_reasons=["hw_power_brake_slowdown"],
+                                              row_remap_failure=True)), T0)
+    assert sorted(fired(out)) == ["Brake", "ECC", "RemapFail", "Xid"]
+    assert [t.summary for t in out if t.rule.name == "Xid"] == ["XID 79"]
+    out = e.observe_telemetry(batch(30, sample(ecc_uncorrected=4, row_remap_failure=False)), T0)
+    assert sorted(t.rule.name for t in out if not t.firing) == ["Brake", "RemapFail"]  # XID and ECC hold for clear_after
+    out = e.observe_telemetry(batch(62, sample(ecc_uncorrected=4)), T0)
+    assert sorted(t.rule.name for t in out if not t.firing) == ["ECC", "Xid"]
+
+
+def test_baseline_learns_a_card_that_runs_hot_and_stays_quiet_during_warm_up():
+    e = engine("rules:\n  - {name: Odd, kind: baseline, metric: temperature_c, half_life: 5m, warm_up: 60, sigmas: 4, min_delta: 5, summary: s}\n")
+    out = []
+    for t in range(50):
+        out += e.observe_telemetry(batch(t, sample(temperature_c=80 + (t % 2))), T0)
+    out += e.observe_telemetry(batch(50, sample(temperature_c=95)), T0)  # still warming up
+    assert fired(out) == []
+    for t in range(51, 200):
+        out += e.observe_telemetry(batch(t, sample(temperature_c=80 + (t % 2))), T0)  # always 80-81: its normal
+    assert fired(out) == []
+    assert fired(e.observe_telemetry(batch(200, sample(temperature_c=92)), T0)) == ["Odd"]
+
+
+def test_missing_heartbeat_fires_and_resolves():
+    e = engine("rules:\n  - {name: NodeDown, kind: heartbeat, for: 30s, summary: '{node} silent {silent_s:.0f}s'}\n")
+    e.observe_node("onprem", "n1", NodeInfo(rack="r1", pool="p"), T0)
+    assert e.tick(T0 + timedelta(seconds=29)) == []
+    [tr] = e.tick(T0 + timedelta(seconds=31))
+    assert tr.firing and tr.labels["rack"] == "r1" and tr.summary == "n1 silent 31s"
+    e.observe_node("onprem", "n1", None, T0 + timedelta(seconds=40))
+    [tr] = e.tick(T0 + timedelta(seconds=41))
+    assert not tr.firing
+
+
+def test_event_rule_raises_once_per_key_and_ages_out():
+    e = engine("rules:\n  - {name: JobFailed, kind: event, event: job.failed, key: [job_id], resolve_after: 1h, summary: '{job_id}: {reason}'}\n")
+    ev = JobFailed(job_id="j1", attempt=1, cluster="c", node="n", reason="oom", failed_at=T0)
+    [tr] = e.observe_event("job.failed", ev, T0)
+    assert tr.firing and tr.summary == "j1: oom" and tr.labels == {"job_id": "j1"}
+    assert e.observe_event("job.failed", ev, T0) == []
+    [tr] = e.tick(T0 + timedelta(hours=1, seconds=1))
+    assert not tr.firing
+
+
+# --------------------------------------------------------------------------- routes, groups, silences, inhibition
+
+
+def config(text: str):
+    return parse_config(text)
+
+
+ROUTES = """
+route:
+  receiver: default
+  group_by: [incident]
+  group_wait: 0s
+  group_interval: 10s
+  repeat_interval: 1h
+  routes:
+    - {matchers: [severity="critical"], receiver: pager, continue: true}
+    - {matchers: ['team=~"ml|nlp"'], receiver: ml}
+    - {matchers: [category=cost], receiver: finops, group_wait: 30s}
+receivers:
+  - {name: default, type: webhook, url: "http://d"}
+  - {name: pager, type: pagerduty, routing_key_env: PD_KEY}
+  - {name: ml, type: slack, url: "http://s"}
+  - {name: finops, type: teams, url: "http://t"}
+"""
+
+
+def test_route_tree_matches_with_continue_and_falls_back_to_the_root():
+    route = build_route(config(ROUTES).route)
+    assert [r.receiver for r in route.match({"severity": "critical", "team": "nlp"})] == ["pager", "ml"]
+    assert [r.receiver for r in route.match({"severity": "critical", "category": "cost"})] == ["pager", "finops"]
+    assert [r.receiver for r in route.match({"severity": "warning"})] == ["default"]
+    finops = route.match({"category": "cost"})[0]
+    assert finops.group_wait_s == 30 and finops.group_interval_s == 10  # inherited
+
+
+def alert(fp, t=0.0, **labels) -> GroupedAlert:
+    return GroupedAlert(fingerprint=fp, labels={"alertname": "Hot", "severity": "warning", "incident": "i1", **labels},
+                        annotations={"summary": fp}, starts_at=T0 + timedelta(seconds=t))
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def test_group_wait_interval_and_repeat_timing():
+    cfg = config(ROUTES.replace("group_wait: 0s", "group_wait: 2s"))
+    d = Dispatcher(build_route(cfg.route), [])
+    d.add(alert("a"), at(0))
+    assert d.flush(at(1), [])[0] == []
+    [n] = d.flush(at(2), [])[0]
+    assert n.status == "firing" and [a.fingerprint for a in n.alerts] == ["a"]
+    d.add(alert("b"), at(3))
+    assert d.flush(at(5), [])[0] == []  # group_interval not over
+    [n] = d.flush(at(12), [])[0]
+    assert sorted(a.fingerprint for a in n.alerts) == ["a", "b"]
+    assert d.flush(at(30), [])[0] == []  # nothing changed, repeat not due
+    [n] = d.flush(at(12 + 3600), [])[0]
+    assert n.repeat
+    d.add(alert("a").model_copy(update={"ends_at": at(3700)}), at(3700))
+    d.add(alert("b").model_copy(update={"ends_at": at(3700)}), at(3700))
+    [n] = d.flush(at(3700 + 10), [])[0]
+    assert n.status == "resolved" and {a.status for a in n.alerts} == {"resolved"}
+    assert d.groups == {}
+
+
+def test_acknowledged_groups_stop_repeating_and_pagerduty_gets_acknowledge():
+    d = Dispatcher(build_route(config(ROUTES).route), [])
+    d.add(alert("a", severity="critical"), at(0))
+    notes = d.flush(at(0), [])[0]
+    assert [n.receiver for n in notes] == ["pager"]  # a matching child takes it from the root, as in Alertmanager
+    d.acknowledge("a")
+    notes = d.flush(at(10), [])[0]
+    assert {n.status for n in notes} == {"acknowledged"}
+    assert d.flush(at(10 + 7200), [])[0] == []
+
+
+def test_silences_and_inhibition_mute_alerts():
+    d = Dispatcher(build_route(config(ROUTES).route),
+                   [InhibitRule([Matcher.parse('alertname="NodeDown"')], [Matcher.parse('alertname!="NodeDown"')], ("Hostname",))])
+    silence = Silence(id="s1", matchers=['Hostname="n2"'], starts_at=at(0), ends_at=at(600), created_by="ops", comment="maintenance")
+    d.add(alert("down", alertname="NodeDown", Hostname="n1", incident="i9"), at(0))
+    d.add(alert("gpu", Hostname="n1"), at(0))
+    d.add(alert("quiet", Hostname="n2", incident="i2"), at(0))
+    notes = d.flush(at(0), [silence])[0]
+    sent = {a.fingerprint for n in notes for a in n.alerts}
+    assert sent == {"down"}
+    notes = d.flush(at(700), [silence])[0]  # silence over
+    assert {a.fingerprint for n in notes for a in n.alerts} == {"quiet"}
+
+
+def test_same_rule_on_many_gpus_of_a_pool_is_one_incident_and_rack_thermal_groups_neighbours():
+    cfg = load_config(DEFAULT_RULES_FILE)
+    c = Correlator(cfg.incidents)
+    ids = {c.assign(f"fp{i}", {"alertname": "GPUMemoryExhaustionSoon", "category": "capacity", "pool": "rtx",
+                                "rack": f"r{i % 3}", "Hostname": f"n{i}"}, at(i)).id for i in range(12)}
+    assert len(ids) == 1
+    [inc] = [c.incident_of("fp0")]
+    assert inc.title() == "pool rtx: GPUMemoryExhaustionSoon on 12 GPU(s)"
+    hot = c.assign("hot", {"alertname": "GPUTemperatureHigh", "category": "thermal", "rack": "r1", "pool": "p", "Hostname": "a"}, at(0))
+    nb = c.assign("nb", {"alertname": "GPUThermalThrottle", "category": "thermal", "rack": "r1", "pool": "p", "Hostname": "b"}, at(5))
+    other = c.assign("x", {"alertname": "GPUThermalThrottle", "category": "thermal", "rack": "r2", "pool": "p", "Hostname": "c"}, at(5))
+    assert hot.id == nb.id != other.id
+    assert c.needs_drain(hot, "a") and not c.needs_drain(nb, "a")
+    # Once everything resolved and the window passed, the same key opens a new incident.
+    for fp in ("hot", "nb"):
+        c.resolve(fp, at(10))
+    later = c.assign("hot", {"alertname": "GPUTemperatureHigh", "category": "thermal", "rack": "r1", "Hostname": "a"}, at(10 + 601))
+    assert later.id != hot.id
+
+
+# --------------------------------------------------------------------------- payloads and delivery rules
+
+
+def notification(status="firing"):
+    d = Dispatcher(build_route(config(ROUTES).route), [])
+    d.add(alert("a", severity="critical", Hostname="h100-01", modelName="H100"), at(0))
+    [n] = d.flush(at(0), [])[0]
+    return n.model_copy(update={"title": "rack r1: GPUTemperatureHigh on 1 GPU(s)", "status": status})
+
+
+def test_pagerduty_events_v2_trigger_and_resolve_share_a_dedup_key():
+    trig = pagerduty.build(notification(), routing_key="k" * 32, external_url="http://wf")
+    assert trig["event_action"] == "trigger" and trig["routing_key"] == "k" * 32
+    assert set(trig["payload"]) >= {"summary", "source", "severity"} and trig["payload"]["severity"] == "critical"
+    res = pagerduty.build(notification("resolved"), routing_key="k" * 32, external_url="http://wf")
+    ack = pagerduty.build(notification("acknowledged"), routing_key="k" * 32, external_url="http://wf")
+    assert res == {"routing_key": "k" * 32, "event_action": "resolve", "dedup_key": trig["dedup_key"]}
+    assert ack["event_action"] == "acknowledge" and ack["dedup_key"] == trig["dedup_key"]
+
+
+def test_slack_blocks_and_teams_adaptive_card_shapes():
+    body = slack.build(notification(), external_url="http://wf")
+    assert body["blocks"][0]["type"] == "header" and len(body["blocks"][0]["text"]["text"]) <= 150
+    assert body["blocks"][1]["text"]["type"] == "mrkdwn"
+    card = teams.build(notification(), external_url="http://wf")
+    att = card["attachments"][0]
+    assert card["type"] == "message" and att["contentType"] == "application/vnd.microsoft.card.adaptive"
+    assert att["content"]["type"] == "AdaptiveCard" and att["content"]["body"][1]["type"] == "FactSet"
+
+
+def test_webhook_group_payload_matches_alertmanager_v4_keys():
+    ours = webhook.build(notification(), receiver="default", external_url="http://wf")
+    sample_file = SAMPLES / "alertmanager-0.25-webhook-grouped.json"
+    if sample_file.exists():
+        ref = json.loads(sample_file.read_text())
+        assert set(ours) == set(ref) and set(ours["alerts"][0]) == set(ref["alerts"][0])
+    assert ours["version"] == "4" and ours["groupLabels"] == {"incident": "i1"}
+
+
+def test_backoff_grows_to_a_cap_and_respects_retry_after_and_the_bucket_waits():
+    assert [backoff_s(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0] and backoff_s(50) == 60.0
+    assert backoff_s(1, retry_after_s=7) == 7
+    b = TokenBucket(per_second=2, burst=2)
+    assert b.take(0.0) == 0 and b.take(0.0) == 0
+    assert b.take(0.0) == pytest.approx(0.5)
+    assert b.take(0.5) == 0

@@ -1,0 +1,347 @@
+"""Billing through real NATS and Redis, in-process with an injected clock.
+
+Ownership comes from a real local HTTP server serving inventory's /v1/assets
+JSON shape (the test is about billing alone); test_billing_with_inventory.py
+runs the real inventory process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import nats
+import pytest
+
+from whaleflux.billing.app import BillingService, BillingSettings
+from whaleflux.shared import subjects
+from whaleflux.shared.bus import Bus
+from whaleflux.shared.events import (
+    GpuSample,
+    GpuTelemetry,
+    JobFinished,
+    JobPlaced,
+    JobStarted,
+    decode,
+)
+
+from .processes import ADMIN_TOKEN
+
+UTC = timezone.utc
+T0 = datetime(2026, 3, 10, 8, tzinfo=UTC)
+
+
+def _asset(uuid, model, ownership, pool, node, **kw):
+    base = {"uuid": uuid, "index": 0, "model": model, "node": node, "status": "active", "last_seen": T0.isoformat(),
+            "ownership": ownership, "declared": True, "site": "east", "cluster": "c1", "rack": None, "pool": pool,
+            "monthly_cost_usd": None, "lease": None, "contracts": [], "purchase": None, "hourly_price_per_gpu_usd": None}
+    return {**base, **kw}
+
+
+ASSETS = [
+    _asset("GPU-L0", "H200", "leased", "cloud", "h200-01", lease={
+        "contract_id": "CW-1", "provider": "coreweave", "start": "2026-01-01", "end": "2026-12-31",
+        "monthly_price_per_gpu_usd": "2150.00", "minimum_term_months": 1, "auto_renew": False, "notice_days": 30}),
+    _asset("GPU-L1", "H200", "leased", "cloud", "h200-01", lease={
+        "contract_id": "CW-1", "provider": "coreweave", "start": "2026-01-01", "end": "2026-12-31",
+        "monthly_price_per_gpu_usd": "2150.00", "minimum_term_months": 1, "auto_renew": False, "notice_days": 30}),
+    _asset("GPU-O0", "H100", "owned", "onprem", "h100-01",
+           purchase={"price_per_gpu_usd": "30000", "date": "2025-03-01", "depreciation_months": 48}),
+]
+
+PRICEBOOK = """\
+prices:
+  - {model: H100, ownership: owned, effective_from: 2026-01-01, usd_per_kwh: "0.20", overhead_per_gpu_month: "100"}
+"""
+
+
+class Clock:
+    def __init__(self, now: datetime):
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class AssetsServer:
+    """A real HTTP server answering GET /v1/assets with inventory's JSON shape."""
+
+    def __init__(self, assets: list[dict]):
+        self.assets = assets
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps(outer.assets).encode()
+                self.send_response(200 if self.path == "/v1/assets" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def env(clean_servers, monkeypatch):
+    for key, value in clean_servers.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WHALEFLUX_ADMIN_TOKEN", ADMIN_TOKEN)
+    monkeypatch.setenv("WHALEFLUX_INVENTORY_REFRESH_S", "3600")  # tests refresh explicitly
+    monkeypatch.setenv("WHALEFLUX_BUDGET_CHECK_INTERVAL_S", "3600")
+    return clean_servers
+
+
+@pytest.fixture
+def assets_server():
+    server = AssetsServer(ASSETS)
+    yield server
+    server.close()
+
+
+async def until(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+async def _bus(servers) -> Bus:
+    bus = await Bus.connect(servers.nats_url, source="test", user=servers.nats_user, password=servers.nats_password)
+    await bus.ensure_streams()
+    return bus
+
+
+async def _run_job(bus, job_id, gpus, model, team, start, hours, node="n1", project="p"):
+    placed = JobPlaced(job_id=job_id, attempt=1, cluster="c1", node=node, gpu_model=model, gpu_uuids=gpus,
+                       gpu_indices=list(range(len(gpus))), command=["x"], team=team, project=project)
+    await bus.publish(subjects.job_placed("c1", node), placed, event_id=f"placed-{job_id}-1", time=start)
+    await bus.publish(subjects.JOB_STARTED, JobStarted(job_id=job_id, attempt=1, cluster="c1", node=node,
+                      gpu_uuids=gpus, pid=1, started_at=start), event_id=f"started-{job_id}-1")
+    if hours is not None:
+        await bus.publish(subjects.JOB_FINISHED, JobFinished(job_id=job_id, attempt=1, cluster="c1", node=node,
+                          exit_code=0, started_at=start, finished_at=start + timedelta(hours=hours)),
+                          event_id=f"finished-{job_id}-1")
+
+
+def _client(svc) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=svc.create_app()), base_url="http://billing")
+
+
+async def _usage_count(svc, n):
+    raw = await svc.redis.hgetall(f"{svc.prefix}:usage")
+    return sum('"ended_at":null' not in v for v in raw.values()) >= n
+
+
+async def test_costs_by_ownership_reconcile_with_idle_and_a_replay_gives_identical_totals(env, assets_server, monkeypatch):
+    monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", assets_server.url)
+    clock = Clock(datetime(2026, 3, 20, tzinfo=UTC))
+    bus = await _bus(env)
+    await _run_job(bus, "lease-job", ["GPU-L0"], "H200", "nlp", T0, 10)
+    await _run_job(bus, "own-job", ["GPU-O0"], "H100", "cv", T0 + timedelta(hours=1), 5, node="h100-01")
+    await _run_job(bus, "stray-job", ["GPU-X9"], "A100", "nlp", T0, 2, node="a100-09")  # not in inventory
+    svc = BillingService(BillingSettings(), clock=clock)
+    await svc._start()
+    try:
+        assert await svc.refresh_assets()
+        await until(lambda: _usage_count(svc, 3), what="three jobs metered")
+        async with _client(svc) as http:
+            resp = await http.get("/v1/costs", params={"by": "job", "from": "2026-03-01T00:00:00Z",
+                                                       "to": "2026-03-20T00:00:00Z"})
+            assert resp.status_code == 200, resp.text
+            report = resp.json()
+        rows = {r["key"]: r for r in report["rows"]}
+        march_ms = Decimal(31 * 24 * 3600 * 1000)
+        # 10 h of one leased H200 at $2,150/GPU-month, March having 31 days.
+        assert rows["lease-job"]["cost_usd"] == str((Decimal(2150) * 36_000_000 / march_ms).quantize(Decimal("0.01")))
+        # 5 h of an owned H100: $30,000 over 48 months; no owned H100 price book entry, so no overhead, and said so.
+        own = Decimal(30000) / 48 * 18_000_000 / march_ms
+        assert rows["own-job"]["cost_usd"] == str(own.quantize(Decimal("0.01")))
+        assert any("no owned H100 price book entry" in n for n in report["pricing"]["notes"])
+        # The stray GPU is priced at the reference A100 rate and said so.
+        assert rows["stray-job"]["cost_usd"] == str((Decimal("3.4309") * 2).quantize(Decimal("0.01")))
+        assert any("GPU-X9" in n and "not in inventory" in n for n in report["pricing"]["notes"])
+        assert report["pricing"]["inventory"]["basis"] == "inventory ownership terms"
+        # Every amount is a decimal string; rows plus idle add up to the fleet total.
+        totals = report["totals"]
+        fleet = Decimal(totals["fleet_usd"])
+        assert sum(Decimal(r["cost_usd"]) for r in report["rows"]) + Decimal(totals["idle_usd"]) == fleet
+        window = Decimal(19 * 24 * 3600 * 1000) / march_ms
+        expected_fleet = (2 * Decimal(2150) + Decimal(30000) / 48) * window + Decimal("3.4309") * 2
+        assert fleet == expected_fleet.quantize(Decimal("0.01"))
+        idle = {(i["pool"], i["model"]): i for i in report["idle"]}
+        assert idle[("cloud", "H200")]["ownership"] == "leased" and idle[("cloud", "H200")]["gpus"] == 2
+
+        # Redis lost: the service replays the job stream and reports the same totals.
+        await svc.stop()
+        r = await _flush_billing(env)
+        assert r > 0
+        svc = BillingService(BillingSettings(), clock=clock)
+        await svc._start()
+        assert await svc.refresh_assets()
+        await until(lambda: _usage_count(svc, 3), what="replayed")
+        async with _client(svc) as http:
+            again = (await http.get("/v1/costs", params={"by": "job", "from": "2026-03-01T00:00:00Z",
+                                                         "to": "2026-03-20T00:00:00Z"})).json()
+        assert again["rows"] == report["rows"] and again["totals"] == report["totals"]
+    finally:
+        await svc.stop()
+        await bus.close()
+
+
+async def _flush_billing(servers) -> int:
+    from redis.asyncio import Redis
+
+    redis = Redis.from_url(servers.redis_url, password=servers.redis_password, decode_responses=True)
+    keys = [k async for k in redis.scan_iter("wf:billing:*")]
+    if keys:
+        await redis.delete(*keys)
+    await redis.aclose()
+    return len(keys)
+
+
+async def test_unreachable_inventory_falls_back_to_price_book_defaults_and_says_so(env, monkeypatch):
+    monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", "http://127.0.0.1:9")  # nothing listens
+    clock = Clock(datetime(2026, 3, 20, tzinfo=UTC))
+    bus = await _bus(env)
+    await _run_job(bus, "j1", ["GPU-L0"], "H200", "nlp", T0, 1)
+    svc = BillingService(BillingSettings(), clock=clock)
+    await svc._start()
+    try:
+        assert not await svc.refresh_assets()
+        await until(lambda: _usage_count(svc, 1), what="metered")
+        async with _client(svc) as http:
+            report = (await http.get("/v1/costs", params={"by": "job"})).json()
+            [rec] = (await http.get("/v1/costs/jobs/j1")).json()
+        assert "inventory unreachable" in report["pricing"]["inventory"]["basis"]
+        assert report["pricing"]["inventory"]["error"].startswith("ConnectError")
+        assert report["rows"][0]["cost_usd"] == "7.91"  # one hour at the reference H200 rate, $7.912
+        assert report["totals"]["idle_usd"] == "0.00"
+        assert rec["gpu_seconds"] == "3600.000" and rec["usd_per_gpu_hour"] == "7.9120" and rec["state"] == "finished"
+    finally:
+        await svc.stop()
+        await bus.close()
+
+
+async def test_bad_price_book_upload_is_rejected_with_line_and_the_previous_one_stays(env, monkeypatch, tmp_path):
+    book = tmp_path / "prices.yaml"
+    book.write_text(PRICEBOOK)
+    monkeypatch.setenv("WHALEFLUX_PRICEBOOK_FILE", str(book))
+    monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", "http://127.0.0.1:9")
+    svc = BillingService(BillingSettings(), clock=Clock(T0))
+    await svc._start()
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    try:
+        async with _client(svc) as http:
+            view = (await http.get("/v1/pricebook")).json()
+            assert view["source"] == str(book) and view["entries"][0]["usd_per_kwh"] == "0.20"
+            bad = PRICEBOOK + '  - {model: H100, ownership: owned, effective_from: 2026-02-01,\n' \
+                              '     usd_per_kwh: "-0.1", overhead_per_gpu_month: "1"}\n'
+            resp = await http.put("/admin/pricebook", content=bad, headers=auth)
+            assert resp.status_code == 422
+            errors = resp.json()["detail"]["errors"]
+            assert "upload:4: prices[1].usd_per_kwh: Input should be greater than or equal to 0" in errors
+            overlap = PRICEBOOK + '  - {model: H100, ownership: owned, effective_from: 2026-02-01, usd_per_kwh: "0.3", overhead_per_gpu_month: "1"}\n'
+            resp = await http.put("/admin/pricebook", content=overlap, headers=auth)
+            assert resp.json()["detail"]["errors"] == [
+                "upload:3: prices[1].effective_from: H100 owned 2026-02-01..open end overlaps prices[0]"]
+            assert (await http.put("/admin/pricebook", content=PRICEBOOK)).status_code == 401
+            view = (await http.get("/v1/pricebook")).json()
+            assert view["source"] == str(book) and view["last_error"]["source"] == "upload"
+            # TCO uses the book in force, with reference cloud prices where it has none.
+            tco = (await http.get("/v1/tco", params={"model": "H100", "purchase_price": "30000", "months": 24})).json()
+            assert tco["break_even_vs_cloud"] is not None and "reference" in tco["sources"]["cloud"]
+            resp = await http.get("/v1/tco", params={"model": "A100"})
+            assert resp.status_code == 400 and "purchase_price" in resp.json()["detail"]
+    finally:
+        await svc.stop()
+
+
+async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_server, monkeypatch, tmp_path):
+    book = tmp_path / "prices.yaml"
+    book.write_text(PRICEBOOK)
+    monkeypatch.setenv("WHALEFLUX_PRICEBOOK_FILE", str(book))
+    monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", assets_server.url)
+    clock = Clock(T0 + timedelta(hours=3))
+    nc = await nats.connect(env.nats_url, user=env.nats_user, password=env.nats_password)
+    alerts = []
+
+    async def on_alert(msg):
+        alerts.append(decode(msg.data))
+
+    await nc.subscribe(subjects.ALERT_RAISED, cb=on_alert)
+    bus = await _bus(env)
+    svc = BillingService(BillingSettings(), clock=clock)
+    await svc._start()
+    try:
+        await svc.refresh_assets()
+        await until(lambda: asyncio.sleep(0, "billing-telemetry" in svc.bus.bound), what="telemetry consumer")
+        await _run_job(bus, "hot", ["GPU-O0"], "H100", "cv", T0, None, node="h100-01")
+        await until(lambda: svc.redis.hget(f"{svc.prefix}:gpu:open", "GPU-O0"), what="job running")
+
+        def sample(minutes, joules, util):
+            g = GpuSample(uuid="GPU-O0", index=0, model="H100", utilization_gpu_pct=util, memory_used_mib=1,
+                          memory_total_mib=81559, temperature_c=50, energy_j=joules)
+            return GpuTelemetry(cluster="c1", node="h100-01", seq=minutes, sample_time=T0 + timedelta(minutes=minutes),
+                                gpus=[g])
+
+        # 36 MJ = 10 kWh between the first and last samples; the middle one is sent twice.
+        for minutes, joules, util in ((10, 1e6, 80), (20, 19e6, 60), (20, 19e6, 60), (30, 37e6, 100)):
+            await bus.publish(subjects.gpu_telemetry("c1", "h100-01"), sample(minutes, joules, util))
+        hour = f"{svc.prefix}:energy:{int(T0.timestamp() * 1000)}"
+        await until(lambda: _float_at(svc.redis.hget(hour, "GPU-O0"), 36e6), what="energy counted")
+        await bus.publish(subjects.JOB_FINISHED, JobFinished(
+            job_id="hot", attempt=1, cluster="c1", node="h100-01", exit_code=0, started_at=T0,
+            finished_at=T0 + timedelta(hours=2)), event_id="finished-hot-1")
+        await until(lambda: _usage_count(svc, 1), what="finished")
+        async with _client(svc) as http:
+            [rec] = (await http.get("/v1/costs/jobs/hot")).json()
+            assert rec["power_usd"] == "2.000000"  # 10 kWh x $0.20
+            assert rec["efficiency_pct"] == 80.0  # (80 + 60 + 100) / 3, the duplicate not counted
+            report = (await http.get("/v1/costs", params={"by": "team"})).json()
+            assert report["efficiency_pct"] == {"cv": 80.0}
+
+            # A $25 monthly budget for team cv: ~$3.95 by March 10, 11:00 projects to ~$15.5 (burn rate ~$12.9,
+            # trend ~$15.5): past 50%, not 100%.
+            budgets = [{"scope": "team", "name": "cv", "amount_usd": "25", "thresholds_pct": [50, 100]}]
+            auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            resp = await http.put("/admin/budgets", json=budgets, headers=auth)
+            assert resp.status_code == 200, resp.text
+            fired = resp.json()["alerts_published"]
+            assert fired == ["raised-cost-budget-team-cv-202603-50"]
+            assert await svc.check_budgets() == []  # the same crossing again: nothing new
+            status = (await http.get("/v1/budgets")).json()
+            assert status[0]["spend_to_date"].startswith("3.9") and 50 < status[0]["projected_pct"] < 100
+            bad = await http.put("/admin/budgets", json=[{"scope": "team", "amount_usd": "-1"}], headers=auth)
+            assert bad.status_code == 422 and "amount_usd" in json.dumps(bad.json())
+
+        await until(lambda: asyncio.sleep(0, len(alerts) >= 1), what="alert on the bus")
+        await asyncio.sleep(0.3)
+        [(envelope, data)] = alerts
+        assert envelope.id == "raised-cost-budget-team-cv-202603-50"
+        assert data.category == "cost" and data.labels["name"] == "cv" and "Team cv projected" in data.summary
+    finally:
+        await svc.stop()
+        await bus.close()
+        await nc.close()
+
+
+async def _float_at(awaitable, expected):
+    value = await awaitable
+    return value is not None and abs(float(value) - expected) < 1e-6

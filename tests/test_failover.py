@@ -1,0 +1,153 @@
+"""Failover through real NATS and Redis, a scheduler process and simulated agent processes.
+
+A node that goes silent mid-job (its heartbeats stop, or its agent is killed
+with kill -9) is declared lost after the scheduler's lost timeout, and the job
+resumes on another node from its checkpoint; the old attempt is stopped, not
+run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from whaleflux.shared.events import JobPlaced, JobPreempted, JobRequeued
+
+from .processes import ADMIN_TOKEN, make_cluster, wait_until
+from .test_crash_recovery import _job_history
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+FAST_FAILOVER = {
+    "WHALEFLUX_HEARTBEAT_SUSPECT_S": "1.0",
+    "WHALEFLUX_HEARTBEAT_LOST_S": "2.5",
+    "WHALEFLUX_PREEMPTION_GRACE_S": "2",
+    "WHALEFLUX_PASS_INTERVAL_S": "0.3",
+}
+
+# Counts steps into its checkpoint; resumes from it when WHALEFLUX_RESUME=1; stops on SIGTERM
+# (as a job that saves and exits would) or when the agent that started it dies.
+JOB = """
+import os, pathlib, signal, sys, time
+ck = pathlib.Path(os.environ["WHALEFLUX_CHECKPOINT_DIR"]) / "step"
+step = int(ck.read_text()) if os.environ["WHALEFLUX_RESUME"] == "1" and ck.exists() else 0
+print(f"attempt={os.environ['WHALEFLUX_ATTEMPT']} resume={os.environ['WHALEFLUX_RESUME']} from={step}", flush=True)
+def term(*_):
+    print(f"sigterm at {step}", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, term)
+parent = os.getppid()
+while step < int(sys.argv[1]):
+    time.sleep(0.1)
+    step += 1
+    ck.write_text(str(step))
+    if os.getppid() != parent:
+        print("agent gone", flush=True)
+        sys.exit(1)
+print(f"done at {step}", flush=True)
+"""
+
+
+def _start(clean_servers, tmp_path: Path):
+    cluster = make_cluster(clean_servers, tmp_path)
+    scheduler = cluster.service("scheduler", **FAST_FAILOVER)
+    h100 = cluster.agent("h100-01", interval_s=0.3, name="agent-h100", http=True)
+    a100 = cluster.agent("a100-01", interval_s=0.3, name="agent-a100", http=True)
+    scheduler.wait_ready()
+
+    def both_healthy():
+        nodes = httpx.get(scheduler.url + "/v1/nodes").json()
+        return len(nodes) == 2 and all(n["status"] == "healthy" and n["heartbeat_age_s"] is not None for n in nodes)
+
+    wait_until(both_healthy, what="both nodes registered and heartbeating")
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    return cluster, scheduler, h100, a100, script
+
+
+def _submit(scheduler, script: Path, steps: int) -> str:
+    body = {"name": "train", "command": [sys.executable, str(script), str(steps)], "gpus": 2,
+            "gpu_models": ["H100", "A100"], "workload_class": "llm-train"}
+    resp = httpx.post(scheduler.url + "/v1/jobs", json=body, headers=AUTH)
+    assert resp.status_code == 202, resp.text
+    return resp.json()["job_id"]
+
+
+def _job(scheduler, job_id: str) -> dict:
+    return httpx.get(f"{scheduler.url}/v1/jobs/{job_id}").json()
+
+
+def _running_on(scheduler, job_id: str, node: str, attempt: int):
+    job = _job(scheduler, job_id)
+    return job["state"] == "running" and job["node"] == node and job["attempt"] == attempt and job
+
+
+def _checkpoint(tmp_path: Path, job_id: str) -> int:
+    path = tmp_path / "home" / "checkpoints" / job_id / "step"
+    return int(path.read_text() or 0) if path.exists() else 0
+
+
+def _assert_moved_once(servers, job_id: str) -> None:
+    history = [e for e in asyncio.run(_job_history(servers)) if getattr(e, "job_id", None) == job_id]
+    placed = [(e.attempt, e.node) for e in history if isinstance(e, JobPlaced)]
+    assert placed == [(1, "h100-01"), (2, "a100-01")]
+    [requeued] = [e for e in history if isinstance(e, JobRequeued)]
+    assert requeued.cause == "node_lost" and requeued.node == "h100-01" and requeued.attempt == 1
+    stops = Counter((e.node, e.attempt) for e in history if isinstance(e, JobPreempted))
+    assert stops[("h100-01", 1)] >= 1, "the lost node is told to stop the old attempt"
+
+
+def test_silent_node_mid_job_is_declared_lost_and_the_job_resumes_on_another_node(clean_servers, tmp_path):
+    cluster, scheduler, h100, a100, script = _start(clean_servers, tmp_path)
+    try:
+        job_id = _submit(scheduler, script, steps=60)
+        wait_until(lambda: _running_on(scheduler, job_id, "h100-01", 1), what="running on the H100 node")
+        wait_until(lambda: _checkpoint(tmp_path, job_id) >= 5, what="some progress checkpointed")
+
+        # The H100 node stops heartbeating (its agent and the job live on: a partition, not a crash).
+        resp = httpx.post(h100.url + "/admin/faults", json={"kind": "node-silent", "node": "h100-01"}, headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        silenced = time.monotonic()
+        wait_until(lambda: any(n["status"] == "suspect" for n in httpx.get(scheduler.url + "/v1/nodes").json()),
+                   timeout=5, interval=0.05, what="node suspect first")
+        job = wait_until(lambda: _running_on(scheduler, job_id, "a100-01", 2), timeout=20, what="resumed on the A100 node")
+        assert time.monotonic() - silenced < 10
+        nodes = {n["node"]: n for n in httpx.get(scheduler.url + "/v1/nodes").json()}
+        assert nodes["h100-01"]["status"] == "lost" and nodes["a100-01"]["status"] == "healthy"
+
+        # The old attempt was stopped on the silent node (its agent still consumes stop orders).
+        log1 = tmp_path / "home" / "jobs" / f"{job_id}.1.log"
+        wait_until(lambda: "sigterm at" in log1.read_text(), timeout=10, what="attempt 1 stopped")
+        done = wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded" and _job(scheduler, job_id), timeout=30,
+                          what="job succeeded")
+        assert done["attempt"] == 2
+        log2 = (tmp_path / "home" / "jobs" / f"{job_id}.2.log").read_text()
+        resumed_from = int(log2.split("from=")[1].split()[0])
+        assert "resume=1" in log2 and resumed_from >= 5, log2
+        assert "done at 60" in log2
+        _assert_moved_once(clean_servers, job_id)
+        why = httpx.get(f"{scheduler.url}/v1/jobs/{job_id}/why").json()["why"]
+        assert "requeued: attempt 1 on h100-01: node lost: no heartbeat" in why
+    finally:
+        cluster.stop()
+
+
+def test_agent_killed_9_mid_job_moves_the_job_to_another_node(clean_servers, tmp_path):
+    cluster, scheduler, h100, a100, script = _start(clean_servers, tmp_path)
+    try:
+        job_id = _submit(scheduler, script, steps=40)
+        wait_until(lambda: _running_on(scheduler, job_id, "h100-01", 1), what="running on the H100 node")
+        wait_until(lambda: _checkpoint(tmp_path, job_id) >= 3, what="some progress checkpointed")
+        h100.kill9()
+        wait_until(lambda: _running_on(scheduler, job_id, "a100-01", 2), timeout=20, what="resumed on the A100 node")
+        done = wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded" and _job(scheduler, job_id), timeout=30,
+                          what="job succeeded")
+        assert done["node"] == "a100-01"
+        assert "resume=1" in (tmp_path / "home" / "jobs" / f"{job_id}.2.log").read_text()
+        _assert_moved_once(clean_servers, job_id)
+    finally:
+        cluster.stop()

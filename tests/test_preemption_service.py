@@ -1,0 +1,73 @@
+"""The queue policy in the running service: rejection at submission, priorities, preemption and resume.
+
+Real NATS and Redis, a scheduler process and a simulated agent process
+(r4090-01, 4 GPUs); jobs are real processes that checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import httpx
+
+from whaleflux.shared.events import JobPreempted, JobRequeued
+
+from .processes import make_cluster, wait_until
+from .test_crash_recovery import _job_history
+from .test_failover import AUTH, JOB, _checkpoint, _job
+
+
+def test_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_checkpoint(clean_servers, tmp_path):
+    cluster = make_cluster(clean_servers, tmp_path)
+    scheduler = cluster.service(
+        "scheduler", WHALEFLUX_MIN_RUN_BEFORE_PREEMPTION_S="0", WHALEFLUX_PREEMPTION_GRACE_S="3",
+        WHALEFLUX_PASS_INTERVAL_S="0.3",
+    )
+    cluster.agent("r4090-01", interval_s=0.5)
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    try:
+        scheduler.wait_ready()
+        wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json(), what="node registered")
+
+        # Infeasible jobs are refused at submission, with the reason.
+        too_big = httpx.post(scheduler.url + "/v1/jobs", json={"name": "big", "command": ["true"], "gpus": 8}, headers=AUTH)
+        assert too_big.status_code == 422 and "only 4 GPUs per node" in too_big.text
+        nowhere = cluster.cli("submit", "--label", "pool=nowhere", "--wait", "--", "true")
+        assert nowhere.returncode == 1 and "rejected" in nowhere.stdout and "pool dev, not nowhere" in nowhere.stdout
+
+        def submit(*args: str, steps: int) -> str:
+            out = cluster.cli("submit", "--gpus", *args, "--", sys.executable, str(script), str(steps))
+            assert out.returncode == 0, out.stdout + out.stderr
+            return out.stdout.split("submitted job ")[1].split()[0]
+
+        low = submit("4", "--priority", "low", "--preemptible", "--team", "research", steps=60)
+        wait_until(lambda: _job(scheduler, low)["state"] == "running", what="low-priority job running")
+        wait_until(lambda: _checkpoint(tmp_path, low) >= 5, what="low-priority job checkpointed")
+
+        waiter = submit("2", "--team", "research", steps=3)
+        why = wait_until(lambda: "needs 2 GPUs" in (w := cluster.cli("jobs", "why", waiter).stdout) and w, what="why")
+        assert "on one node" in why and "first in line" in why
+
+        high = submit("4", "--priority", "high", "--team", "prod", steps=5)
+        done = wait_until(lambda: _job(scheduler, high)["state"] == "succeeded" and _job(scheduler, high), timeout=30,
+                          what="high-priority job done")
+        assert done["attempt"] == 1
+        assert "sigterm at" in (tmp_path / "home" / "jobs" / f"{low}.1.log").read_text()
+
+        for job_id in (low, waiter):
+            wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded", timeout=30, what=f"{job_id} done")
+        assert _job(scheduler, low)["attempt"] == 2 and _job(scheduler, waiter)["attempt"] == 1
+        logs = cluster.cli("jobs", "logs", low)
+        assert logs.returncode == 0 and "attempt=2 resume=1" in logs.stdout and "done at 60" in logs.stdout
+        assert int(logs.stdout.split("from=")[1].split()[0]) >= 5
+        assert "requeued: attempt 1 on r4090-01" in cluster.cli("jobs", "why", low).stdout
+
+        history = asyncio.run(_job_history(clean_servers))
+        [order] = [e for e in history if isinstance(e, JobPreempted)]
+        assert order.job_id == low and order.attempt == 1 and order.grace_s == 3
+        [requeued] = [e for e in history if isinstance(e, JobRequeued)]
+        assert requeued.cause == "preempted" and f"preempted for high job {high}" in requeued.reason
+    finally:
+        cluster.stop()

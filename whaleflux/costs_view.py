@@ -1,0 +1,142 @@
+"""`whaleflux costs`: chargeback tables, exports and the TCO comparison, from the billing service over HTTP."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import httpx
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .client import ClientError, Connection
+
+costs_app = typer.Typer(help="GPU cost per job, team or project; idle; exports; TCO.", invoke_without_command=True)
+console = Console(width=None if sys.stdout.isatty() else 200)
+
+def _fail(message: str) -> None:
+    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(1)
+
+def _get_text(conn: Connection, path: str, params: dict) -> str:
+    """GET a non-JSON body (CSV) from billing; the service's message becomes the error."""
+    url = conn.services["billing"] + path
+    try:
+        resp = httpx.get(url, params={k: v for k, v in params.items() if v is not None}, timeout=60)
+    except httpx.HTTPError as exc:
+        raise ClientError(f"cannot reach the billing service at {conn.services['billing']} ({type(exc).__name__})") from None
+    if resp.status_code >= 400:
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        raise ClientError(f"billing answered {resp.status_code}: {str(detail)[:500]}")
+    return resp.text
+
+def _eff(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}%"
+
+@costs_app.callback()
+def costs(
+    ctx: typer.Context,
+    by: Annotated[str, typer.Option(help="job | team | project | model")] = "team",
+    from_: Annotated[Optional[str], typer.Option("--from", help="start, ISO 8601 (default: start of this month, UTC)")] = None,
+    to: Annotated[Optional[str], typer.Option(help="end, ISO 8601 (default: now)")] = None,
+    share_idle: Annotated[bool, typer.Option(help="share idle cost back in proportion to use")] = False,
+    export: Annotated[Optional[str], typer.Option(help="focus | csv | json: print the export instead of tables")] = None,
+) -> None:
+    """Cost per job, team, project or model over a window, the idle line per pool and model, and the fleet total."""
+    if ctx.invoked_subcommand:
+        return
+    if by not in ("job", "team", "project", "model"):
+        _fail(f"--by: {by!r} is not one of job, team, project, model")
+    if export not in (None, "focus", "csv", "json"):
+        _fail(f"--export: {export!r} is not one of focus, csv, json")
+    window = {"from": _utc(from_), "to": _utc(to)}
+    conn = Connection.discover()
+    try:
+        if export:
+            sys.stdout.write(_get_text(conn, "/v1/costs/export", {"format": export, "by": by, **window}))
+            return
+        report = conn.get("billing", "/v1/costs", by=by, share_idle=str(share_idle).lower(), **window)
+    except ClientError as exc:
+        _fail(str(exc))
+    table = Table(title=f"Cost by {by}, {report['from'][:16]} to {report['to'][:16]} UTC")
+    for col in (by, "jobs", "GPU-hours", "cost (USD)", *(["idle share", "total"] if share_idle else []), "GPU util"):
+        table.add_column(col, justify="left" if col == by else "right")
+    for r in report["rows"]:
+        cells = [escape(r["key"]), str(r["jobs"]), r["gpu_hours"], f"${r['cost_usd']}"]
+        if share_idle:
+            cells += [f"${r['idle_share_usd']}", f"${r['total_usd']}"]
+        table.add_row(*cells, _eff(report["efficiency_pct"].get(r["key"])))
+    console.print(table)
+    idle = Table(title="Fleet and idle per pool and model")
+    for col in ("pool", "model", "ownership", "GPUs", "fleet", "allocated", "idle", "idle %"):
+        idle.add_column(col, justify="left" if col in ("pool", "model", "ownership") else "right")
+    for line in report["idle"]:
+        idle.add_row(escape(line["pool"]), line["model"], line["ownership"], str(line["gpus"]), f"${line['fleet_usd']}",
+                     f"${line['allocated_usd']}", f"${line['idle_usd']}",
+                     "-" if line["idle_pct"] is None else f"{line['idle_pct']:.0f}%")
+    if report["idle"]:
+        console.print(idle)
+    t = report["totals"]
+    console.print(f"fleet ${t['fleet_usd']} = allocated ${t['allocated_usd']}"
+                  + (f" + idle ${t['unshared_idle_usd']} (rest shared back)" if share_idle else f" + idle ${t['idle_usd']}"))
+    pricing = report["pricing"]
+    console.print(f"prices: {escape(pricing['inventory']['basis'])}; price book: {escape(pricing['pricebook'])}")
+    for note in pricing["notes"][:10]:
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
+
+def _utc(value: str | None) -> str | None:
+    """Dates without a time or zone are read as UTC."""
+    if value is None:
+        return None
+    if len(value) == 10:
+        return value + "T00:00:00Z"
+    if value.endswith("Z") or "+" in value[10:] or "-" in value[10:]:
+        return value
+    return value + "Z"
+
+@costs_app.command("tco")
+def costs_tco(
+    model: Annotated[str, typer.Option(help="GPU model, e.g. H100")],
+    gpus: Annotated[int, typer.Option(min=1)] = 8,
+    utilization: Annotated[float, typer.Option(min=0, max=1, help="expected share of the time in use, 0-1")] = 0.6,
+    months: Annotated[int, typer.Option(min=1, max=120)] = 36,
+    purchase_price: Annotated[Optional[str], typer.Option(help="USD per GPU; default: price book")] = None,
+    usd_per_kwh: Annotated[Optional[str], typer.Option(help="default: price book")] = None,
+    overhead: Annotated[Optional[str], typer.Option(help="USD per GPU-month; default: price book")] = None,
+    lease_monthly: Annotated[Optional[str], typer.Option(help="USD per GPU-month; default: price book")] = None,
+    cloud_hourly: Annotated[Optional[str], typer.Option(help="USD per GPU-hour; default: price book")] = None,
+) -> None:
+    """Owning vs leasing vs renting in a cloud for a workload, with the break-even month."""
+    try:
+        r = Connection.discover().get(
+            "billing", "/v1/tco", model=model, gpus=gpus, utilization=utilization, months=months,
+            purchase_price=purchase_price, usd_per_kwh=usd_per_kwh, overhead=overhead,
+            lease_monthly=lease_monthly, cloud_hourly=cloud_hourly,
+        )
+    except ClientError as exc:
+        _fail(str(exc))
+    table = Table("month", "own (cumulative)", "lease (cumulative)", "cloud (cumulative)",
+                  title=f"TCO: {gpus}x {model} at {utilization:.0%} for {months} months")
+    rows = r["months"]
+    shown = [m for m in rows if m["month"] in (1, 3, 6) or m["month"] % 12 == 0 or m["month"] == len(rows)
+             or m["month"] in (r["break_even_vs_cloud"], r["break_even_vs_lease"])]
+    for m in shown:
+        table.add_row(str(m["month"]), f"${m['own_usd']}", "-" if m["lease_usd"] is None else f"${m['lease_usd']}",
+                      f"${m['cloud_usd']}")
+    console.print(table)
+    be_cloud = r["break_even_vs_cloud"]
+    be_lease = r["break_even_vs_lease"]
+    console.print(f"owning breaks even with cloud in month {be_cloud}" if be_cloud else
+                  f"owning does not break even with cloud within {months} months")
+    console.print(f"owning breaks even with leasing in month {be_lease}" if be_lease else
+                  "owning does not break even with leasing" + ("" if rows[-1]["lease_usd"] else " (no lease price)"))
+    console.print(f"cheapest over {months} months: {r['cheapest']}; residual value of owned GPUs: ${r['residual_usd']}")
+    for a in r["assumptions"]:
+        console.print(f"- {escape(a)}")
+    for k, v in r["sources"].items():
+        console.print(f"- {k} prices: {escape(v)}")

@@ -115,7 +115,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         # Event rules: live only, so a replay never re-raises last month's failures.
         _c("alerting-jobs", "WHALEFLUX_JOBS", s.JOB_FAILED, s.JOB_REJECTED, deliver_new=True),
         _c("alerting-leases", "WHALEFLUX_LEASES", s.LEASE_EXPIRING, s.LEASE_EXPIRED, deliver_new=True),
-        _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, f"{s.JOB_PLACED}.>"),
+        _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, s.JOB_REQUEUED, f"{s.JOB_PLACED}.>"),
         # Measured energy for power cost; counters are cumulative, so a redelivered sample adds nothing.
         _c("billing-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
         _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),

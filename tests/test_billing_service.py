@@ -345,3 +345,38 @@ async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_s
 async def _float_at(awaitable, expected):
     value = await awaitable
     return value is not None and abs(float(value) - expected) < 1e-6
+
+
+async def test_a_requeued_attempt_stops_accruing_and_a_late_end_report_replaces_it_once(env, monkeypatch):
+    from whaleflux.shared.events import JobRequeued
+
+    monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", "http://127.0.0.1:9")
+    clock = Clock(datetime(2026, 3, 20, tzinfo=UTC))
+    bus = await _bus(env)
+    # Attempt 1 starts on a node that is then lost: no end report, only the scheduler's requeue.
+    await _run_job(bus, "lost", ["GPU-L0"], "H200", "nlp", T0, None)
+    requeued_at = T0 + timedelta(hours=2)
+    await bus.publish(subjects.JOB_REQUEUED, JobRequeued(job_id="lost", attempt=1, cluster="c1", node="n1",
+                      reason="node n1 lost", cause="node_lost"), event_id="requeued-lost-1", time=requeued_at)
+    svc = BillingService(BillingSettings(), clock=clock)
+    await svc._start()
+    try:
+        await until(lambda: _usage_count(svc, 1), what="attempt ended by the requeue")
+        async with _client(svc) as http:
+            [rec] = (await http.get("/v1/costs/jobs/lost")).json()
+        assert rec["state"] == "requeued" and rec["gpu_seconds"] == "7200.000"
+
+        # The node comes back and its agent reports the stop late: that end replaces the requeue's.
+        await bus.publish(subjects.JOB_FINISHED, JobFinished(job_id="lost", attempt=1, cluster="c1", node="n1",
+                          exit_code=-15, started_at=T0, finished_at=T0 + timedelta(hours=3)),
+                          event_id="finished-lost-1")
+
+        async def finished():
+            async with _client(svc) as http:
+                recs = (await http.get("/v1/costs/jobs/lost")).json()
+            return recs if recs[0]["state"] == "finished" else None
+        [rec] = await until(finished, what="late end report")
+        assert rec["gpu_seconds"] == "10800.000"
+    finally:
+        await svc.stop()
+        await bus.close()

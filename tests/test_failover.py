@@ -114,7 +114,7 @@ def test_silent_node_mid_job_is_declared_lost_and_the_job_resumes_on_another_nod
         silenced = time.monotonic()
         wait_until(lambda: any(n["status"] == "suspect" for n in httpx.get(scheduler.url + "/v1/nodes").json()),
                    timeout=5, interval=0.05, what="node suspect first")
-        job = wait_until(lambda: _running_on(scheduler, job_id, "a100-01", 2), timeout=20, what="resumed on the A100 node")
+        wait_until(lambda: _running_on(scheduler, job_id, "a100-01", 2), timeout=20, what="resumed on the A100 node")
         assert time.monotonic() - silenced < 10
         nodes = {n["node"]: n for n in httpx.get(scheduler.url + "/v1/nodes").json()}
         assert nodes["h100-01"]["status"] == "lost" and nodes["a100-01"]["status"] == "healthy"

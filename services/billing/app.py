@@ -36,6 +36,7 @@ from whaleflux.shared.events import (
     JobFailed,
     JobFinished,
     JobPlaced,
+    JobRequeued,
     JobStarted,
     make_envelope,
 )
@@ -44,7 +45,7 @@ from whaleflux.shared.settings import CommonSettings
 
 from . import allocation as alloc
 from .budgets import Budget, day_windows, evaluate, history_start
-from .exports import FocusContext, focus_csv, focus_json, focus_rows, jobs_csv
+from .exports import FocusContext, focus_csv, focus_rows, jobs_csv
 from .metering import UsageRecord, energy_delta, ended, intervals
 from .ownership import GpuCost, GpuTerms, from_ms, gpu_cost, month_start, power_price, terms_from_assets, to_ms
 from .pricebook import PriceBook, PriceBookError, entry_json, parse_pricebook, reference_book
@@ -123,6 +124,22 @@ class BillingService(ServiceBase):
             await self._record(data.job_id, data.attempt, data.started_at, data.finished_at, "finished")
         elif isinstance(data, JobFailed) and data.started_at is not None:
             await self._record(data.job_id, data.attempt, data.started_at, data.failed_at, "failed")
+        elif isinstance(data, JobRequeued):
+            await self._end_requeued(data.job_id, data.attempt, env.time)
+
+    async def _end_requeued(self, job_id: str, attempt: int, at: datetime) -> None:
+        """A requeued attempt stops accruing when the scheduler took its GPUs back.
+
+        The agent of a lost node never reports the end; if the agent does report
+        it later (a preempted job stopping after its grace period), that report
+        replaces this end: still one record per attempt.
+        """
+        raw = await self.redis.hget(self.k("usage"), f"{job_id}:{attempt}")
+        if raw is None:
+            return  # placed but never started: nothing ran, nothing to charge
+        record = UsageRecord.model_validate_json(raw)
+        if record.ended_at is None:
+            await self._record(job_id, attempt, record.started_at, max(at, record.started_at), "requeued")
 
     async def _record(self, job_id: str, attempt: int, started: datetime, end: datetime | None, state: str) -> None:
         raw = await self.redis.get(self._alloc_key(job_id, attempt))

@@ -32,7 +32,7 @@ class UsageRecord(BaseModel):
     gpu_uuids: list[str] = []
     started_at: datetime
     ended_at: datetime | None = None
-    state: str = "finished"  # running | finished | failed
+    state: str = "finished"  # running | finished | failed | requeued
     gpu_seconds: Decimal = Decimal(0)
 
     @property

@@ -32,10 +32,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from whaleflux.shared import yamlconfig
 from whaleflux.shared.catalog import DATA_DIR, gpu_models, model_key
+from whaleflux.shared.yamlconfig import ConfigFileError
 
 Ownership = Literal["owned", "leased", "cloud"]
 REFERENCE_CSV = DATA_DIR / "prices-reference.csv"
@@ -108,12 +109,8 @@ class PriceBookDoc(BaseModel):
     prices: list[PriceEntry] = Field(default_factory=list)
 
 
-class PriceBookError(ValueError):
+class PriceBookError(ConfigFileError):
     """The price book was rejected; `errors` are `FILE:LINE: key: problem` lines."""
-
-    def __init__(self, errors: list[str]):
-        super().__init__("; ".join(errors))
-        self.errors = errors
 
 
 @dataclass(frozen=True)
@@ -184,35 +181,6 @@ def reference_book() -> PriceBook:
 
 # --------------------------------------------------------------------------- loading
 
-_Path = tuple[Any, ...]
-
-
-def _lines(node: yaml.Node, path: _Path, out: dict[_Path, int]) -> None:
-    """Record the 1-based line of every key and item under `node`."""
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            sub = (*path, key_node.value)
-            out[sub] = key_node.start_mark.line + 1
-            _lines(value_node, sub, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _lines(item, (*path, i), out)
-
-
-def _key(path: _Path) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(document)"
-
-
-def _line_of(path: _Path, lines: dict[_Path, int]) -> int:
-    for n in range(len(path), -1, -1):
-        if path[:n] in lines:
-            return lines[path[:n]]
-    return 1
-
 
 def _money_as_text(doc: Any) -> Any:
     """YAML floats become Decimals through their text, never through binary floats."""
@@ -227,36 +195,13 @@ def _money_as_text(doc: Any) -> Any:
 
 def parse_pricebook(text: str, filename: str = "pricebook.yaml") -> PriceBook:
     """Parse and check a price book; raise PriceBookError naming file, line and key of every problem."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        doc = loader.construct_document(node) if node is not None else {}
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise PriceBookError([f"{filename}:{mark.line + 1 if mark else 1}: (yaml): {exc.problem or exc}"]) from None
-    finally:
-        loader.dispose()
-    lines: dict[_Path, int] = {}
-    if node is not None:
-        _lines(node, (), lines)
-    doc = {} if doc is None else doc
-    if not isinstance(doc, dict):
-        raise PriceBookError([f"{filename}:1: (document): expected a mapping with `prices`"])
-    try:
-        parsed = PriceBookDoc.model_validate(_money_as_text(doc))
-    except ValidationError as exc:
-        errors = []
-        for err in exc.errors(include_url=False, include_input=False):
-            path = tuple(err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            errors.append(f"{filename}:{_line_of(path, lines)}: {_key(path)}: {msg}")
-        raise PriceBookError(errors) from None
-    problems = []
-    for i, j, what in overlaps(parsed.prices):
-        path = ("prices", j, "effective_from")
-        problems.append(f"{filename}:{_line_of(path, lines)}: {_key(path)}: {what} overlaps prices[{i}]")
+    located = yamlconfig.parse(text, filename, PriceBookError, "a mapping with `prices`")
+    parsed = yamlconfig.validate(located, PriceBookDoc, PriceBookError, prepare=_money_as_text)
+    problems = [
+        (("prices", j, "effective_from"), f"{what} overlaps prices[{i}]") for i, j, what in overlaps(parsed.prices)
+    ]
     if problems:
-        raise PriceBookError(problems)
+        raise PriceBookError(located.problems(problems))
     return PriceBook(entries=tuple(parsed.prices), reference=reference_entries(), source=filename)
 
 
@@ -275,11 +220,8 @@ def overlaps(entries: list[PriceEntry]) -> list[tuple[int, int, str]]:
 
 
 def load_pricebook(path: str | Path) -> PriceBook:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PriceBookError([f"{path}:1: (file): cannot read: {exc.strerror or exc}"]) from None
-    return parse_pricebook(text, str(path))
+    """Read and parse a price book file; PriceBookError names the file on any problem."""
+    return parse_pricebook(yamlconfig.read(path, PriceBookError), str(path))
 
 
 def entry_json(e: PriceEntry) -> dict:

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from whaleflux.shared import yamlconfig
 from whaleflux.shared.catalog import gpu_models, model_key
+from whaleflux.shared.yamlconfig import ConfigFileError, KeyPath
 
 Ownership = Literal["owned", "leased", "cloud"]
 Ident = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -137,12 +138,8 @@ class Declarations(BaseModel):
         return next((c for c in self.contracts if c.id == contract_id), None)
 
 
-class AssetsError(ValueError):
+class AssetsError(ConfigFileError):
     """The declarations were rejected; `errors` are `FILE:LINE: key: problem` lines."""
-
-    def __init__(self, errors: list[str]):
-        super().__init__("; ".join(errors))
-        self.errors = errors
 
 
 def add_months(d: date, months: int) -> date:
@@ -160,73 +157,19 @@ def add_months(d: date, months: int) -> date:
 # --------------------------------------------------------------------------- loading
 
 
-Path_ = tuple[Any, ...]
-
-
-def _lines(node: yaml.Node, path: Path_, out: dict[Path_, int]) -> None:
-    """Record the 1-based line of every key and item under `node`."""
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            sub = (*path, key_node.value)
-            out[sub] = key_node.start_mark.line + 1
-            _lines(value_node, sub, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _lines(item, (*path, i), out)
-
-
-def _key(path: Path_) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(document)"
-
-
-def _line_of(path: Path_, lines: dict[Path_, int]) -> int:
-    for n in range(len(path), -1, -1):
-        if path[:n] in lines:
-            return lines[path[:n]]
-    return 1
-
-
 def parse_declarations(text: str, filename: str = "assets.yaml") -> Declarations:
     """Parse and check declarations; raise AssetsError listing every problem with file, line and key."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        doc = loader.construct_document(node) if node is not None else {}
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 1
-        raise AssetsError([f"{filename}:{line}: (yaml): {exc.problem or exc}"]) from None
-    finally:
-        loader.dispose()
-    lines: dict[Path_, int] = {}
-    if node is not None:
-        _lines(node, (), lines)
-    if doc is None:
-        doc = {}
-    if not isinstance(doc, dict):
-        raise AssetsError([f"{filename}:1: (document): expected a mapping with `contracts` and `assets`"])
-    try:
-        decl = Declarations.model_validate(doc)
-    except ValidationError as exc:
-        errors = []
-        for err in exc.errors(include_url=False, include_input=False):
-            path = tuple(err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            errors.append(f"{filename}:{_line_of(path, lines)}: {_key(path)}: {msg}")
-        raise AssetsError(errors) from None
+    located = yamlconfig.parse(text, filename, AssetsError, "a mapping with `contracts` and `assets`")
+    decl = yamlconfig.validate(located, Declarations, AssetsError)
     problems = cross_check(decl)
     if problems:
-        raise AssetsError([f"{filename}:{_line_of(p, lines)}: {_key(p)}: {msg}" for p, msg in problems])
+        raise AssetsError(located.problems(problems))
     return decl
 
 
-def cross_check(decl: Declarations) -> list[tuple[Path_, str]]:
+def cross_check(decl: Declarations) -> list[tuple[KeyPath, str]]:
     """Checks across entries: references, duplicates, overlapping leases, ownership consistency."""
-    problems: list[tuple[Path_, str]] = []
+    problems: list[tuple[KeyPath, str]] = []
     seen_contracts: set[str] = set()
     for i, c in enumerate(decl.contracts):
         if c.id in seen_contracts:
@@ -264,9 +207,4 @@ def cross_check(decl: Declarations) -> list[tuple[Path_, str]]:
 
 def load_declarations(path: str) -> Declarations:
     """Read and parse an assets file; AssetsError names the file on any problem."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise AssetsError([f"{path}:1: (file): cannot read: {exc.strerror or exc}"]) from None
-    return parse_declarations(text, path)
+    return parse_declarations(yamlconfig.read(path, AssetsError), path)

@@ -1,0 +1,114 @@
+"""YAML configuration files whose errors name the file, the line and the key.
+
+Every configuration file of WhaleFlux (declared assets, price book, alert
+rules) is read the same way: parse with PyYAML keeping each node's line,
+validate with a pydantic model, and report *all* problems at once as
+`FILE:LINE: key: problem` lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+KeyPath = tuple[Any, ...]
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigFileError(ValueError):
+    """A configuration was rejected; `errors` are `FILE:LINE: key: problem` lines."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class LocatedDocument:
+    """A parsed YAML document and the line of every key and item in it."""
+
+    doc: Any
+    filename: str
+    lines: dict[KeyPath, int]
+
+    def where(self, path: KeyPath) -> str:
+        """`FILE:LINE: key` for a key path such as ("assets", 0, "model")."""
+        return f"{self.filename}:{self.line_of(path)}: {key_name(path)}"
+
+    def line_of(self, path: KeyPath) -> int:
+        for n in range(len(path), -1, -1):
+            if path[:n] in self.lines:
+                return self.lines[path[:n]]
+        return 1
+
+    def problems(self, found: list[tuple[KeyPath, str]]) -> list[str]:
+        return [f"{self.where(path)}: {msg}" for path, msg in found]
+
+
+def key_name(path: KeyPath) -> str:
+    """("assets", 0, "model") -> "assets[0].model"."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(document)"
+
+
+def _record_lines(node: yaml.Node, path: KeyPath, out: dict[KeyPath, int]) -> None:
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            sub = (*path, key_node.value)
+            out[sub] = key_node.start_mark.line + 1
+            _record_lines(value_node, sub, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _record_lines(item, (*path, i), out)
+
+
+def parse(text: str, filename: str, error: type[ConfigFileError] = ConfigFileError, expect: str = "a mapping") -> LocatedDocument:
+    """Parse one YAML document that must be a mapping (an empty document is an empty mapping)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        doc = loader.construct_document(node) if node is not None else {}
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise error([f"{filename}:{mark.line + 1 if mark else 1}: (yaml): {exc.problem or exc}"]) from None
+    finally:
+        loader.dispose()
+    lines: dict[KeyPath, int] = {}
+    if node is not None:
+        _record_lines(node, (), lines)
+    doc = {} if doc is None else doc
+    if not isinstance(doc, dict):
+        raise error([f"{filename}:1: (document): expected {expect}"])
+    return LocatedDocument(doc, filename, lines)
+
+
+def validate(
+    located: LocatedDocument,
+    model: type[M],
+    error: type[ConfigFileError] = ConfigFileError,
+    prepare: Callable[[Any], Any] | None = None,
+) -> M:
+    """Validate the document with `model`; every field error becomes a `FILE:LINE: key: problem` line."""
+    try:
+        return model.model_validate(prepare(located.doc) if prepare else located.doc)
+    except ValidationError as exc:
+        errors = []
+        for err in exc.errors(include_url=False, include_input=False):
+            path = tuple(err["loc"])
+            errors.append(f"{located.where(path)}: {err['msg'].removeprefix('Value error, ')}")
+        raise error(errors) from None
+
+
+def read(path: str | Path, error: type[ConfigFileError] = ConfigFileError) -> str:
+    """The file's text, or an error naming the file."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise error([f"{path}:1: (file): cannot read: {exc.strerror or exc}"]) from None

@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=40)
     ap.add_argument("--gap", type=float, default=0.5, help="seconds between hot samples")
     ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--default-rules", action="store_true", help="all 15 shipped rules instead of the thermal rule alone")
     args = ap.parse_args()
 
     servers = start_servers()
@@ -114,6 +115,9 @@ def main() -> None:
     rules.write_text(RULES % receiver.url)
     port = free_port()
     env = {**server_env(servers), "WHALEFLUX_HTTP_PORT": str(port), "WHALEFLUX_ALERTING_RULES_FILE": str(rules)}
+    if args.default_rules:
+        env.pop("WHALEFLUX_ALERTING_RULES_FILE")
+        env["WHALEFLUX_ALERTING_WEBHOOK_URLS"] = receiver.url
     svc = subprocess.Popen([sys.executable, "-m", "whaleflux", "service", "alerting"], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     load = None
@@ -144,6 +148,7 @@ def main() -> None:
         missing = len(sent) - len(lat)
         p = lambda q: lat[min(len(lat) - 1, int(round(q * (len(lat) - 1))))] if lat else float("nan")  # noqa: E731
         print(json.dumps({
+            "rules": "default (15)" if args.default_rules else "thermal only",
             "background_gpus_1hz": args.gpus, "trials": len(sent), "missing": missing,
             "p50_ms": round(p(0.5), 1), "p90_ms": round(p(0.9), 1), "p99_ms": round(p(0.99), 1),
             "max_ms": round(lat[-1], 1) if lat else None, "mean_ms": round(statistics.mean(lat), 1) if lat else None,
@@ -154,7 +159,11 @@ def main() -> None:
             if load.is_alive():
                 load.terminate()
         svc.terminate()
-        svc.wait(15)
+        try:
+            svc.wait(15)
+        except subprocess.TimeoutExpired:
+            svc.kill()
+            svc.wait()
         servers.stop()
 
 

@@ -38,5 +38,8 @@ def configure_logging(service: str, level: str = "info") -> None:
         lg = logging.getLogger(name)
         lg.handlers[:] = []
         lg.propagate = True
+    # httpx logs every request URL at INFO; receiver URLs can carry tokens.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service)

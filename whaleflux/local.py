@@ -103,6 +103,10 @@ class Stack:
             self.children.append(
                 Child(name, [sys.executable, "-m", "whaleflux", "service", name], child_env, logs / f"{name}.log")
             )
+        # Billing asks inventory for ownership terms, wherever `up` put it.
+        for child in self.children:
+            if child.name == "billing":
+                child.env["WHALEFLUX_INVENTORY_URL"] = self.cfg.services["inventory"]
         # The agent's HTTP port serves fault injection (`whaleflux sim inject`).
         agent_port = free_port(DEFAULT_PORTS["agent"])
         self.cfg.services["agent"] = f"http://127.0.0.1:{agent_port}"

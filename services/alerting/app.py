@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import secrets
 import time
@@ -145,8 +144,6 @@ class AlertingService(ServiceBase):
         }
 
     async def on_ready(self) -> None:
-        # httpx logs every request URL at INFO, and receiver URLs carry tokens (Slack, Teams): keep it quiet.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
         self.http = httpx.AsyncClient()
         k, now = self.k, self.clock()
         raw = await self.redis.hgetall(k["firing"])

@@ -511,12 +511,14 @@ class BillingService(ServiceBase):
 
     async def _inventory_loop(self) -> None:
         while True:
+            fetched = False
             try:
                 await self.reload_pricebook_file()
-                await self.refresh_assets()
+                fetched = await self.refresh_assets()
             except Exception as exc:  # the next tick tries again
                 self.log.warning("billing.refresh_failed", error=repr(exc))
-            await asyncio.sleep(self.settings.inventory_refresh_s)
+            # Inventory may start after billing: retry soon until the first answer comes.
+            await asyncio.sleep(self.settings.inventory_refresh_s if fetched else min(5.0, self.settings.inventory_refresh_s))
 
     async def _budget_loop(self) -> None:
         while True:

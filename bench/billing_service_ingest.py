@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Benchmark: job events per second through the real billing service (NATS JetStream + Redis).
+
+`bench/billing_ledger.py` measures the ledger core alone; this one measures the
+whole path: a backlog of job.placed / job.started / job.finished events on the
+JOBS stream, consumed by one in-process billing service (durable pull consumer,
+per-event dedup in Redis, the handler's Redis writes, explicit acks), timed until
+every usage record is written. Starts its own nats-server and redis-server.
+
+    python bench/billing_service_ingest.py [--jobs 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from whaleflux.billing.app import BillingService, BillingSettings
+from whaleflux.servers import LocalServers
+from whaleflux.shared import subjects
+from whaleflux.shared.bus import Bus
+from whaleflux.shared.events import JobFinished, JobPlaced, JobStarted
+from whaleflux.shared.logs import configure_logging
+
+TARGET = 20_000
+
+
+async def run(jobs: int, servers: LocalServers) -> None:
+    bus = await Bus.connect(servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password)
+    await bus.ensure_streams()
+    t0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    for i in range(jobs):
+        job, node, gpus = f"b{i:06d}", f"n{i % 64:02d}", [f"GPU-{i % 64:02d}-{g}" for g in range(i % 4 + 1)]
+        start = t0 + timedelta(minutes=i)
+        await bus.publish(subjects.job_placed("c1", node), JobPlaced(
+            job_id=job, attempt=1, cluster="c1", node=node, gpu_model="H100", gpu_uuids=gpus,
+            gpu_indices=list(range(len(gpus))), command=["x"], team=f"t{i % 8}", project="p"), time=start)
+        await bus.publish(subjects.JOB_STARTED, JobStarted(
+            job_id=job, attempt=1, cluster="c1", node=node, gpu_uuids=gpus, pid=1, started_at=start))
+        await bus.publish(subjects.JOB_FINISHED, JobFinished(
+            job_id=job, attempt=1, cluster="c1", node=node, exit_code=0, started_at=start,
+            finished_at=start + timedelta(minutes=30)))
+    await bus.close()
+
+    svc = BillingService(BillingSettings(inventory_url="http://127.0.0.1:9"))
+    began = time.perf_counter()
+    await svc._start()
+    try:
+        while True:
+            raw = await svc.redis.hgetall(f"{svc.prefix}:usage")
+            if sum('"ended_at":null' not in v for v in raw.values()) >= jobs:
+                break
+            await asyncio.sleep(0.05)
+        elapsed = time.perf_counter() - began
+    finally:
+        await svc.stop()
+    events = jobs * 3
+    print(f"billing service ingest: {events} job events in {elapsed:.2f} s = {events / elapsed:,.0f} events/s "
+          f"(one process; target for the ledger: >= {TARGET:,}/s; the ledger core alone: bench/billing_ledger.py)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=2000)
+    args = parser.parse_args()
+    servers = LocalServers(Path(tempfile.mkdtemp(prefix="wf-bill-")), "bench", secrets.token_urlsafe(16),
+                           secrets.token_urlsafe(16)).start()
+    os.environ.update({"NATS_URL": servers.nats_url, "REDIS_URL": servers.redis_url, "WHALEFLUX_NATS_USER": "bench",
+                       "WHALEFLUX_NATS_PASSWORD": servers.nats_password, "WHALEFLUX_REDIS_PASSWORD": servers.redis_password})
+    configure_logging("billing", "warning")  # as the service runs, minus per-event info lines
+    try:
+        asyncio.run(run(args.jobs, servers))
+    finally:
+        servers.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +26,7 @@ from whaleflux.shared.service import ServiceBase, run_service
 from whaleflux.shared.settings import CommonSettings
 
 from .failover import FailoverMixin
+from .leadership import Leadership
 from .placement import ClusterState, ModelFacts, explain_wait
 from .queueing import POLICIES, PendingQueue, PolicyConfig, ScheduleRequest, TeamPolicy, schedule
 from .records import ACTIVE, JobRecord
@@ -56,6 +59,9 @@ class SchedulerSettings(CommonSettings):
     heartbeat_lost_s: float = Field(10.0, gt=0)
     mass_silence_fraction: float = Field(0.5, gt=0, le=1)
     max_restarts: int = Field(3, ge=0)
+    # Active/standby replicas: the leader's lease lives this long unless renewed
+    # (every third of it); a standby takes over within about this long after the leader dies.
+    leader_lease_s: float = Field(3.0, ge=0.3, le=60)
 
     @model_validator(mode="after")
     def _lost_after_suspect(self) -> "SchedulerSettings":
@@ -88,6 +94,7 @@ class SchedulerService(FailoverMixin, ServiceBase):
         self.teams = settings.team_policies()
         self.facts = {key: ModelFacts(key, dict(m.speed)) for key, m in gpu_models().items()}
         self.store: SchedulerStore | None = None
+        self.leadership: Leadership | None = None
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
         self._fenced = {}
@@ -115,14 +122,16 @@ class SchedulerService(FailoverMixin, ServiceBase):
     async def _on_submitted(self, env: Envelope, data: JobSubmitted) -> None:
         job = JobRecord(job_id=data.job_id, spec=data, submitted_at=env.time)
         # SET NX: a job id submitted twice (or redelivered) is recorded once.
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.store.transaction() as pipe:
             pipe.set(self.store.job_key(job.job_id), job.model_dump_json(), nx=True)
             pipe.zadd(f"{self.prefix}:jobs", {job.job_id: env.time.timestamp()}, nx=True)
             await pipe.execute()
         # Queue it if still pending; also repairs a crash between the two writes.
         current = await self.store.job(job.job_id)
         if current is not None and current.state == "pending":
-            await self.redis.zadd(self.store.pending_key, {job.job_id: env.time.timestamp()}, nx=True)
+            async with self.store.transaction() as pipe:
+                pipe.zadd(self.store.pending_key, {job.job_id: env.time.timestamp()}, nx=True)
+                await pipe.execute()
         self._dirty.set()
 
     async def _on_progress(self, data: JobStarted | JobFinished | JobFailed) -> None:
@@ -149,7 +158,7 @@ class SchedulerService(FailoverMixin, ServiceBase):
             job.started_at = job.started_at or data.started_at
         else:
             job.state, job.reason, job.exit_code, job.finished_at = "failed", data.reason, data.exit_code, data.failed_at
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.store.transaction() as pipe:
             pipe.set(self.store.job_key(job.job_id), job.model_dump_json())
             for gpu in job.gpu_uuids:
                 pipe.hdel(self.store.alloc_key, gpu)
@@ -170,7 +179,9 @@ class SchedulerService(FailoverMixin, ServiceBase):
             records = await self.store.jobs(pending_ids + active_ids)
             stale = [j for j in pending_ids if j not in records or records[j].state != "pending"]
             if stale:
-                await self.redis.zrem(self.store.pending_key, *stale)
+                async with self.store.transaction() as pipe:
+                    pipe.zrem(self.store.pending_key, *stale)
+                    await pipe.execute()
 
             views = [NodeView(reg, conditions.get(key), key in self._suspects) for key, reg in sorted(regs.items())]
             cluster = ClusterState([node_state(v, alloc) for v in views], self.facts)
@@ -209,11 +220,48 @@ class SchedulerService(FailoverMixin, ServiceBase):
         return len(reply.started)
 
     async def on_ready(self) -> None:
-        self.store = SchedulerStore(self.redis, self.prefix, self.outbox, f"whaleflux/scheduler/{self.settings.instance}")
-        # Nodes are judged by heartbeats seen from now on, not blamed for our own downtime.
+        lease_s = self.settings.leader_lease_s
+        self.leadership = Leadership(self.redis, self.prefix, self.settings.instance, lease_s)
+        self.store = SchedulerStore(
+            self.redis, self.prefix, self.outbox, f"whaleflux/scheduler/{self.settings.instance}", self.leadership
+        )
+        # A standby serves reads over HTTP from here on, but binds no consumer and runs
+        # no pass (the shell starts those after this returns) until it holds the lease.
+        self.log.info("leader.waiting", holder=self.leadership.holder)
+        token = await self.leadership.acquire(poll_s=lease_s / 6)
+        self.log.warning("leader.elected", holder=self.leadership.holder, token=token)
+        self._tasks.append(asyncio.create_task(self.leadership.keep(self._lease_lost), name="leader-lease"))
+        # Nodes are judged by heartbeats seen from now on, not blamed for our own downtime
+        # (or for the time we were a standby).
         self._watching_since = self.clock().timestamp()
-        # Placements committed before a crash but not yet published go out now.
+        # Placements committed before a crash (ours or the previous leader's) but not yet published go out now.
         await self.publish_staged()
+
+    async def _lease_lost(self) -> None:
+        """Another replica leads now: our transactions fail from here on (fencing); stop cleanly,
+        to be restarted as a standby by whatever supervises the process."""
+        self.log.error("leader.lost", holder=self.leadership.holder, note="another replica holds the lease; exiting")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    async def publish_staged(self) -> None:
+        # The outbox is shared by the replicas: only the leader sends what it holds.
+        if self.leadership is not None and self.leadership.is_leader:
+            await super().publish_staged()
+
+    async def readiness(self) -> dict:
+        checks = await super().readiness()
+        if self.leadership is None or not self.leadership.is_leader:
+            # A standby binds no consumers until it wins the lease; it is ready to serve reads.
+            checks = {k: v for k, v in checks.items() if not k.startswith("consumer:")}
+        return checks
+
+    async def stop(self) -> None:
+        if self.leadership is not None and self.redis is not None:
+            try:
+                await self.leadership.release()
+            except Exception as exc:
+                self.log.warning("leader.release_failed", error=repr(exc))
+        await super().stop()
 
     def background(self):
         return [self._placement_loop, self._liveness_loop]

@@ -26,7 +26,9 @@ class FailoverMixin:
     async def on_node_event(self, env: Envelope, data) -> None:
         if isinstance(data, NodeRegistered):
             key = f"{data.cluster}/{data.node}"
-            await self.redis.hset(self.store.nodes_key, key, data.model_dump_json())
+            async with self.store.transaction() as pipe:
+                pipe.hset(self.store.nodes_key, key, data.model_dump_json())
+                await pipe.execute()
         elif isinstance(data, NodeDrainRequested):
             await self.drain(f"{data.cluster}/{data.node}", data.reason)
         self._dirty.set()
@@ -36,6 +38,7 @@ class FailoverMixin:
         key = f"{hb.cluster}/{hb.node}"
         if not await self.redis.hexists(self.store.nodes_key, key):
             return  # not registered (yet): nothing to place there
+        # Not fenced: a heartbeat time is a fact about the node, harmless from any replica.
         await self.redis.hset(self.store.seen_key, key, self.clock().timestamp())
         condition = (await self.store.conditions()).get(key)
         if condition is not None and condition.state == "lost":
@@ -46,7 +49,7 @@ class FailoverMixin:
 
     async def _fence(self, hb: NodeHeartbeat) -> None:
         """Stop jobs the node still runs that the scheduler moved elsewhere or ended (one run at a time)."""
-        if not hb.running_jobs:
+        if not hb.running_jobs or not self.leadership.is_leader:
             return
         jobs = await self.store.jobs(list(hb.running_jobs))
         now = self.clock()

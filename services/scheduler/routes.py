@@ -14,6 +14,7 @@ from whaleflux.shared import subjects
 from whaleflux.shared.events import JobSubmitted, NodeDrainRequested
 from whaleflux.shared.sizing import SizingError, SizingReport, SizingRequest, estimate, memory_floor_mib
 
+from .leadership import NotLeader
 from .records import JobRecord, JobStateName
 from .schedule_request import NodeView, infeasible_reason, job_request, node_state
 
@@ -102,6 +103,22 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
     @app.exception_handler(SizingError)
     async def sizing_error(request, exc: SizingError) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=400)
+
+    @app.exception_handler(NotLeader)
+    async def not_leader(request, exc: NotLeader) -> JSONResponse:
+        return JSONResponse({"detail": f"this scheduler replica is not the leader: {exc}"}, status_code=503)
+
+    @app.get("/v1/leader", tags=["ops"])
+    async def leader() -> dict:
+        """This replica's role (`leader` or `standby`) and who holds the lease now, with its fencing token."""
+        mine = svc.leadership
+        holder, token = await mine.current() if mine is not None else (None, None)
+        return {
+            "role": "leader" if mine is not None and mine.is_leader else "standby",
+            "me": mine.holder if mine is not None else None,
+            "leader": holder,
+            "token": token,
+        }
 
     @app.get("/v1/jobs", tags=["jobs"])
     async def list_jobs(limit: int = Query(100, ge=1, le=1000), state: JobStateName | None = None) -> list[JobRecord]:

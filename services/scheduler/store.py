@@ -7,9 +7,13 @@ neither loses nor doubles it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import datetime
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import WatchError
 
 from whaleflux.shared import subjects
 from whaleflux.shared.events import (
@@ -23,16 +27,39 @@ from whaleflux.shared.events import (
 )
 from whaleflux.shared.outbox import Outbox
 
+from .leadership import Leadership, NotLeader
 from .placement import Placement
 from .records import JobRecord, NodeCondition
 
 
 class SchedulerStore:
-    def __init__(self, redis: Redis, prefix: str, outbox: Outbox, source: str):
+    def __init__(self, redis: Redis, prefix: str, outbox: Outbox, source: str, leadership: Leadership):
         self.redis = redis
         self.prefix = prefix
         self.outbox = outbox
         self.source = source
+        self.leadership = leadership
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Pipeline]:
+        """A MULTI that commits only while this replica's fencing token is the current one.
+
+        WATCH on the token counter: if another replica took the lease between the
+        check and EXEC, EXEC fails and nothing is written (raised as NotLeader).
+        """
+        token = self.leadership.token
+        if token is None:
+            raise NotLeader("this scheduler replica is a standby")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(self.leadership.token_key)
+            current = await pipe.get(self.leadership.token_key)
+            if current is None or int(current) != token:
+                raise NotLeader(f"fencing token {token} is stale (current {current})")
+            pipe.multi()
+            try:
+                yield pipe
+            except WatchError as exc:
+                raise NotLeader(f"another replica took the lease (token {token} is stale)") from exc
 
     # ------------------------------------------------------------ keys
 
@@ -98,7 +125,9 @@ class SchedulerStore:
     # ------------------------------------------------------------ writes
 
     async def save(self, job: JobRecord) -> None:
-        await self.redis.set(self.job_key(job.job_id), job.model_dump_json())
+        async with self.transaction() as pipe:
+            pipe.set(self.job_key(job.job_id), job.model_dump_json())
+            await pipe.execute()
 
     def _envelope(self, data: EventData, event_id: str, job_id: str, time: datetime | None = None):
         return make_envelope(data, source=self.source, subject=job_id, event_id=event_id, correlation_id=job_id, time=time)
@@ -129,7 +158,7 @@ class SchedulerStore:
             resume=job.attempt > 1 and spec.resume == "checkpoint",
         )
         env = self._envelope(event, f"placed-{job.job_id}-{job.attempt}", job.job_id, now)
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.transaction() as pipe:
             pipe.set(self.job_key(job.job_id), job.model_dump_json())
             pipe.zrem(self.pending_key, job.job_id)
             for gpu in p.gpu_uuids:
@@ -141,7 +170,7 @@ class SchedulerStore:
         """A job that can never run is rejected with its reason, never queued forever."""
         job.state, job.reason = "rejected", reason
         env = self._envelope(JobRejected(job_id=job.job_id, reason=reason), f"rejected-{job.job_id}", job.job_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.transaction() as pipe:
             pipe.set(self.job_key(job.job_id), job.model_dump_json())
             pipe.zrem(self.pending_key, job.job_id)
             self.outbox.stage(pipe, subjects.JOB_REJECTED, env)
@@ -163,7 +192,7 @@ class SchedulerStore:
         job.state, job.reason = "pending", f"requeued: {reason}"
         job.gpu_uuids, job.expected_end = [], None
         requeued = JobRequeued(job_id=job.job_id, attempt=attempt, cluster=cluster, node=node, reason=reason, cause=cause)
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.transaction() as pipe:
             pipe.set(self.job_key(job.job_id), job.model_dump_json())
             for gpu in held:
                 pipe.hdel(self.alloc_key, gpu)
@@ -177,7 +206,9 @@ class SchedulerStore:
             await pipe.execute()
 
     async def set_condition(self, node_key: str, condition: NodeCondition | None) -> None:
-        if condition is None:
-            await self.redis.hdel(self.conditions_key, node_key)
-        else:
-            await self.redis.hset(self.conditions_key, node_key, condition.model_dump_json())
+        async with self.transaction() as pipe:
+            if condition is None:
+                pipe.hdel(self.conditions_key, node_key)
+            else:
+                pipe.hset(self.conditions_key, node_key, condition.model_dump_json())
+            await pipe.execute()

@@ -1,0 +1,126 @@
+"""Active/standby schedulers: the Redis lease, fencing of a paused ex-leader, and kill -9 of the leader."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from whaleflux.scheduler.leadership import Leadership, NotLeader
+from whaleflux.scheduler.store import SchedulerStore
+from whaleflux.servers import free_port
+from whaleflux.shared.events import JobPlaced, JobStarted
+
+from .processes import Proc, make_cluster, wait_until
+from .test_crash_recovery import _job_history, _submit
+
+PREFIX = "wf:scheduler"
+
+
+def _redis(servers) -> Redis:
+    return Redis.from_url(servers.redis_url, password=servers.redis_password, decode_responses=True)
+
+
+async def test_one_holder_at_a_time_and_each_takeover_gets_a_higher_token(clean_servers):
+    redis = _redis(clean_servers)
+    a, b = Leadership(redis, PREFIX, "a", 0.5), Leadership(redis, PREFIX, "b", 0.5)
+    try:
+        assert await a.try_acquire() and a.token == 1
+        assert not await b.try_acquire() and not b.is_leader
+        assert await a.renew()
+        assert (await b.current()) == (a.holder, 1)
+        await asyncio.sleep(0.7)  # a neither renews nor releases: its lease lapses
+        assert await b.try_acquire() and b.token == 2
+        assert not await a.renew(), "the old holder cannot extend a lease that is no longer its own"
+        await b.release()
+        assert await a.try_acquire() and a.token == 3, "a released lease is free at once, with a fresh token"
+    finally:
+        await redis.aclose()
+
+
+async def test_a_paused_ex_leader_cannot_commit_after_a_takeover(clean_servers):
+    redis = _redis(clean_servers)
+    old, new = Leadership(redis, PREFIX, "old", 5), Leadership(redis, PREFIX, "new", 5)
+    store = SchedulerStore(redis, PREFIX, None, "test", old)
+    try:
+        with pytest.raises(NotLeader):
+            async with store.transaction():
+                pass  # a standby never writes
+        await old.acquire(poll_s=0.1)
+        async with store.transaction() as pipe:
+            pipe.hset(store.alloc_key, "GPU-1", "job-a")
+            await pipe.execute()
+
+        # The leader stalls between reading state and EXEC; meanwhile its lease is taken over.
+        with pytest.raises(NotLeader):
+            async with store.transaction() as pipe:
+                pipe.hset(store.alloc_key, "GPU-1", "job-b")
+                await redis.delete(old.lease_key)
+                assert await new.try_acquire()
+                await pipe.execute()
+        # And any later attempt is refused before it starts.
+        with pytest.raises(NotLeader):
+            async with store.transaction():
+                pass
+        assert await redis.hgetall(store.alloc_key) == {"GPU-1": "job-a"}
+    finally:
+        await redis.aclose()
+
+
+def _role(proc: Proc) -> str | None:
+    try:
+        return httpx.get(proc.url + "/v1/leader", timeout=1).json()["role"]
+    except httpx.HTTPError:
+        return None
+
+
+def test_kill_9_of_the_leader_hands_over_within_seconds_and_no_job_is_placed_twice(clean_servers, tmp_path):
+    cluster = make_cluster(clean_servers, tmp_path)
+    env = {**cluster.base_env, "WHALEFLUX_LEADER_LEASE_S": "2"}
+    replicas = []
+    for name in ("scheduler-a", "scheduler-b"):
+        port = free_port()
+        argv = [sys.executable, "-m", "whaleflux", "service", "scheduler"]
+        proc = Proc(name, argv, {**env, "WHALEFLUX_HTTP_PORT": str(port)}, cluster.log_dir / f"{name}.log", port)
+        cluster.procs[name] = proc.start()
+        replicas.append(proc)
+        proc.wait_ready()  # a starts (and leads) first; b is ready as a standby
+    first, second = replicas
+    cluster.agent("a100-01", "h100-01")
+    ids = [f"ha-{i:03d}" for i in range(40)]
+    try:
+        assert wait_until(lambda: _role(first) == "leader" and _role(second) == "standby", what="roles")
+        wait_until(lambda: len(httpx.get(second.url + "/v1/nodes").json()) == 2, what="nodes (read on the standby)")
+        readyz = httpx.get(second.url + "/readyz").json()
+        assert readyz["ready"] and not any(k.startswith("consumer:") for k in readyz["checks"])
+
+        submitter = threading.Thread(target=lambda: asyncio.run(_submit(clean_servers, ids)))
+        submitter.start()
+        time.sleep(0.8)
+        first.kill9()
+        killed_at = time.monotonic()
+        wait_until(lambda: _role(second) == "leader", timeout=15, interval=0.1, what="standby takes over")
+        takeover_s = time.monotonic() - killed_at
+        print(f"takeover after kill -9: {takeover_s:.2f} s (lease 2 s)")
+        submitter.join()
+        assert takeover_s < 2 + 1.5, f"takeover took {takeover_s:.1f} s (lease 2 s)"
+        assert "leader.elected" in second.log_path.read_text()
+
+        def all_done():
+            jobs = httpx.get(second.url + "/v1/jobs", params={"limit": 1000}).json()
+            return len(jobs) == len(ids) and all(j["state"] == "succeeded" for j in jobs) and jobs
+        wait_until(all_done, timeout=60, what="all jobs succeeded")
+
+        history = asyncio.run(_job_history(clean_servers))
+        placed = Counter(e.job_id for e in history if isinstance(e, JobPlaced))
+        started = Counter(e.job_id for e in history if isinstance(e, JobStarted))
+        assert placed == Counter({i: 1 for i in ids}), "each job placed exactly once"
+        assert started == Counter({i: 1 for i in ids}), "each job ran exactly once"
+    finally:
+        cluster.stop()

@@ -58,6 +58,12 @@ receivers:
 """
 
 
+def _shipped_rules() -> int:
+    from whaleflux.alerting.config import DEFAULT_RULES_FILE, load_config
+
+    return len(load_config(DEFAULT_RULES_FILE).rules)
+
+
 class Receiver:
     def __init__(self) -> None:
         self.arrivals: dict[str, float] = {}
@@ -106,7 +112,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=40)
     ap.add_argument("--gap", type=float, default=0.5, help="seconds between hot samples")
     ap.add_argument("--warmup", type=float, default=5.0)
-    ap.add_argument("--default-rules", action="store_true", help="all 15 shipped rules instead of the thermal rule alone")
+    ap.add_argument("--default-rules", action="store_true", help="all shipped rules instead of the thermal rule alone")
     args = ap.parse_args()
 
     servers = start_servers()
@@ -148,7 +154,7 @@ def main() -> None:
         missing = len(sent) - len(lat)
         p = lambda q: lat[min(len(lat) - 1, int(round(q * (len(lat) - 1))))] if lat else float("nan")  # noqa: E731
         print(json.dumps({
-            "rules": "default (15)" if args.default_rules else "thermal only",
+            "rules": f"default ({_shipped_rules()})" if args.default_rules else "thermal only",
             "background_gpus_1hz": args.gpus, "trials": len(sent), "missing": missing,
             "p50_ms": round(p(0.5), 1), "p90_ms": round(p(0.9), 1), "p99_ms": round(p(0.99), 1),
             "max_ms": round(lat[-1], 1) if lat else None, "mean_ms": round(statistics.mean(lat), 1) if lat else None,

@@ -112,8 +112,10 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("alerting-notify", "WHALEFLUX_ALERTS", f"{s.ALERT_RAISED}", f"{s.ALERT_RESOLVED}"),
         # Topology (rack, pool) from registrations, liveness from heartbeats: idempotent, no id dedup.
         _c("alerting-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
-        # Event rules: live only, so a replay never re-raises last month's failures.
-        _c("alerting-jobs", "WHALEFLUX_JOBS", s.JOB_FAILED, s.JOB_REJECTED, deliver_new=True),
+        # Event rules: live only, so a replay never re-raises last month's failures. Submissions and ends:
+        # each running job's workload class, for baselines per GPU model and workload class.
+        _c("alerting-jobs", "WHALEFLUX_JOBS", s.JOB_FAILED, s.JOB_REJECTED, s.JOB_SUBMITTED, s.JOB_FINISHED,
+           deliver_new=True),
         _c("alerting-leases", "WHALEFLUX_LEASES", s.LEASE_EXPIRING, s.LEASE_EXPIRED, deliver_new=True),
         _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, s.JOB_REQUEUED, f"{s.JOB_PLACED}.>"),
         # Measured energy for power cost; counters are cumulative, so a redelivered sample adds nothing.

@@ -94,14 +94,19 @@ def validate(
     model: type[M],
     error: type[ConfigFileError] = ConfigFileError,
     prepare: Callable[[Any], Any] | None = None,
+    locate: Callable[[dict], KeyPath] | None = None,
 ) -> M:
-    """Validate the document with `model`; every field error becomes a `FILE:LINE: key: problem` line."""
+    """Validate the document with `model`; every field error becomes a `FILE:LINE: key: problem` line.
+
+    `locate` maps one pydantic error (a dict with `loc`, `type`, `msg`) to the key path
+    to report, e.g. to drop a discriminated union's tag from `loc`; default: `loc` as is.
+    """
     try:
         return model.model_validate(prepare(located.doc) if prepare else located.doc)
     except ValidationError as exc:
         errors = []
         for err in exc.errors(include_url=False, include_input=False):
-            path = tuple(err["loc"])
+            path = locate(err) if locate else tuple(err["loc"])
             errors.append(f"{located.where(path)}: {err['msg'].removeprefix('Value error, ')}")
         raise error(errors) from None
 

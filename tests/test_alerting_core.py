@@ -62,6 +62,27 @@ def test_missing_field_and_bad_duration_point_at_their_lines():
     assert any(e.startswith("r.yaml:5: rules[0].for: expected a duration") for e in exc.value.errors), exc.value.errors
 
 
+def test_rules_file_errors_come_from_the_shared_loader_in_the_same_format(tmp_path):
+    from whaleflux.shared.yamlconfig import ConfigFileError
+
+    assert issubclass(ConfigError, ConfigFileError)
+    with pytest.raises(ConfigError) as exc:
+        parse_config("- just a list\n", "x.yaml")
+    assert exc.value.errors == ["x.yaml:1: (document): expected a mapping with rules, route, receivers"]
+    with pytest.raises(ConfigError) as exc:
+        parse_config("rules:\n  - name: [unclosed\n", "x.yaml")
+    assert exc.value.errors[0].startswith("x.yaml:3: (yaml): ")
+    with pytest.raises(ConfigError) as exc:
+        load_config(tmp_path / "gone.yaml")
+    assert exc.value.errors == [f"{tmp_path / 'gone.yaml'}:1: (file): cannot read: No such file or directory"]
+    # A wrong kind points at the `kind:` line; a field of a known kind at its own line, without the union tag.
+    text = "rules:\n  - name: A\n    summary: s\n    kind: thresold\n  - name: B\n    kind: xid\n    summary: s\n    codes: []\n"
+    with pytest.raises(ConfigError) as exc:
+        parse_config(text, "x.yaml")
+    assert exc.value.errors[0].startswith("x.yaml:4: rules[0].kind: Input tag 'thresold' found using 'kind' does not match")
+    assert exc.value.errors[1].startswith("x.yaml:8: rules[1].codes: List should have at least 1 item")
+
+
 def test_the_shipped_default_rules_file_loads():
     config = load_config(DEFAULT_RULES_FILE)
     assert config.rule("GPUTemperatureHigh").actions == ["drain"]
@@ -327,3 +348,103 @@ def test_backoff_grows_to_a_cap_and_respects_retry_after_and_the_bucket_waits():
     assert b.take(0.0) == 0 and b.take(0.0) == 0
     assert b.take(0.0) == pytest.approx(0.5)
     assert b.take(0.5) == 0
+
+
+# --------------------------------------------------------------------------- noise guards, baselines, incidents
+
+
+def test_heating_while_a_job_starts_is_no_page_but_heating_at_steady_power_is():
+    e = engine("""rules:
+  - {name: Rising, kind: rate, metric: temperature_c, per_minute: 15, window: 60s, min_samples: 10,
+     steady_metric: power_ratio, steady_tolerance: 0.1, steady_for: 2m, summary: "{per_minute:.0f}"}
+""")
+    out = []
+    temp = 30.0
+    for t in range(0, 300):  # idle, then a job starts at t=60: power jumps, the GPU heats 40 C in a minute or two
+        busy = t >= 60
+        target = 70.0 if busy else 30.0
+        temp += (target - temp) / 30
+        out += e.observe_telemetry(batch(t, sample(temperature_c=round(temp, 1), power_w=650 if busy else 75,
+                                                   power_limit_w=700)), T0)
+    assert fired(out) == []
+    for t in range(300, 330):  # same power, cooling fails: +1 C/s
+        temp += 1.0
+        out += e.observe_telemetry(batch(t, sample(temperature_c=temp, power_w=650, power_limit_w=700)), T0)
+    assert fired(out) == ["Rising"]
+
+
+def test_a_job_stepping_memory_up_is_no_leak_but_steady_growth_is():
+    e = engine("rules:\n  - {name: Leak, kind: trend, window: 2m, within: 10m, min_samples: 20, min_slope_per_s: 8, summary: s}\n")
+    out = []
+    for t in range(300):  # a job starts at t=100 and takes 60 GB at once
+        out += e.observe_telemetry(batch(t, sample(memory_used_mib=512 if t < 100 else 60_000)), T0)
+    assert fired(out) == []
+    for t in range(300, 420):  # then leaks 40 MiB/s: 21 GB left -> ~9 min
+        out += e.observe_telemetry(batch(t, sample(memory_used_mib=60_000 + 40 * (t - 300))), T0)
+    assert fired(out) == ["Leak"]
+
+
+def _proc(job: str):
+    from whaleflux.shared.events import GpuProcess
+
+    return [GpuProcess(pid=1, used_mib=1000, job_id=job)]
+
+
+def test_baselines_per_model_and_workload_class_with_settle():
+    e = engine("""rules:
+  - {name: Odd, kind: baseline, metric: temperature_c, by: [model, workload_class], settle: 60s, half_life: 30m,
+     warm_up: 100, sigmas: 5, min_delta: 8, summary: "{value:.0f} vs {mean:.0f} ({workload_class})"}
+""")
+    e.observe_job("train-1", "llm-train")
+    e.observe_job("infer-1", "inference")
+    gpus = [f"GPU-{i}" for i in range(8)]
+    out = []
+    for t in range(200):
+        # Four GPUs train (hot, ~70 C), four serve inference (~50 C): each class has its own normal.
+        samples = [sample(uuid=u, index=i, temperature_c=70 + (i % 2) + (t % 3) * 0.5, processes=_proc("train-1"))
+                   for i, u in enumerate(gpus[:4])]
+        samples += [sample(uuid=u, index=4 + i, temperature_c=50 + (t % 2), utilization_gpu_pct=40, processes=_proc("infer-1"))
+                    for i, u in enumerate(gpus[4:])]
+        out += e.observe_telemetry(batch(t, *samples), T0)
+    assert fired(out) == []
+    assert e.workload_class(sample(processes=_proc("infer-1"))) == "inference"
+    assert e.workload_class(sample(utilization_gpu_pct=0)) == "idle"
+    assert e.workload_class(sample(processes=_proc("not-ours"))) == "unknown"
+    # An inference GPU takes a training job: 70 C is normal for training, but first it settles (not judged).
+    moved = sample(uuid=gpus[4], index=4, temperature_c=85, processes=_proc("train-1"))
+    assert fired(e.observe_telemetry(batch(200, moved), T0)) == []
+    later = sample(uuid=gpus[4], index=4, temperature_c=71, processes=_proc("train-1"))
+    for t in range(201, 270):
+        out += e.observe_telemetry(batch(t, later), T0)
+    assert fired(out) == []
+    # Under training, 85 C is far above the training normal of that model: fires, and it says which class.
+    [hot] = [tr for tr in e.observe_telemetry(batch(270, sample(uuid=gpus[0], index=0, temperature_c=85,
+                                                                 processes=_proc("train-1"))), T0) if tr.firing]
+    assert hot.summary.endswith("(llm-train)") and hot.summary.startswith("85 vs 71")
+    assert {k[1:] for k in e.baselines} == {("H100", "llm-train"), ("H100", "inference")}
+
+
+def test_several_symptoms_of_one_gpu_are_one_incident_and_old_incidents_take_no_new_faults():
+    c = Correlator(load_config(DEFAULT_RULES_FILE).incidents)
+    gpu = {"UUID": "GPU-a", "Hostname": "h200-01", "pool": "cloud", "category": "health"}
+    ecc = c.assign("ecc", {**gpu, "alertname": "GPUUncorrectableECC"}, at(0))
+    remap = c.assign("remap", {**gpu, "alertname": "GPURemappedRowsUncorrectable"}, at(1))
+    assert ecc.id == remap.id and ecc.title() == "pool cloud: GPURemappedRowsUncorrectable, GPUUncorrectableECC on 1 GPU(s)"
+    # A GPU fallen off the bus never resolves; an XID on another GPU of the pool 30 minutes later is a new incident.
+    lost = c.assign("x79", {"UUID": "GPU-b", "Hostname": "a100-01", "pool": "onprem", "alertname": "GPUXidDrain"}, at(0))
+    soon = c.assign("x79b", {"UUID": "GPU-c", "Hostname": "a100-02", "pool": "onprem", "alertname": "GPUXidDrain"}, at(120))
+    late = c.assign("x48", {"UUID": "GPU-d", "Hostname": "h100-01", "pool": "onprem", "alertname": "GPUXidDrain"}, at(1800 + 120))
+    assert lost.id == soon.id != late.id
+
+
+def test_running_window_slope_matches_the_full_least_squares_fit():
+    import random
+
+    from whaleflux.alerting.rules.trend import Window, slope_per_s
+
+    rng, w, t = random.Random(7), Window(), 1.8e9
+    for i in range(1, 200_000):
+        t += rng.uniform(0.5, 1.5)
+        w.push(t, rng.gauss(50, 5) + 0.01 * i, 60)
+        if i % 20_000 == 0:  # across rebasing (daily) too
+            assert abs(w.slope() - slope_per_s(list(w))) < 1e-6

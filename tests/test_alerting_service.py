@@ -132,7 +132,7 @@ async def _drain_events(servers) -> list:
     nc = await nats.connect(servers.nats_url, user=servers.nats_user, password=servers.nats_password)
     try:
         js = nc.jetstream()
-        sub = await js.subscribe(subjects.NODE_DRAIN_REQUESTED, ordered_consumer=True, deliver_policy=nats.js.api.DeliverPolicy.ALL)
+        sub = await js.subscribe(subjects.NODE_DRAIN_REQUESTED + ".>", ordered_consumer=True, deliver_policy=nats.js.api.DeliverPolicy.ALL)
         out = []
         while True:
             try:

@@ -140,15 +140,18 @@ async def test_lease_horizons_fire_once_survive_a_restart_and_stop_when_renewed(
         await check_at(END - timedelta(hours=12))
         await check_at(END + timedelta(minutes=5))
 
-        assert published == [
+        expected = [
             "lease-expiring-CW-A100-30d-notice-20260302",
             "lease-expiring-CW-A100-1d-notice-20260302",
             "lease-expiring-CW-A100-30d-end-20260401",
             "lease-expiring-CW-A100-7d-end-20260401",
         ]
+        # The service's own start-up check may publish a due notice before the test's
+        # call does (it runs when the loop first gets to it): what counts is what went out.
+        assert set(published) <= set(expected) and len(published) >= 3
         await until(lambda: asyncio.sleep(0, len(received) >= 4), what="events on the bus")
         await asyncio.sleep(0.2)  # a duplicate would arrive right behind
-        assert received == published
+        assert received == expected
         info = await bus.js.stream_info("WHALEFLUX_LEASES")
         assert info.state.messages == 4
 

@@ -58,6 +58,7 @@ def test_no_nodes_yet_means_wait_not_reject():
 
 # ---------------------------------------------------------------- the plugin pipeline
 
+from dataclasses import replace  # noqa: E402
 from decimal import Decimal  # noqa: E402
 
 from whaleflux.scheduler.placement import ClusterState, ModelFacts, Profile, place_on  # noqa: E402
@@ -157,3 +158,16 @@ def test_wait_reason_names_the_need_and_the_largest_free_block():
     nodes = [node("h100-01", taken=(0, 1, 2, 3, 4, 5, 6)), node("h100-02", taken=(0, 1, 2, 3, 4))]
     decision = place(JobRequest("j", 4, min_memory_mib=80 * GB), nodes)
     assert decision.reason == "needs 4 GPUs with >= 80 GB on one node; largest free block is 3 on h100-02"
+
+
+def test_job_that_fits_80_gb_leaves_the_141_gb_gpus_to_jobs_only_they_can_hold():
+    facts = {**FACTS, "H200": ModelFacts("H200", {"llm-train": 3.0, "finetune": 2.5, "inference": 2.3, "small": 1.5})}
+    nodes = [node("h200", model="H200", mem=141 * GB), node("h100", model="H100")]
+    # An hour of fine-tuning: an H200 is only 14% faster than an H100, and jobs above 80 GB need it.
+    fits_80 = JobRequest("j", 1, workload_class="finetune", min_memory_mib=40 * GB, expected_runtime_s=3600)
+    assert place(fits_80, nodes, facts=facts).node == "h100"
+    no_spare = Profile(weights={**Profile().weights, "spare_largest_memory": 0.0})
+    assert place(fits_80, nodes, no_spare, facts=facts).node == "h200"
+    # A job that needs the memory is not penalized, and a full H100 does not stop the 80 GB job.
+    assert place(replace(fits_80, min_memory_mib=100 * GB), nodes, facts=facts).node == "h200"
+    assert place(fits_80, [nodes[0], node("h100", model="H100", taken=range(8))], facts=facts).node == "h200"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from whaleflux.scheduler.placement import ClusterState, GpuState, JobRequest, NodeState
+from whaleflux.scheduler.placement import ClusterState, GpuState, JobRequest, ModelFacts, NodeState
 from whaleflux.scheduler.queueing import (
     BACKFILL,
     FIFO,
@@ -205,3 +205,58 @@ def test_infeasible_job_leaves_the_queue_with_its_reason():
     w.submit(job("huge", gpus=16))
     reply = w.step()
     assert "only 8 GPUs per node" in reply.infeasible["huge"] and len(w.queue) == 0
+
+
+# ---------------------------------------------------------------- waiting for a faster model
+
+SPEEDS = {
+    "A100": ModelFacts("A100", {"llm-train": 1.0}),
+    "H100": ModelFacts("H100", {"llm-train": 2.6}),
+}
+
+
+def mixed_world(policy=ONE_NODE_POLICY):
+    fleet = nodes(1, model="A100") + [replace(n, name="h") for n in nodes(1, model="H100")]
+    w = World(policy, fleet)
+    w.cluster = ClusterState(fleet, SPEEDS)
+    return w
+
+
+def train(job_id, runtime):
+    return PendingJob(JobRequest(job_id, 1, workload_class="llm-train", expected_runtime_s=runtime), 0.0)
+
+
+def test_long_job_waits_for_a_faster_gpu_that_frees_soon_instead_of_a_slow_one_now():
+    w = mixed_world()
+    w.start_running(train("busy", 100.0), end=3600.0)  # holds the H100 for an hour
+    w.submit(train("long", 7 * 86400.0))
+    reply = w.step()
+    assert started(reply) == [] and "faster GPU" in reply.waiting["long"]
+    # Without the rule it takes the idle A100 (a week there instead of 2.7 days on the H100 an hour later).
+    w2 = mixed_world(replace(ONE_NODE_POLICY, wait_for_faster_gain=None))
+    w2.start_running(train("busy", 100.0), end=3600.0)
+    w2.submit(train("long", 7 * 86400.0))
+    assert started(w2.step()) == ["long"]
+
+
+def test_slower_gpu_that_fits_is_used_when_waiting_would_not_clearly_pay():
+    w = mixed_world()
+    w.start_running(train("busy", 100.0), end=3600.0)
+    # Two hours on the A100 against one hour of waiting plus 46 minutes: not a clear gain.
+    w.submit(train("short", 7200.0))
+    assert started(w.step()) == ["short"]
+    # The H100 frees only in a day: even a week-long job starts now on the A100.
+    w = mixed_world()
+    w.start_running(train("busy", 100.0), end=86400.0 * 5)
+    w.submit(train("long", 7 * 86400.0))
+    assert started(w.step()) == ["long"]
+
+
+def test_only_one_job_waits_for_the_same_faster_gpus_the_next_starts_where_it_fits():
+    fleet = nodes(2, model="A100") + [replace(n, name="h") for n in nodes(1, model="H100")]
+    w = World(ONE_NODE_POLICY, fleet)
+    w.cluster = ClusterState(fleet, SPEEDS)
+    w.start_running(train("busy", 100.0), end=3600.0)
+    w.submit(PendingJob(train("a", 7 * 86400.0).request, 0.0, seq=1), PendingJob(train("b", 7 * 86400.0).request, 0.0, seq=2))
+    reply = w.step()
+    assert started(reply) == ["b"] and "faster GPU" in reply.waiting["a"]

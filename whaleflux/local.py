@@ -103,9 +103,9 @@ class Stack:
             self.children.append(
                 Child(name, [sys.executable, "-m", "whaleflux", "service", name], child_env, logs / f"{name}.log")
             )
-        # Billing asks inventory for ownership terms, wherever `up` put it.
+        # Billing asks inventory for ownership terms, alerting for its findings (cost guardians), wherever `up` put it.
         for child in self.children:
-            if child.name == "billing":
+            if child.name in ("billing", "alerting"):
                 child.env["WHALEFLUX_INVENTORY_URL"] = self.cfg.services["inventory"]
         # The agent's HTTP port serves fault injection (`whaleflux sim inject`).
         agent_port = free_port(DEFAULT_PORTS["agent"])

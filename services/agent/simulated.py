@@ -44,6 +44,7 @@ class _Gpu:
     energy_j: float = 0.0
     job: str | None = None
     pid: int | None = None
+    util_pct: float = 92.0  # mean utilization of the job running (a training job keeps the GPU ~92% busy)
     cooling_factor: float = 1.0  # >1 means worse cooling (fault injection)
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
@@ -101,10 +102,17 @@ class SimulatedNode:
     def identities(self) -> list[GpuIdentity]:
         return [g.identity for g in self._gpus]
 
-    def job_started(self, gpu_uuids: list[str], job_id: str, pid: int | None = None) -> None:
+    def job_started(self, gpu_uuids: list[str], job_id: str, pid: int | None = None, util_pct: float = 92.0) -> None:
+        """A job runs on these GPUs from now on, keeping them `util_pct` busy on average."""
         for g in self._gpus:
             if g.identity.uuid in gpu_uuids:
-                g.job, g.pid = job_id, pid
+                g.job, g.pid, g.util_pct = job_id, pid, util_pct
+
+    def set_utilization(self, gpu_uuids: list[str], util_pct: float) -> None:
+        """The running job's load changes (an inference service's traffic goes up or down)."""
+        for g in self._gpus:
+            if g.identity.uuid in gpu_uuids:
+                g.util_pct = util_pct
 
     def job_stopped(self, gpu_uuids: list[str]) -> None:
         for g in self._gpus:
@@ -165,7 +173,7 @@ class SimulatedNode:
             return None
         m = self.model
         datacenter = m.key in DATACENTER
-        util = min(100.0, max(0.0, self._rng.gauss(92, 4))) if g.job else 0.0
+        util = min(100.0, max(0.0, self._rng.gauss(g.util_pct, 4))) if g.job else 0.0
         power = m.idle_power_w + (m.tdp_w - m.idle_power_w) * util / 100
         target = self._steady(power, g.cooling_factor)
         g.temperature_c += (target - g.temperature_c) * min(dt / TAU_S, 1.0)

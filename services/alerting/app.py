@@ -35,6 +35,10 @@ from whaleflux.shared.events import (
     AlertResolved,
     Envelope,
     GpuTelemetry,
+    JobFailed,
+    JobFinished,
+    JobRejected,
+    JobSubmitted,
     NodeDrainRequested,
     NodeHeartbeat,
     NodeRegistered,
@@ -67,6 +71,9 @@ class AlertingSettings(CommonSettings):
     alerting_delivery_max_age_s: float = Field(86400.0, gt=0, description="keep retrying a delivery this long")
     alerting_tick_s: float = Field(0.25, gt=0, le=5)
     external_url: str = Field("http://127.0.0.1:8703", description="this service's URL, put in payloads")
+    # Cost guardians (`kind: finding` rules) poll inventory's findings over HTTP.
+    inventory_url: str = Field("http://127.0.0.1:8705", description="inventory service, for GET /v1/findings")
+    alerting_findings_poll_s: float = Field(300.0, gt=0, description="how often cost guardians poll inventory")
 
     @field_validator("alerting_webhook_urls")
     @classmethod
@@ -121,6 +128,7 @@ class AlertingService(ServiceBase):
         self.buckets: dict[str, TokenBucket] = {}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self.findings_status: dict = {"ok_at": None, "error": None, "error_at": None, "findings": 0}
 
     def consumers(self):
         return {
@@ -132,7 +140,7 @@ class AlertingService(ServiceBase):
         }
 
     def background(self):
-        return [self._tick_loop, self._delivery_loop, self._reload_loop]
+        return [self._tick_loop, self._delivery_loop, self._reload_loop, self._findings_loop]
 
     @property
     def k(self):
@@ -141,6 +149,7 @@ class AlertingService(ServiceBase):
             "firing": f"{p}:firing", "groups": f"{p}:groups", "incidents": f"{p}:incidents",
             "silences": f"{p}:silences", "acks": f"{p}:acks", "queue": f"{p}:deliveries",
             "delivery": f"{p}:delivery", "log": f"{p}:notifications", "topology": f"{p}:topology",
+            "job_classes": f"{p}:job-classes",
         }
 
     async def on_ready(self) -> None:
@@ -158,6 +167,8 @@ class AlertingService(ServiceBase):
         self.correlator = Correlator(self.config.incidents, incidents)
         self.silences = {i: Silence.model_validate_json(v) for i, v in (await self.redis.hgetall(k["silences"])).items()}
         self.acks = {fp: json.loads(v) for fp, v in (await self.redis.hgetall(k["acks"])).items()}
+        for job_id, cls in (await self.redis.hgetall(k["job_classes"])).items():
+            self.engine.observe_job(job_id, cls)
         await self.publish_staged()
 
     async def stop(self) -> None:
@@ -223,6 +234,14 @@ class AlertingService(ServiceBase):
         self.engine.observe_node(data.cluster, data.node, info, seen)
 
     async def on_event(self, env: Envelope, data) -> None:
+        if isinstance(data, JobSubmitted):
+            # The workload class of the job's GPUs while it runs (baselines per model and class).
+            self.engine.observe_job(data.job_id, data.workload_class)
+            await self.redis.hset(self.k["job_classes"], data.job_id, data.workload_class)
+            return
+        if isinstance(data, (JobFinished, JobFailed, JobRejected)):
+            self.engine.forget_job(data.job_id)
+            await self.redis.hdel(self.k["job_classes"], data.job_id)
         await self._apply(self.engine.observe_event(data.event_name, data, self.clock()))
 
     async def _apply(self, transitions: list[Transition]) -> None:
@@ -273,7 +292,7 @@ class AlertingService(ServiceBase):
         """Group an alert event (ours or another service's) and queue what is due."""
         async with self._lock:
             now = self.clock()
-            drains: list[tuple[Envelope, str]] = []
+            drains: list[tuple[Envelope, str]] = []  # (event, subject node.drain_requested.<cluster>.<node>)
             incident = None
             if isinstance(data, AlertRaised):
                 labels = {"alertname": data.rule, "severity": data.severity, "category": data.category, **data.labels}
@@ -295,7 +314,8 @@ class AlertingService(ServiceBase):
                                                fingerprint=data.fingerprint)
                     drains.append((make_envelope(drain, source=f"whaleflux/alerting/{self.settings.instance}",
                                                  subject=node, event_id=f"drain-{incident.id}-{cluster}-{node}",
-                                                 correlation_id=data.fingerprint), node))
+                                                 correlation_id=data.fingerprint),
+                                   subjects.node_drain_requested(cluster, node)))
             else:
                 old = self._grouped(data.fingerprint)
                 incident = self.correlator.resolve(data.fingerprint, now)
@@ -307,8 +327,8 @@ class AlertingService(ServiceBase):
             await self._persist(set(changed) | set(flushed), removed, [incident] if incident else [], notifications,
                                 drains)
         if drains:
-            for _, node in drains:
-                self.log.warning("node.drain_requested", node=node, rule=data.rule)
+            for env, subject in drains:
+                self.log.warning("node.drain_requested", node=env.subject, subject=subject, rule=data.rule)
             await self.publish_staged()
 
     def _grouped(self, fingerprint: str) -> GroupedAlert | None:
@@ -336,8 +356,8 @@ class AlertingService(ServiceBase):
             for d in deliveries:
                 pipe.hset(k["delivery"], d.id, d.model_dump_json())
                 pipe.zadd(k["queue"], {d.id: d.created_at.timestamp()})
-            for env, _ in drains:
-                self.outbox.stage(pipe, subjects.NODE_DRAIN_REQUESTED, env)
+            for env, subject in drains:
+                self.outbox.stage(pipe, subject, env)
             await pipe.execute()
         if deliveries:
             self._wake.set()
@@ -391,6 +411,39 @@ class AlertingService(ServiceBase):
                 closed = self.correlator.expire(now)
                 if closed:
                     await self.redis.hdel(self.k["incidents"], *closed)
+
+    async def poll_findings(self) -> bool:
+        """Fetch inventory's findings once and feed them to the cost guardians; False when inventory did not answer."""
+        url = self.settings.inventory_url.rstrip("/") + "/v1/findings"
+        now = self.clock()
+        try:
+            resp = await self.http.get(url, timeout=10.0)
+            resp.raise_for_status()
+            findings = resp.json()
+            if not isinstance(findings, list) or not all(isinstance(f, dict) and "kind" in f for f in findings):
+                raise ValueError("unexpected response shape (want a list of {kind, summary, detail, ...})")
+        except (httpx.HTTPError, ValueError) as exc:
+            # Keep what fires: an unreachable inventory is no reason to resolve (or raise) anything.
+            error = f"{type(exc).__name__}: {str(exc)[:200]}" if not isinstance(exc, httpx.HTTPError) else type(exc).__name__
+            if isinstance(exc, httpx.HTTPStatusError):
+                error = f"inventory answered {exc.response.status_code}"
+            if error != self.findings_status["error"]:
+                self.log.warning("findings.poll_failed", error=error)
+            self.findings_status.update(error=error, error_at=now.isoformat())
+            return False
+        self.findings_status.update(ok_at=now.isoformat(), error=None, error_at=None, findings=len(findings))
+        await self._apply(self.engine.observe_findings(findings, now))
+        return True
+
+    async def _findings_loop(self) -> None:
+        await asyncio.sleep(min(2.0, self.settings.alerting_findings_poll_s))
+        while True:
+            if self.engine.finding_rules:
+                try:
+                    await self.poll_findings()
+                except Exception as exc:  # never let the guardian loop die
+                    self.log.error("findings.poll_crashed", error=repr(exc))
+            await asyncio.sleep(self.settings.alerting_findings_poll_s)
 
     async def _delivery_loop(self) -> None:
         while True:
@@ -620,7 +673,10 @@ class AlertingService(ServiceBase):
                     "rules": [{"name": r.name, "kind": r.kind, "severity": r.severity, "for_s": r.for_s}
                               for r in self.config.rules],
                     "receivers": [{"name": r.name, "type": r.type, "urls": len(self._urls(r))}
-                                  for r in self.config.receivers]}
+                                  for r in self.config.receivers],
+                    "guardians": {"rules": [r.name for r in self.engine.finding_rules],
+                                  "inventory": {"poll_s": self.settings.alerting_findings_poll_s,
+                                                **self.findings_status}}}
 
         @app.post("/admin/rules/reload", tags=["rules"], dependencies=[admin])
         async def reload() -> dict:

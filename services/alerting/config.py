@@ -2,8 +2,9 @@
 
 One YAML file (`WHALEFLUX_ALERTING_RULES_FILE`, default: `default_rules.yaml`
 next to this module). It is validated as a whole at load; every problem is
-reported as `FILE:LINE: key: problem`, with the line taken from PyYAML's node
-marks, so an operator can fix a file without guessing. The service keeps the
+reported as `FILE:LINE: key: problem` by the shared loader
+(`whaleflux.shared.yamlconfig`, as for assets and the price book), so an
+operator can fix a file without guessing. The service keeps the
 previous good configuration when a reloaded file is bad.
 """
 
@@ -13,8 +14,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from whaleflux.shared import yamlconfig
+from whaleflux.shared.yamlconfig import ConfigFileError, KeyPath
 
 from .dispatch.matchers import Matcher, parse_matchers
 
@@ -103,6 +106,12 @@ class RateRule(RuleBase):
     per_minute: float = Field(description="positive: rising at least this fast; negative: falling")
     window: Duration = 60.0
     min_samples: int = Field(5, ge=2)
+    # A GPU heats up fast whenever a job starts or its load goes up: that is no fault. With `steady_metric`
+    # (e.g. power_ratio) the rule fires only once that metric has stayed within `steady_tolerance` (its own
+    # units, smoothed over a few seconds) for `steady_for`: heating at constant power means cooling trouble.
+    steady_metric: str | None = None
+    steady_tolerance: float = Field(0.1, gt=0)
+    steady_for: Duration = 120.0
 
 
 class TrendRule(RuleBase):
@@ -115,6 +124,9 @@ class TrendRule(RuleBase):
     within: Duration = 600.0
     min_samples: int = Field(10, ge=3)
     min_slope_per_s: float = Field(0.0, ge=0, description="ignore slower growth (noise)")
+    # A job that starts (or loads a model) steps memory up once: that is no leak. Sustained: the growth
+    # must show in both halves of the window, each at least `min_slope_per_s`.
+    sustained: bool = True
 
 
 class CounterRule(RuleBase):
@@ -147,11 +159,22 @@ class ThrottleRule(RuleBase):
     reasons: list[str] = Field(min_length=1)
 
 
+BaselineKey = Literal["gpu", "model", "workload_class", "node", "pool"]
+
+
 class BaselineRule(RuleBase):
-    """Far above this GPU's own EWMA baseline; quiet until `warm_up` samples were seen."""
+    """Far above the usual: an EWMA mean and variance learned per `by` (one GPU by default; shipped: per GPU
+    model and workload class), quiet until `warm_up` samples were seen.
+
+    The workload class of a sample is `idle` (no process, utilization under 5%), the class of the
+    WhaleFlux job on the GPU (from job.submitted), or `unknown`. After a GPU's class changes its
+    samples are neither judged nor learned for `settle` (the heating or cooling transient).
+    """
 
     kind: Literal["baseline"]
     metric: str
+    by: list[BaselineKey] = Field(default_factory=lambda: ["gpu"], min_length=1)
+    settle: Duration = 0.0
     half_life: Duration = 600.0
     warm_up: int = Field(120, ge=2)
     sigmas: float = Field(4.0, gt=0)
@@ -174,8 +197,25 @@ class EventRule(RuleBase):
     resolve_after: Duration = 86400.0
 
 
+class FindingRule(RuleBase):
+    """A cost guardian: a finding inventory reports (GET /v1/findings), e.g. reserved GPUs idle for days.
+
+    Fires while inventory lists a finding of kind `finding`, resolves when a later
+    successful poll no longer does. One alert per `key` (finding fields such as
+    model, ownership, pool), so the same idle reservation is one alert however
+    long it stays idle.
+    """
+
+    kind: Literal["finding"]
+    finding: Literal["reserved-idle", "idle-allocated", "consolidation", "capacity", "undeclared", "never-seen", "mismatch"]
+    key: list[str] = Field(default_factory=lambda: ["model", "ownership", "pool"], min_length=1,
+                           description="finding fields (detail first) that identify one alert; they become labels")
+    min_monthly_usd: float = Field(0.0, ge=0, description="ignore findings whose monthly cost is known and lower")
+
+
 Rule = Annotated[
-    ThresholdRule | RateRule | TrendRule | CounterRule | FlagRule | XidRule | ThrottleRule | BaselineRule | HeartbeatRule | EventRule,
+    ThresholdRule | RateRule | TrendRule | CounterRule | FlagRule | XidRule | ThrottleRule | BaselineRule | HeartbeatRule
+    | EventRule | FindingRule,
     Field(discriminator="kind"),
 ]
 
@@ -229,10 +269,18 @@ class CorrelationConfig(_Strict):
     matchers: Matchers = Field(default_factory=list)
     by: list[str] = Field(min_length=1, description="labels whose values make one incident")
     title: str = Field(min_length=1, description="str.format template over the `by` labels, `count`, `alertnames`")
+    # while_firing: a new alert with this key joins the incident while any member fires (or within `window`
+    # of its last activity): a rack stays one incident while it is hot. within_window: only within `window`
+    # of the incident's last new member: a GPU that stays down for hours does not pull every later fault
+    # of its pool into its incident.
+    join: Literal["while_firing", "within_window"] = "while_firing"
 
 
 class IncidentsConfig(_Strict):
     window: Duration = 600.0
+    # Alerts sharing one of these labels' values with a firing member of an open incident join it
+    # before any correlation is tried: several symptoms of one GPU are one incident.
+    join_on: list[str] = Field(default_factory=lambda: ["UUID"])
     correlate: list[CorrelationConfig] = Field(default_factory=list)
 
 
@@ -249,84 +297,34 @@ class AlertingConfig(_Strict):
 
 # --------------------------------------------------------------------------- loading
 
-Path_ = tuple[Any, ...]
+Path_ = KeyPath
 
 
-class ConfigError(ValueError):
+class ConfigError(ConfigFileError):
     """The file was rejected; `errors` are `FILE:LINE: key: problem` lines."""
 
-    def __init__(self, errors: list[str]):
-        super().__init__("; ".join(errors))
-        self.errors = errors
+
+_KINDS = {"threshold", "rate", "trend", "counter", "flag", "xid", "throttle", "baseline", "heartbeat", "event", "finding"}
 
 
-def _lines(node: yaml.Node, path: Path_, out: dict[Path_, int]) -> None:
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            sub = (*path, key_node.value)
-            out[sub] = key_node.start_mark.line + 1
-            _lines(value_node, sub, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _lines(item, (*path, i), out)
-
-
-def _key(path: Path_) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(document)"
-
-
-def _line_of(path: Path_, lines: dict[Path_, int]) -> int:
-    for n in range(len(path), -1, -1):
-        if path[:n] in lines:
-            return lines[path[:n]]
-    return 1
-
-
-def _clean_loc(loc: tuple) -> Path_:
-    """Drop pydantic's union tag (`rules.0.threshold.metric` -> `rules.0.metric`)."""
+def _error_path(err: dict) -> Path_:
+    """Where a pydantic error points: without the union tag (`rules.0.threshold.metric` -> `rules.0.metric`),
+    and at the `kind:` line when the kind itself is wrong (not the item's first line)."""
+    loc = tuple(err["loc"])
     if len(loc) >= 3 and loc[0] == "rules" and isinstance(loc[1], int) and loc[2] in _KINDS:
-        return (*loc[:2], *loc[3:])
-    return tuple(loc)
-
-
-_KINDS = {"threshold", "rate", "trend", "counter", "flag", "xid", "throttle", "baseline", "heartbeat", "event"}
+        loc = (*loc[:2], *loc[3:])
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        loc = (*loc, "kind")
+    return loc
 
 
 def parse_config(text: str, filename: str = "rules.yaml") -> AlertingConfig:
     """Parse and check a configuration; raise ConfigError listing every problem with file, line and key."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        doc = loader.construct_document(node) if node is not None else {}
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise ConfigError([f"{filename}:{mark.line + 1 if mark else 1}: (yaml): {exc.problem or exc}"]) from None
-    finally:
-        loader.dispose()
-    lines: dict[Path_, int] = {}
-    if node is not None:
-        _lines(node, (), lines)
-    doc = doc or {}
-    if not isinstance(doc, dict):
-        raise ConfigError([f"{filename}:1: (document): expected a mapping with rules, route, receivers"])
-    try:
-        config = AlertingConfig.model_validate(doc)
-    except ValidationError as exc:
-        errors = []
-        for err in exc.errors(include_url=False, include_input=False):
-            path = _clean_loc(tuple(err["loc"]))
-            if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
-                path = (*path, "kind")  # point at the `kind:` line, not the item's first line
-            msg = err["msg"].removeprefix("Value error, ")
-            errors.append(f"{filename}:{_line_of(path, lines)}: {_key(path)}: {msg}")
-        raise ConfigError(errors) from None
+    located = yamlconfig.parse(text, filename, ConfigError, "a mapping with rules, route, receivers")
+    config = yamlconfig.validate(located, AlertingConfig, ConfigError, locate=_error_path)
     problems = cross_check(config)
     if problems:
-        raise ConfigError([f"{filename}:{_line_of(p, lines)}: {_key(p)}: {msg}" for p, msg in problems])
+        raise ConfigError(located.problems(problems))
     return config
 
 
@@ -344,7 +342,7 @@ def cross_check(config: AlertingConfig) -> list[tuple[Path_, str]]:
         if rule.name in seen:
             problems.append((("rules", i, "name"), f"duplicate rule name {rule.name!r}"))
         seen.add(rule.name)
-        for attr in ("metric", "limit_metric"):
+        for attr in ("metric", "limit_metric", "steady_metric"):
             value = getattr(rule, attr, None)
             if value is not None and value not in sample_fields:
                 problems.append((("rules", i, attr), f"unknown metric {value!r}"))
@@ -354,8 +352,8 @@ def cross_check(config: AlertingConfig) -> list[tuple[Path_, str]]:
                 problems.append((("rules", i, "threshold", "device"), f"unknown GpuSample field {threshold.device!r}"))
             if threshold.model is not None and threshold.model not in GpuModel.model_fields:
                 problems.append((("rules", i, "threshold", "model"), f"unknown gpu_models.yaml field {threshold.model!r}"))
-        if "drain" in rule.actions and rule.kind == "event":
-            problems.append((("rules", i, "actions"), "drain needs a node: not available on event rules"))
+        if "drain" in rule.actions and rule.kind in ("event", "finding"):
+            problems.append((("rules", i, "actions"), f"drain needs a node: not available on {rule.kind} rules"))
     names = [r.name for r in config.receivers]
     for i, name in enumerate(names):
         if names.index(name) != i:
@@ -379,9 +377,4 @@ def cross_check(config: AlertingConfig) -> list[tuple[Path_, str]]:
 
 
 def load_config(path: str | Path) -> AlertingConfig:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError([f"{p}:1: (file): cannot read: {exc.strerror}"]) from None
-    return parse_config(text, str(p))
+    return parse_config(yamlconfig.read(path, ConfigError), str(path))

@@ -82,7 +82,8 @@ def reserved_idle(
             Finding(
                 "reserved-idle", "warning",
                 f"{len(gpus)}x {model} ({ownership}, pool {pool}) idle {hours} h — {money(cost)}",
-                cost, tuple(a.uuid for a in gpus), {"idle_hours": str(hours), "pool": pool, "ownership": ownership},
+                cost, tuple(a.uuid for a in gpus),
+                {"idle_hours": str(hours), "model": model, "pool": pool, "ownership": ownership},
             )
         )
     return out

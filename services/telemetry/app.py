@@ -14,6 +14,7 @@ history.py (points and minute rollups), usage.py (per-job usage), flags.py
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from datetime import datetime, timedelta, timezone
 
@@ -21,7 +22,7 @@ from fastapi import FastAPI, HTTPException, Query
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, Field
 
-from whaleflux.shared.bus import Reject, Retry
+from whaleflux.shared.bus import Reject, Retry, batch_handler
 from whaleflux.shared.events import (
     Envelope,
     EventData,
@@ -42,6 +43,7 @@ from . import dcgm
 from .flags import flags
 from .history import Point, Rollup, minutes_to_roll, resolution_for, rollup
 from .sequence import Last, Verdict, judge
+from .store import STORE_SCRIPT, BatchWrite
 from .usage import JobUsage, from_points, from_rollups
 
 
@@ -98,6 +100,9 @@ def _epoch(ts: str) -> float:
     return datetime.fromisoformat(ts).timestamp()
 
 
+MAINTENANCE_CHUNK = 50  # GPUs per Redis pipeline in roll_and_trim
+
+
 class TelemetryService(ServiceBase):
     name = "telemetry"
 
@@ -126,10 +131,17 @@ class TelemetryService(ServiceBase):
         return ":".join((self.prefix, *parts))
 
     def consumers(self):
-        return {"telemetry-gpu": self.on_telemetry, "telemetry-nodes": self.on_registered, "telemetry-jobs": self.on_job}
+        return {"telemetry-gpu": self.on_telemetry_batch, "telemetry-nodes": self.on_registered, "telemetry-jobs": self.on_job}
 
     def background(self):
         return [self.maintain_history, self.settle_jobs]
+
+    async def on_ready(self) -> None:
+        await super().on_ready()
+        self._store = self.redis.register_script(STORE_SCRIPT)
+        # Everything loaded so far lives as long as the process: keep it out of the cyclic
+        # GC's full collections, which otherwise pause ingest for tens of ms (p99 latency).
+        gc.freeze()
 
     # ------------------------------------------------------------------ nodes
 
@@ -161,6 +173,42 @@ class TelemetryService(ServiceBase):
         return last
 
     async def on_telemetry(self, env: Envelope, data: GpuTelemetry) -> None:
+        """One batch on its own (the consumer runs `on_telemetry_batch`)."""
+        (outcome,) = await self.on_telemetry_batch([(env, data)])
+        if outcome is not None:
+            raise outcome
+
+    @batch_handler
+    async def on_telemetry_batch(self, events: list[tuple[Envelope, GpuTelemetry]]) -> list[Exception | None]:
+        """Check each node batch in order, then store all admitted ones in one Redis call."""
+        outcomes: list[Exception | None] = [None] * len(events)
+        accepted: dict[str, Last] = {}  # node -> last batch admitted so far in this call
+        write = BatchWrite()
+        times = []
+        for i, (_, data) in enumerate(events):
+            node_key = f"{data.cluster}/{data.node}"
+            t = data.sample_time.timestamp()
+            try:
+                await self._admit(data, node_key, t, accepted.get(node_key) or await self._last_of(node_key))
+            except (Reject, Retry) as exc:
+                outcomes[i] = exc
+                continue
+            accepted[node_key] = Last(data.seq, t)
+            write.add(data, node_key, t, lambda uuid: self._k("raw", uuid))
+            times.append(t)
+        if not accepted:
+            return outcomes
+        keys, args = write.script_args(self._k("latest"), self._k("lastxid"), self._k("seq"))
+        await self._store(keys=keys, args=args)
+        self._last.update(accepted)
+        self.stored.inc(write.samples)
+        now = self.clock().timestamp()
+        for t in times:
+            self.lag.observe(max(now - t, 0.0))
+        return outcomes
+
+    async def _admit(self, data: GpuTelemetry, node_key: str, t: float, last: Last | None) -> None:
+        """Raise Reject or Retry unless this node batch is to be stored."""
         skew = abs(data.sample_time - self.clock())
         if skew > timedelta(seconds=self.settings.max_clock_skew_s):
             raise Reject(f"sample_time is {skew.total_seconds():.0f}s away from now (limit {self.settings.max_clock_skew_s:.0f}s)")
@@ -170,9 +218,6 @@ class TelemetryService(ServiceBase):
         unknown = [g.uuid for g in data.gpus if g.uuid not in known]
         if unknown:
             raise Reject(f"unknown GPU uuid(s) for node {data.cluster}/{data.node}: {', '.join(unknown[:4])}")
-        node_key = f"{data.cluster}/{data.node}"
-        t = data.sample_time.timestamp()
-        last = await self._last_of(node_key)
         verdict = judge(last, data.seq, t)
         if verdict in (Verdict.DUPLICATE, Verdict.OUT_OF_ORDER):
             self.flagged.labels(verdict.value).inc()
@@ -183,27 +228,6 @@ class TelemetryService(ServiceBase):
         if verdict is Verdict.RESTART:
             self.flagged.labels(verdict.value).inc()
             self.log.info("telemetry.seq_reset", node=node_key, seq=data.seq, last_seq=last.seq)
-        sample_time = data.sample_time.isoformat()
-        pipe = self.redis.pipeline(transaction=False)
-        if data.gpus:
-            pipe.hset(
-                self._k("latest"),
-                mapping={
-                    g.uuid: LatestSample(cluster=data.cluster, node=data.node, seq=data.seq, sample_time=sample_time, gpu=g).model_dump_json()
-                    for g in data.gpus
-                },
-            )
-        for g in data.gpus:
-            pipe.zadd(self._k("raw", g.uuid), {Point.of(t, g).encode(): t})
-        xids = {g.uuid: g.xid_errors[-1] for g in data.gpus if g.xid_errors}
-        if xids:
-            pipe.hset(self._k("lastxid"), mapping=xids)
-        new_last = Last(data.seq, t)
-        pipe.hset(self._k("seq"), node_key, new_last.encode())
-        await pipe.execute()
-        self._last[node_key] = new_last
-        self.stored.inc(len(data.gpus))
-        self.lag.observe(max(self.clock().timestamp() - t, 0.0))
 
     # ------------------------------------------------------------------ jobs
 
@@ -287,31 +311,37 @@ class TelemetryService(ServiceBase):
         last = await self.redis.get(self._k("rollup", "last"))
         minutes = minutes_to_roll(float(last) if last else None, now, s.rollup_grace_s, now - s.raw_retention_s)[:120]
         uuids = await self.redis.hkeys(self._k("latest"))
-        if minutes and uuids:
-            lo, hi = minutes[0], minutes[-1] + 60
+        # A few hundred GPUs per pipeline: one pipeline for a 10,000-GPU fleet packs and
+        # parses tens of thousands of commands in one go and stalls ingest for a second.
+        for chunk in (uuids[i:i + MAINTENANCE_CHUNK] for i in range(0, len(uuids), MAINTENANCE_CHUNK)):
+            if minutes:
+                await self._roll(chunk, minutes)
             pipe = self.redis.pipeline(transaction=False)
-            for u in uuids:
-                pipe.zrangebyscore(self._k("raw", u), lo, f"({hi}")
-            rows = await pipe.execute()
-            pipe = self.redis.pipeline(transaction=False)
-            for u, raw in zip(uuids, rows):
-                buckets: dict[float, list[Point]] = {}
-                for r in raw:
-                    p = Point.decode(r)
-                    buckets.setdefault(p.t // 60 * 60, []).append(p)
-                for m in minutes:
-                    agg = rollup(m, buckets.get(m, []))
-                    if agg is not None:
-                        # Rolling a minute again replaces it instead of adding a second member.
-                        pipe.zremrangebyscore(self._k("1m", u), m, m)
-                        pipe.zadd(self._k("1m", u), {agg.encode(): m})
+            for u in chunk:
+                pipe.zremrangebyscore(self._k("raw", u), "-inf", f"({now - s.raw_retention_s}")
+                pipe.zremrangebyscore(self._k("1m", u), "-inf", f"({now - s.rollup_retention_s}")
             await pipe.execute()
         if minutes:
             await self.redis.set(self._k("rollup", "last"), minutes[-1])
+
+    async def _roll(self, uuids: list[str], minutes: list[float]) -> None:
+        lo, hi = minutes[0], minutes[-1] + 60
         pipe = self.redis.pipeline(transaction=False)
         for u in uuids:
-            pipe.zremrangebyscore(self._k("raw", u), "-inf", f"({now - s.raw_retention_s}")
-            pipe.zremrangebyscore(self._k("1m", u), "-inf", f"({now - s.rollup_retention_s}")
+            pipe.zrangebyscore(self._k("raw", u), lo, f"({hi}")
+        rows = await pipe.execute()
+        pipe = self.redis.pipeline(transaction=False)
+        for u, raw in zip(uuids, rows):
+            buckets: dict[float, list[Point]] = {}
+            for r in raw:
+                p = Point.decode(r)
+                buckets.setdefault(p.t // 60 * 60, []).append(p)
+            for m in minutes:
+                agg = rollup(m, buckets.get(m, []))
+                if agg is not None:
+                    # Rolling a minute again replaces it instead of adding a second member.
+                    pipe.zremrangebyscore(self._k("1m", u), m, m)
+                    pipe.zadd(self._k("1m", u), {agg.encode(): m})
         await pipe.execute()
 
     # ------------------------------------------------------------------ reads

@@ -4,7 +4,10 @@ The same rule on many GPUs of one pool within a window, or a hot node and its
 throttling neighbours in one rack, is one incident: the first matching
 correlation decides the key (its `by` labels); an alert joins the open incident
 with that key, else opens a new one. An incident stays open while any member
-fires and for `window` after its last activity.
+fires and for `window` after its last activity; with `join: within_window` a new
+alert joins it by key only within `window` of its last new member. Before the key, an alert that shares a
+`join_on` label (UUID: the same GPU) with a firing member of an open incident
+joins that incident.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ class Member(BaseModel):
     alertname: str
     node: str = ""
     firing: bool = True
+    join: dict[str, str] = Field(default_factory=dict, description="values of the `join_on` labels")
 
 
 class Incident(BaseModel):
@@ -31,6 +35,8 @@ class Incident(BaseModel):
     title_template: str
     opened_at: datetime
     last_at: datetime
+    joined_at: datetime | None = Field(None, description="when the last member joined (None: as last_at)")
+    join: str = Field("while_firing", description="how new alerts with its key join: while_firing, within_window")
     members: dict[str, Member] = Field(default_factory=dict)
     drained_nodes: list[str] = Field(default_factory=list)
 
@@ -40,7 +46,10 @@ class Incident(BaseModel):
     def title(self) -> str:
         names = sorted({m.alertname for m in self.members.values()})
         nodes = sorted({m.node for m in self.members.values() if m.node})
-        values = {**self.by, "count": len(self.members), "alertnames": ", ".join(names), "nodes": ", ".join(nodes)}
+        # `count`: GPUs (several alerts of one GPU count once), or alerts that name no GPU.
+        things = {m.join.get("UUID") or fp for fp, m in self.members.items()}
+        values = {**self.by, "count": len(things), "alerts": len(self.members), "alertnames": ", ".join(names),
+                  "nodes": ", ".join(nodes)}
         try:
             return self.title_template.format_map(_Missing(values))
         except (ValueError, IndexError):
@@ -48,6 +57,15 @@ class Incident(BaseModel):
 
     def is_open(self, now: datetime, window_s: float) -> bool:
         return self.firing_count() > 0 or (now - self.last_at).total_seconds() < window_s
+
+    def accepts(self, now: datetime, window_s: float) -> bool:
+        """Whether a new alert with this incident's key joins it: while it is open, and for `within_window`
+        correlations only within the window after its last new member."""
+        if not self.is_open(now, window_s):
+            return False
+        if self.join == "within_window":
+            return (now - (self.joined_at or self.last_at)).total_seconds() < window_s
+        return True
 
 
 class _Missing(dict):
@@ -76,23 +94,32 @@ class Correlator:
                 current.members[fingerprint] = member.model_copy(update={"firing": True})
                 current.last_at = now
             return current
-        correlation, by = "single", {"fingerprint": fingerprint}
-        template = "{alertnames} on {nodes}"
-        for corr in self.config.correlate:
-            if matches_all(corr.matchers, labels) and all(labels.get(k) for k in corr.by):
-                correlation, by, template = corr.name, {k: labels[k] for k in corr.by}, corr.title
-                break
-        key = correlation + "\x00" + "\x00".join(f"{k}={v}" for k, v in sorted(by.items()))
+        join = {k: labels[k] for k in self.config.join_on if labels.get(k)}
+        window = self.config.window
+        # Another symptom of something already in an open incident (the same GPU: an ECC error and its
+        # remapped row, XID 48 and the ECC count) joins that incident, whatever its correlation.
         incident = next(
-            (i for i in self.incidents.values() if i.key == key and i.is_open(now, self.config.window)), None
+            (i for i in self.incidents.values() if join and i.is_open(now, window)
+             and any(m.firing and any(m.join.get(k) == v for k, v in join.items()) for m in i.members.values())),
+            None,
         )
+        if incident is None:
+            correlation, by, mode = "single", {"fingerprint": fingerprint}, "while_firing"
+            template = "{alertnames} on {nodes}"
+            for corr in self.config.correlate:
+                if matches_all(corr.matchers, labels) and all(labels.get(k) for k in corr.by):
+                    correlation, by, template, mode = corr.name, {k: labels[k] for k in corr.by}, corr.title, corr.join
+                    break
+            key = correlation + "\x00" + "\x00".join(f"{k}={v}" for k, v in sorted(by.items()))
+            incident = next((i for i in self.incidents.values() if i.key == key and i.accepts(now, window)), None)
         if incident is None:
             iid = "inc-" + hashlib.sha256(f"{key}\x00{now.isoformat()}".encode()).hexdigest()[:12]
             incident = Incident(id=iid, key=key, correlation=correlation, by=by, title_template=template,
-                                opened_at=now, last_at=now)
+                                opened_at=now, last_at=now, join=mode)
             self.incidents[iid] = incident
-        incident.members[fingerprint] = Member(alertname=labels.get("alertname", ""), node=labels.get("Hostname", ""))
-        incident.last_at = now
+        incident.members[fingerprint] = Member(alertname=labels.get("alertname", ""), node=labels.get("Hostname", ""),
+                                               join=join)
+        incident.last_at = incident.joined_at = now
         self._by_fp[fingerprint] = incident.id
         return incident
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections import deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -23,6 +23,7 @@ from ..config import (
     BaselineRule,
     CounterRule,
     EventRule,
+    FindingRule,
     FlagRule,
     HeartbeatRule,
     RateRule,
@@ -36,9 +37,12 @@ from ..config import (
 from .baseline import Ewma
 from .metrics import metric_value
 from .thermal import fingerprint
-from .trend import seconds_to_limit, slope_per_s
+from .trend import Window, seconds_to_limit, slope_per_s
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+FINGERPRINT_CACHE = 500_000
+JOB_CLASS_KEEP = 200_000
+IDLE_BELOW_PCT = 5.0
 GPU_KINDS = (ThresholdRule, RateRule, TrendRule, CounterRule, FlagRule, XidRule, ThrottleRule, BaselineRule)
 
 
@@ -69,10 +73,16 @@ class NodeInfo:
 class Series:
     firing: bool = False
     pending_since: float | None = None
-    points: deque = field(default_factory=deque)
+    points: Window = field(default_factory=Window)
     last_hit: float | None = None
-    ewma: Ewma | None = None
+    owner: tuple | None = None  # trend rules: the processes on the GPU (job id, pid)
+    workload_class: str | None = None  # baseline rules: the GPU's class now ...
+    class_since: float = 0.0  # ... since when
     deadline: float | None = None  # event alerts: resolve at this time
+    steady_ref: float | None = None  # rate rules with steady_metric: the level it holds ...
+    steady_smooth: float | None = None  # ... its smoothed value ...
+    steady_since: float | None = None  # ... and since when
+    steady_t: float | None = None  # time of the last steady-metric sample
     labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -110,6 +120,9 @@ class RuleEngine:
         self.rule_of: dict[str, str] = {}  # fingerprint -> rule name
         self.nodes: dict[tuple[str, str], NodeInfo] = {}
         self.last_seen: dict[tuple[str, str], float] = {}
+        self.baselines: dict[tuple, Ewma] = {}  # (rule, *by values) -> learned mean and variance
+        self.job_classes: OrderedDict[str, str] = OrderedDict()  # job id -> workload class
+        self._fingerprints: dict[tuple, str] = {}
         self.set_config(config)
 
     # ------------------------------------------------------------ configuration and state
@@ -121,7 +134,10 @@ class RuleEngine:
         self.gpu_rules = [r for r in config.rules if isinstance(r, GPU_KINDS)]
         self.heartbeat_rules = [r for r in config.rules if isinstance(r, HeartbeatRule)]
         self.event_rules = [r for r in config.rules if isinstance(r, EventRule)]
+        self.finding_rules = [r for r in config.rules if isinstance(r, FindingRule)]
         new = {r.name: r for r in config.rules}
+        for key in [k for k in self.baselines if old.get(k[0]) != new.get(k[0])]:
+            del self.baselines[key]
         for fp, name in list(self.rule_of.items()):
             if name in new and old.get(name) != new[name] and not self.series[fp].firing:
                 self.series.pop(fp, None)
@@ -155,18 +171,36 @@ class RuleEngine:
             model = self.models.get(key) if key else None
             ident = {"UUID": sample.uuid, "gpu": str(sample.index), "Hostname": batch.node,
                      "cluster": batch.cluster, "modelName": sample.model}
+            where = (sample.uuid, sample.index, batch.node, batch.cluster, sample.model)
+            cls = None
             for rule in self.gpu_rules:
                 if rule.models and key not in rule.models:
                     continue
-                fp = fingerprint({"alertname": rule.name, **ident})
+                fp = self._fingerprints.get((rule.name, where))
+                if fp is None:
+                    if len(self._fingerprints) > FINGERPRINT_CACHE:
+                        self._fingerprints.clear()
+                    fp = self._fingerprints[(rule.name, where)] = fingerprint({"alertname": rule.name, **ident})
                 s = self.series.get(fp)
                 if s is None:
                     s = self.series[fp] = Series()
                     self.rule_of[fp] = rule.name
-                verdict = self._evaluate(rule, s, sample, model, t)
+                if isinstance(rule, BaselineRule):
+                    if cls is None:
+                        cls = self.workload_class(sample)
+                    verdict = self._baseline(rule, s, sample, t, cls, (batch.node, info.pool))
+                else:
+                    verdict = self._evaluate(rule, s, sample, model, t)
                 if verdict is None:
                     continue
                 cond, value, values = verdict
+                # Most samples change nothing: skip building labels for them.
+                if cond is Cond.FIRE:
+                    if s.firing:
+                        continue
+                elif not s.firing or cond is Cond.HOLD:
+                    s.pending_since = None
+                    continue
                 labels = {**ident, **({"rack": info.rack} if info.rack else {}), **({"pool": info.pool} if info.pool else {}),
                           **rule.labels}
                 values = {"uuid": sample.uuid, "gpu": sample.index, "node": batch.node, "cluster": batch.cluster,
@@ -196,12 +230,23 @@ class RuleEngine:
             value = metric_value(sample, rule.metric)
             if value is None:
                 return None
-            _push(s.points, t, float(value), rule.window)
-            slope = slope_per_s(s.points) if len(s.points) >= rule.min_samples else None
+            if isinstance(rule, TrendRule):
+                # The trend of what runs now: when the processes on the GPU change (a job ends, another
+                # starts), the memory they hold steps; start the window afresh.
+                owner = tuple(sorted((p.job_id or "", p.pid) for p in sample.processes))
+                if owner != s.owner:
+                    s.owner = owner
+                    s.points.clear()
+            s.points.push(t, float(value), rule.window)
+            if isinstance(rule, RateRule) and rule.steady_metric is not None:
+                _track_steady(s, metric_value(sample, rule.steady_metric), rule.steady_tolerance, t)
+            slope = s.points.slope() if len(s.points) >= rule.min_samples else None
             if slope is None or s.points[-1][0] - s.points[0][0] < rule.window / 2:
                 return Cond.HOLD if s.firing else Cond.CLEAR, float(value), {}
             if isinstance(rule, RateRule):
                 per_min = slope * 60
+                if rule.steady_metric is not None and not _steady(s, rule, t):
+                    return Cond.HOLD if s.firing else Cond.CLEAR, float(value), {"per_minute": per_min}
                 want = rule.per_minute
                 hit = per_min >= want if want >= 0 else per_min <= want
                 half = per_min >= want / 2 if want >= 0 else per_min <= want / 2
@@ -210,7 +255,7 @@ class RuleEngine:
             if limit is None:
                 return None
             eta = seconds_to_limit(float(value), float(limit), slope) if slope > rule.min_slope_per_s else None
-            if eta is not None and eta <= rule.within:
+            if eta is not None and eta <= rule.within and (not rule.sustained or _sustained(s.points, rule.min_slope_per_s)):
                 cond = Cond.FIRE
             elif eta is not None and eta <= 2 * rule.within:
                 cond = Cond.HOLD
@@ -225,7 +270,7 @@ class RuleEngine:
             if s.points and value < s.points[-1][1]:
                 s.points.clear()  # counter reset (driver reload): start counting again
             grew = bool(s.points) and value > s.points[-1][1]
-            _push(s.points, t, float(value), rule.window)
+            s.points.push(t, float(value), rule.window)
             increase = s.points[-1][1] - s.points[0][1]
             # Only a sample that grew the counter (re)starts the alert; clear_after runs from the last growth.
             if grew and increase >= rule.increase:
@@ -246,25 +291,61 @@ class RuleEngine:
         if isinstance(rule, ThrottleRule):
             hits = [r for r in sample.throttle_reasons if r in rule.reasons]
             return (Cond.FIRE if hits else Cond.CLEAR), float(len(hits)), {"reasons": ", ".join(hits)}
-        if isinstance(rule, BaselineRule):
-            value = metric_value(sample, rule.metric)
-            if value is None:
-                return None
-            if s.ewma is None:
-                s.ewma = Ewma(rule.half_life)
-            e = s.ewma
-            cond = Cond.HOLD if s.firing else Cond.CLEAR
-            extra = {"mean": e.mean, "sigmas": 0.0}
-            if e.n >= rule.warm_up:
-                z = e.zscore(float(value))
-                extra = {"mean": e.mean, "sigmas": z}
-                if z >= rule.sigmas and value - e.mean >= rule.min_delta:
-                    cond = Cond.FIRE
-                elif z < rule.resolve_sigmas:
-                    cond = Cond.CLEAR
-            e.update(float(value), t)
-            return cond, float(value), extra
         return None
+
+    # ------------------------------------------------------------ baselines and workload classes
+
+    def observe_job(self, job_id: str, workload_class: str) -> None:
+        """A job was submitted: its GPUs' samples belong to `workload_class` while it runs."""
+        self.job_classes[job_id] = workload_class
+        self.job_classes.move_to_end(job_id)
+        while len(self.job_classes) > JOB_CLASS_KEEP:
+            self.job_classes.popitem(last=False)
+
+    def forget_job(self, job_id: str) -> None:
+        self.job_classes.pop(job_id, None)
+
+    def workload_class(self, sample: GpuSample) -> str:
+        """`idle`, the class of the WhaleFlux job on the GPU, or `unknown` (a process we did not start)."""
+        for p in sample.processes:
+            if p.job_id:
+                cls = self.job_classes.get(p.job_id)
+                if cls is None and "-r" in p.job_id:  # a replica of a service: `<id>-r<i>`
+                    cls = self.job_classes.get(p.job_id.rsplit("-r", 1)[0])
+                if cls is not None:
+                    return cls
+        if not sample.processes and (sample.utilization_gpu_pct or 0) < IDLE_BELOW_PCT:
+            return "idle"
+        return "unknown"
+
+    def _baseline(self, rule: BaselineRule, s: Series, sample: GpuSample, t: float, cls: str, where: tuple):
+        value = metric_value(sample, rule.metric)
+        if value is None:
+            return None
+        value = float(value)
+        if s.workload_class != cls:
+            s.workload_class, s.class_since = cls, t
+        parts = {"gpu": sample.uuid, "model": sample.model, "workload_class": cls, "node": where[0],
+                 "pool": where[1] or ""}
+        key = (rule.name, *(parts[b] for b in rule.by))
+        e = self.baselines.get(key)
+        if e is None:
+            e = self.baselines[key] = Ewma(rule.half_life)
+        hold = Cond.HOLD if s.firing else Cond.CLEAR
+        extra = {"mean": e.mean, "sigmas": 0.0, "workload_class": cls, "samples": e.n}
+        if t - s.class_since < rule.settle:
+            return hold, value, extra  # heating or cooling toward its new load: neither judged nor learned
+        cond = hold
+        if e.n >= rule.warm_up:
+            z = e.zscore(value)
+            extra["sigmas"] = z
+            if z >= rule.sigmas and value - e.mean >= rule.min_delta:
+                cond = Cond.FIRE
+            elif z < rule.resolve_sigmas:
+                cond = Cond.CLEAR
+        if cond is not Cond.FIRE and not s.firing:
+            e.update(value, t)  # an anomaly does not become the normal (nor widen the population's spread)
+        return cond, value, extra
 
     def _step(self, rule: RuleBase, s: Series, fp: str, cond: Cond, value, labels, values, t: float, at: datetime):
         """Apply `for` and emit a transition when the alert starts or stops firing."""
@@ -337,6 +418,73 @@ class RuleEngine:
             out.append(Transition(True, rule, fp, s.labels, render(rule.summary, fields), now))
         return out
 
+    # ------------------------------------------------------------ cost guardians
+
+    def observe_findings(self, findings: list[dict], now: datetime) -> list[Transition]:
+        """One successful poll of inventory's findings: raise the new ones, resolve those no longer listed.
+
+        `findings` is the JSON of GET /v1/findings: `{kind, severity, summary, monthly_usd, gpus, detail}`.
+        """
+        out: list[Transition] = []
+        for rule in self.finding_rules:
+            present: dict[str, tuple[dict[str, str], dict]] = {}
+            for f in findings:
+                if not isinstance(f, dict) or f.get("kind") != rule.finding:
+                    continue
+                usd = _number(f.get("monthly_usd"))
+                if usd is not None and usd < rule.min_monthly_usd:
+                    continue
+                ident = finding_identity(rule, f)
+                present[fingerprint({"alertname": rule.name, **ident})] = (ident, f)
+            for fp, (ident, f) in present.items():
+                s = self.series.setdefault(fp, Series())
+                self.rule_of[fp] = rule.name
+                if s.firing:
+                    continue
+                detail = f.get("detail") if isinstance(f.get("detail"), dict) else {}
+                usd = _number(f.get("monthly_usd"))
+                values = {**detail, **ident, "summary": f.get("summary", ""), "finding": rule.finding,
+                          "monthly_usd": usd if usd is not None else float("nan"), "gpus": len(f.get("gpus") or []),
+                          "value": usd}
+                s.firing, s.labels = True, {**ident, **rule.labels}
+                out.append(Transition(True, rule, fp, s.labels, render(rule.summary, values), now, usd))
+            for fp, name in list(self.rule_of.items()):
+                if name != rule.name or fp in present:
+                    continue
+                s = self.series.get(fp)
+                if s is not None and s.firing:
+                    s.firing = False
+                    what = ", ".join(f"{k} {v}" for k, v in s.labels.items() if k != "finding" and v)
+                    out.append(Transition(False, rule, fp, s.labels, f"{rule.name} resolved: {what} no longer reported", now))
+        return out
+
+
+def finding_identity(rule: FindingRule, finding: dict) -> dict[str, str]:
+    """The labels that make one finding alert: the rule's `key` fields (from `detail`, else the finding itself).
+
+    A finding that carries none of them is identified by its GPUs instead.
+    """
+    detail = finding.get("detail") if isinstance(finding.get("detail"), dict) else {}
+    ident = {"finding": rule.finding}
+    for k in rule.key:
+        v = detail.get(k, finding.get(k))
+        if v is not None and not isinstance(v, (dict, list)):
+            ident[k] = str(v)
+    if len(ident) == 1:
+        gpus = sorted(str(g) for g in finding.get("gpus") or [])
+        ident["gpus"] = fingerprint({"gpus": ",".join(gpus)}) if gpus else fingerprint({"summary": str(finding.get("summary"))})
+    return ident
+
+
+def _number(value) -> float | None:
+    """A JSON number or decimal string (inventory sends money as strings); None when absent or not a number."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
 
 @dataclass(frozen=True)
 class _Removed:
@@ -348,10 +496,42 @@ class _Removed:
     actions: tuple = ()
 
 
-def _push(points: deque, t: float, v: float, window: float) -> None:
-    points.append((t, v))
-    while points and points[0][0] < t - window:
-        points.popleft()
+STEADY_HALF_LIFE_S = 5.0
+
+
+def _track_steady(s: Series, value, tolerance: float, t: float) -> None:
+    """Follow the steady metric: smoothed (5 s half-life) so sample noise is no change; a move by more than
+    `tolerance` from the level it held restarts the steady time."""
+    if value is None:
+        s.steady_ref = s.steady_smooth = s.steady_since = s.steady_t = None
+        return
+    v = float(value)
+    if s.steady_smooth is None or s.steady_t is None:
+        s.steady_smooth, s.steady_ref, s.steady_since, s.steady_t = v, v, t, t
+        return
+    dt = max(t - s.steady_t, 0.0)
+    s.steady_t = t
+    alpha = 1.0 - 0.5 ** (dt / STEADY_HALF_LIFE_S) if dt > 0 else 0.0
+    s.steady_smooth += alpha * (v - s.steady_smooth)
+    if abs(s.steady_smooth - s.steady_ref) > tolerance:
+        s.steady_ref, s.steady_since = s.steady_smooth, t
+
+
+def _steady(s: Series, rule: RateRule, t: float) -> bool:
+    return s.steady_since is not None and t - s.steady_since >= rule.steady_for
+
+
+def _sustained(points: Window, min_slope: float) -> bool:
+    """The growth shows in both halves of the window (a one-off step does not)."""
+    if len(points) < 6:
+        return False
+    mid = (points[0][0] + points[-1][0]) / 2
+    first = [p for p in points if p[0] <= mid]
+    second = [p for p in points if p[0] > mid]
+    if len(first) < 3 or len(second) < 3:
+        return False
+    a, b = slope_per_s(first), slope_per_s(second)
+    return a is not None and b is not None and a > min_slope and b > min_slope
 
 
 def _cleared_after(s: Series, t: float, clear_after: float) -> Cond:

@@ -28,7 +28,7 @@ class Profile:
     weights: Mapping[str, float] = field(
         default_factory=lambda: {
             "speed_by_runtime": 6.0, "comparative_advantage": 2.0, "best_fit": 2.0, "nvlink_locality": 2.0,
-            "cost": 1.0, "spread_replicas": 2.0,
+            "cost": 1.0, "spread_replicas": 2.0, "spare_largest_memory": 3.0,
         }
     )
     # How many of the tightest-fitting nodes per model are scored (best fit walks buckets upward).
@@ -184,12 +184,15 @@ def _candidates(cluster, req, profile, now, view, settings, caps) -> list[S.Cand
 
 def _select(cluster: ClusterState, req: JobRequest, profile: Profile, cands: list[S.Candidate]) -> Placement:
     values = [v for v in (S.work_per_usd(cluster, c) for c in cands) if v is not None]
+    mems = [max(g.memory_total_mib for g in c.node.gpus) for c in cands]
     ctx = S.ScoreContext(
         cluster,
         max(c.speed for c in cands),
         max(values) if values else None,
         max(S.advantage(cluster, req, c.node) for c in cands),
-        min(max(g.memory_total_mib for g in c.node.gpus) for c in cands) or 1.0,
+        min(mems) or 1.0,
+        max(mems) or 1.0,
+        max((m for m in mems if m < max(mems)), default=max(mems)) or 1.0,
     )
     total_weight = sum(profile.weights.values()) or 1.0
 

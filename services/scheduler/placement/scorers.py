@@ -29,6 +29,9 @@ class ScoreContext:
     best_work_per_usd: float | None
     best_advantage: float = 0.0  # best comparative advantage among candidates
     smallest_memory_mib: float = 1.0  # smallest GPU memory among candidates
+    # Largest GPU memory among candidates, and the largest below it (equal when all are alike).
+    largest_memory_mib: float = 1.0
+    runner_up_memory_mib: float = 1.0
 
 
 LONG_JOB_S = 48 * 3600.0  # from this runtime on, speed counts fully
@@ -75,6 +78,21 @@ def memory_right_size(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> fl
     return 100.0 * ctx.smallest_memory_mib / max(g.memory_total_mib for g in cand.node.gpus)
 
 
+def spare_largest_memory(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
+    """Keep the largest-memory GPUs for jobs that only they can hold.
+
+    Unlike `memory_right_size` this leaves the choice among the other models to
+    speed: a job that fits in 80 GB avoids a 141 GB H200 (needed by the jobs
+    above 80 GB, which nothing else can run) but is not pushed from an H100 to
+    a 24 GB card. A job that needs the largest memory has no smaller candidate,
+    so it is never penalized.
+    """
+    mem = max(g.memory_total_mib for g in cand.node.gpus)
+    if mem < ctx.largest_memory_mib or ctx.runner_up_memory_mib >= ctx.largest_memory_mib:
+        return 100.0
+    return 100.0 * ctx.runner_up_memory_mib / ctx.largest_memory_mib
+
+
 def cost(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
     """Work done per dollar on this model; neutral when prices are unknown."""
     facts = ctx.cluster.facts.get(cand.node.model)
@@ -109,6 +127,7 @@ SCORERS: dict[str, Scorer] = {
     "cost": cost,
     "comparative_advantage": comparative_advantage,
     "memory_right_size": memory_right_size,
+    "spare_largest_memory": spare_largest_memory,
     "nvlink_locality": nvlink_locality,
     "spread_replicas": spread_replicas,
     "first_fit": first_fit,

@@ -67,17 +67,20 @@ class PolicyConfig:
     preempt_for: frozenset[str] = frozenset({"high"})
     min_run_before_preemption_s: float = 600.0
     max_preemptions_per_job: int = 3
+    # A job whose best free placement is on a slower model waits for a faster one when that,
+    # by the running jobs' estimates, finishes it at least this fraction sooner (None: never waits).
+    wait_for_faster_gain: float | None = 0.5
     # Within a class and team, the least work (expected runtime x GPUs) first, instead of oldest first.
     shortest_first: bool = False
 
 
 FIFO = PolicyConfig(
     name="fifo", profile=FIRST_FIT, use_priorities=False, fair_share=False, backfill=False,
-    preemption=False, estimates_scale_with_speed=False,
+    preemption=False, estimates_scale_with_speed=False, wait_for_faster_gain=None,
 )
 BACKFILL = PolicyConfig(
     name="backfill", profile=FIRST_FIT, use_priorities=False, fair_share=False, backfill=True,
-    preemption=False, estimates_scale_with_speed=False,
+    preemption=False, estimates_scale_with_speed=False, wait_for_faster_gain=None,
 )
 WHALEFLUX = PolicyConfig(name="whaleflux")
 POLICIES = {p.name: p for p in (FIFO, BACKFILL, WHALEFLUX)}

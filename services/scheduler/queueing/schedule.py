@@ -17,6 +17,7 @@ from typing import Mapping
 
 from ..placement import ClusterState, Infeasible, Placement, place_on
 from ..placement.framework import eligible
+from .faster_wait import faster_start
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
 from .pending import PendingQueue
 from .preemption import Preemption, choose_victims
@@ -68,6 +69,7 @@ def schedule(request: ScheduleRequest) -> ScheduleReply:
         usage[r.team] += r.gpus
     has_quotas = any(t.quota_gpus is not None for t in request.teams.values())
     blocked: dict[tuple, str] = {}  # job shape -> why it cannot start now (cached for this pass)
+    faster_starts: dict[tuple, tuple] = {}  # job shape -> when a faster model frees (cached for this pass)
     examined = misses = 0
     reservation: Reservation | None = None
     head_seen = False
@@ -99,6 +101,13 @@ def schedule(request: ScheduleRequest) -> ScheduleReply:
             if reservation is not None and not reservation.allows(decision, end):
                 decision = _place_within(cluster, job, cfg, now, reservation, shape, blocked)
                 end = _end(now, job, decision, cfg) if decision else None
+            if decision is not None and cfg.wait_for_faster_gain is not None:
+                later = faster_start(cluster, job, decision, request.running, cfg, now, faster_starts)
+                if later:
+                    # Waiting by choice, not blocked: it takes no reservation and preempts nothing.
+                    reply.waiting[job.job_id] = later
+                    misses += 1
+                    continue
             if decision is not None:
                 if reservation is not None:
                     reservation.take(decision, end)

@@ -424,9 +424,12 @@ class AlertingService(ServiceBase):
                 raise ValueError("unexpected response shape (want a list of {kind, summary, detail, ...})")
         except (httpx.HTTPError, ValueError) as exc:
             # Keep what fires: an unreachable inventory is no reason to resolve (or raise) anything.
-            error = f"{type(exc).__name__}: {str(exc)[:200]}" if not isinstance(exc, httpx.HTTPError) else type(exc).__name__
             if isinstance(exc, httpx.HTTPStatusError):
                 error = f"inventory answered {exc.response.status_code}"
+            elif isinstance(exc, httpx.HTTPError):
+                error = type(exc).__name__  # not str(exc): it may carry the URL
+            else:
+                error = f"{type(exc).__name__}: {str(exc)[:200]}"
             if error != self.findings_status["error"]:
                 self.log.warning("findings.poll_failed", error=error)
             self.findings_status.update(error=error, error_at=now.isoformat())

@@ -448,3 +448,20 @@ def test_running_window_slope_matches_the_full_least_squares_fit():
         w.push(t, rng.gauss(50, 5) + 0.01 * i, 60)
         if i % 20_000 == 0:  # across rebasing (daily) too
             assert abs(w.slope() - slope_per_s(list(w))) < 1e-6
+
+
+def test_nvlink_links_going_down_fire_the_shipped_degraded_rule_after_its_for():
+    rules = RuleEngine(load_config(DEFAULT_RULES_FILE), gpu_models())
+
+    def run(t, gpu, node="h100-01"):
+        return rules.observe_telemetry(batch(t, gpu, node=node), T0 + timedelta(seconds=t))
+
+    assert "NVLinkDegraded" not in fired(run(0, sample(nvlink_links_active=18)))
+    early = [tr for t in range(1, 25) for tr in run(t, sample(nvlink_links_active=16))]
+    assert "NVLinkDegraded" not in fired(early)  # a link flapping for seconds is not paged (for: 30s)
+    later = [tr for t in range(25, 40) for tr in run(t, sample(nvlink_links_active=16))]
+    assert fired(later).count("NVLinkDegraded") == 1
+    # An RTX 4090 has no NVLink: the rule has no threshold for it and stays quiet.
+    quiet = [tr for t in range(40, 80)
+             for tr in run(t, sample(uuid="GPU-2", model="RTX4090", memory_total_mib=24564), node="r4090-01")]
+    assert "NVLinkDegraded" not in fired(quiet)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 from collections import defaultdict
 from datetime import date, datetime, timedelta, timezone
@@ -40,6 +39,7 @@ from whaleflux.shared.events import (
     JobStarted,
     make_envelope,
 )
+from whaleflux.shared.configstore import StoredConfig
 from whaleflux.shared.service import ServiceBase, run_service
 from whaleflux.shared.settings import CommonSettings
 
@@ -101,7 +101,7 @@ class BillingService(ServiceBase):
     def __init__(self, settings: BillingSettings, **kw):
         super().__init__(settings, **kw)
         self.settings: BillingSettings = settings
-        self._book: tuple[str | None, PriceBook] = (None, reference_book())
+        self._stored_book: StoredConfig[PriceBook] | None = None
         self._http: httpx.AsyncClient | None = None
 
     def consumers(self):
@@ -206,55 +206,25 @@ class BillingService(ServiceBase):
 
     # ---------------------------------------------------------------- price book
 
+    @property
+    def stored_book(self) -> StoredConfig[PriceBook]:
+        """The price book document kept in Redis (file or upload; the last good one stays)."""
+        if self._stored_book is None:
+            self._stored_book = StoredConfig(self.redis, self.k("pricebook"), parse_pricebook, self.clock, self.log, "pricebook")
+        return self._stored_book
+
     async def pricebook(self) -> PriceBook:
         """The price book in force: the last good one stored, else the reference values."""
-        text = await self.redis.hget(self.k("pricebook"), "text")
-        if text is None:
-            return reference_book()
-        if self._book[0] != text:
-            source = await self.redis.hget(self.k("pricebook"), "source") or "stored"
-            self._book = (text, parse_pricebook(text, source))
-        return self._book[1]
+        book = await self.stored_book.current()
+        return reference_book() if book is None else book
 
     async def apply_pricebook(self, text: str, source: str, file_hash: str | None = None) -> PriceBook:
         """Check and store a price book; on PriceBookError the previous one stays in force."""
-        try:
-            book = parse_pricebook(text, source)
-        except PriceBookError as exc:
-            await self.redis.set(self.k("pricebook:error"), json.dumps(
-                {"source": source, "at": self.clock().isoformat(), "errors": exc.errors, "hash": file_hash}))
-            self.log.warning("pricebook.rejected", source=source, errors=exc.errors)
-            raise
-        fields = {"text": text, "source": source, "applied_at": self.clock().isoformat(), "file_hash": file_hash or ""}
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.k("pricebook"), mapping=fields)
-            pipe.delete(self.k("pricebook:error"))
-            await pipe.execute()
-        self._book = (text, book)
-        self.log.info("pricebook.applied", source=source, entries=len(book.entries))
-        return book
+        return await self.stored_book.apply(text, source, file_hash)
 
     async def reload_pricebook_file(self) -> bool:
-        path = self.settings.pricebook_file
-        if not path:
-            return False
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            self.log.warning("pricebook.unreadable", path=path, error=exc.strerror or repr(exc))
-            return False
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        if await self.redis.hget(self.k("pricebook"), "file_hash") == digest:
-            return False
-        last = await self.redis.get(self.k("pricebook:error"))
-        if last and json.loads(last).get("hash") == digest:
-            return False  # the same bad file again: already reported
-        try:
-            await self.apply_pricebook(text, path, digest)
-        except PriceBookError:
-            return False
-        return True
+        """Apply the price book file if its content changed; True if applied."""
+        return await self.stored_book.reload_file(self.settings.pricebook_file)
 
     # ---------------------------------------------------------------- ownership from inventory
 

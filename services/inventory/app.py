@@ -11,7 +11,6 @@ findings.py; this module only moves data between them, Redis and NATS.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from collections import Counter
 from datetime import datetime, timedelta
@@ -36,6 +35,7 @@ from whaleflux.shared.events import (
     NodeRegistered,
     make_envelope,
 )
+from whaleflux.shared.configstore import StoredConfig
 from whaleflux.shared.service import ServiceBase, run_service
 from whaleflux.shared.settings import CommonSettings
 
@@ -116,7 +116,7 @@ class InventoryService(ServiceBase):
     def __init__(self, settings: InventorySettings, **kw):
         super().__init__(settings, **kw)
         self.settings: InventorySettings = settings
-        self._parsed: tuple[str, Declarations] | None = None
+        self._declared: StoredConfig[Declarations] | None = None
 
     def consumers(self):
         return {
@@ -274,60 +274,25 @@ class InventoryService(ServiceBase):
 
     # ---------------------------------------------------------------- declarations
 
+    @property
+    def declared(self) -> StoredConfig[Declarations]:
+        """The declarations document kept in Redis (file or upload; the last good one stays)."""
+        if self._declared is None:
+            self._declared = StoredConfig(self.redis, self.k("declarations"), parse_declarations, self.clock, self.log, "assets")
+        return self._declared
+
     async def declarations(self) -> Declarations:
         """The declarations in force (empty until a good file or upload arrives)."""
-        text = await self.redis.hget(self.k("declarations"), "text")
-        if text is None:
-            return Declarations()
-        if self._parsed is None or self._parsed[0] != text:
-            # Stored text was accepted once; parse again only when another replica changed it.
-            self._parsed = (text, parse_declarations(text, "stored"))
-        return self._parsed[1]
+        decl = await self.declared.current()
+        return Declarations() if decl is None else decl
 
     async def apply_declarations(self, text: str, source: str, file_hash: str | None = None) -> Declarations:
         """Check and store new declarations; on AssetsError the previous ones stay in force."""
-        try:
-            decl = parse_declarations(text, source)
-        except AssetsError as exc:
-            await self.redis.set(self.k("declarations:error"), json.dumps(
-                {"source": source, "at": self.clock().isoformat(), "errors": exc.errors}))
-            self.log.warning("assets.rejected", source=source, errors=exc.errors)
-            raise
-        fields = {"text": text, "source": source, "applied_at": self.clock().isoformat()}
-        if file_hash is not None:
-            fields["file_hash"] = file_hash
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.k("declarations"), mapping=fields)
-            pipe.delete(self.k("declarations:error"))
-            await pipe.execute()
-        self._parsed = (text, decl)
-        self.log.info("assets.applied", source=source, contracts=len(decl.contracts), assets=len(decl.assets))
-        return decl
+        return await self.declared.apply(text, source, file_hash)
 
     async def reload_file(self) -> bool:
         """Apply the assets file if its content changed since it was last applied; True if applied."""
-        path = self.settings.assets_file
-        if not path:
-            return False
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            self.log.warning("assets.unreadable", path=path, error=exc.strerror or repr(exc))
-            return False
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        if await self.redis.hget(self.k("declarations"), "file_hash") == digest:
-            return False
-        last = await self.redis.get(self.k("declarations:error"))
-        if last and json.loads(last).get("hash") == digest:
-            return False  # the same bad file again: already reported
-        try:
-            await self.apply_declarations(text, path, file_hash=digest)
-        except AssetsError:
-            raw = json.loads(await self.redis.get(self.k("declarations:error")))
-            await self.redis.set(self.k("declarations:error"), json.dumps({**raw, "hash": digest}))
-            return False
-        return True
+        return await self.declared.reload_file(self.settings.assets_file)
 
     async def reconciliation(self, now: datetime) -> Reconciliation:
         return reconcile(await self.declarations(), await self.discovered(now), now)

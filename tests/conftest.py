@@ -115,3 +115,15 @@ def clean_servers(servers: Servers) -> Servers:
 def wf_home(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setenv("WHALEFLUX_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
+
+
+@pytest.fixture
+async def bus_and_redis(clean_servers):
+    """A test's own bus connection (streams declared) and Redis client, on emptied servers."""
+    from .processes import connect_bus
+
+    bus = await connect_bus(clean_servers)
+    redis = Redis.from_url(clean_servers.redis_url, password=clean_servers.redis_password, decode_responses=True)
+    yield bus, redis
+    await bus.close()
+    await redis.aclose()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import signal
 import subprocess
@@ -135,3 +137,26 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2, what: st
             last_exc = exc
         time.sleep(interval)
     raise TimeoutError(f"timed out waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else ""))
+
+
+async def until(predicate, timeout: float = 15.0, what: str = "condition"):
+    """In async tests: poll `predicate` (plain or async) until it returns something truthy; return that."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+async def connect_bus(servers):
+    """A test's own connection to the bus, with every stream declared."""
+    from whaleflux.shared.bus import Bus
+
+    bus = await Bus.connect(servers.nats_url, source="test", user=servers.nats_user, password=servers.nats_password)
+    await bus.ensure_streams()
+    return bus

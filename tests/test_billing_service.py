@@ -20,7 +20,6 @@ import pytest
 
 from whaleflux.billing.app import BillingService, BillingSettings
 from whaleflux.shared import subjects
-from whaleflux.shared.bus import Bus
 from whaleflux.shared.events import (
     GpuSample,
     GpuTelemetry,
@@ -30,7 +29,7 @@ from whaleflux.shared.events import (
     decode,
 )
 
-from .processes import ADMIN_TOKEN
+from .processes import ADMIN_TOKEN, connect_bus, until
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 10, 8, tzinfo=UTC)
@@ -112,22 +111,6 @@ def assets_server():
     server.close()
 
 
-async def until(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
-async def _bus(servers) -> Bus:
-    bus = await Bus.connect(servers.nats_url, source="test", user=servers.nats_user, password=servers.nats_password)
-    await bus.ensure_streams()
-    return bus
-
-
 async def _run_job(bus, job_id, gpus, model, team, start, hours, node="n1", project="p"):
     placed = JobPlaced(job_id=job_id, attempt=1, cluster="c1", node=node, gpu_model=model, gpu_uuids=gpus,
                        gpu_indices=list(range(len(gpus))), command=["x"], team=team, project=project)
@@ -152,7 +135,7 @@ async def _usage_count(svc, n):
 async def test_costs_by_ownership_reconcile_with_idle_and_a_replay_gives_identical_totals(env, assets_server, monkeypatch):
     monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", assets_server.url)
     clock = Clock(datetime(2026, 3, 20, tzinfo=UTC))
-    bus = await _bus(env)
+    bus = await connect_bus(env)
     await _run_job(bus, "lease-job", ["GPU-L0"], "H200", "nlp", T0, 10)
     await _run_job(bus, "own-job", ["GPU-O0"], "H100", "cv", T0 + timedelta(hours=1), 5, node="h100-01")
     await _run_job(bus, "stray-job", ["GPU-X9"], "A100", "nlp", T0, 2, node="a100-09")  # not in inventory
@@ -219,7 +202,7 @@ async def _flush_billing(servers) -> int:
 async def test_unreachable_inventory_falls_back_to_price_book_defaults_and_says_so(env, monkeypatch):
     monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", "http://127.0.0.1:9")  # nothing listens
     clock = Clock(datetime(2026, 3, 20, tzinfo=UTC))
-    bus = await _bus(env)
+    bus = await connect_bus(env)
     await _run_job(bus, "j1", ["GPU-L0"], "H200", "nlp", T0, 1)
     svc = BillingService(BillingSettings(), clock=clock)
     await svc._start()
@@ -286,7 +269,7 @@ async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_s
         alerts.append(decode(msg.data))
 
     await nc.subscribe(subjects.ALERT_RAISED, cb=on_alert)
-    bus = await _bus(env)
+    bus = await connect_bus(env)
     svc = BillingService(BillingSettings(), clock=clock)
     await svc._start()
     try:
@@ -352,7 +335,7 @@ async def test_a_requeued_attempt_stops_accruing_and_a_late_end_report_replaces_
 
     monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", "http://127.0.0.1:9")
     clock = Clock(datetime(2026, 3, 20, tzinfo=UTC))
-    bus = await _bus(env)
+    bus = await connect_bus(env)
     # Attempt 1 starts on a node that is then lost: no end report, only the scheduler's requeue.
     await _run_job(bus, "lost", ["GPU-L0"], "H200", "nlp", T0, None)
     requeued_at = T0 + timedelta(hours=2)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 
-import pytest
-from redis.asyncio import Redis
 
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import REASON_HEADER, Bus, Reject, Retry
 from whaleflux.shared.events import JobSubmitted, make_envelope
 from whaleflux.shared.streams import ConsumerSpec
+
+from .processes import until
 
 # Same delivery contract as the declared consumers, with short back-off so the test is quick.
 SPEC = ConsumerSpec("test-bus", "WHALEFLUX_JOBS", [subjects.JOB_SUBMITTED], batch=8, backoff_s=(0.05, 0.05, 0.1))
@@ -19,25 +18,6 @@ MAX_DELIVER = SPEC.max_deliver
 
 def job(job_id: str) -> JobSubmitted:
     return JobSubmitted(job_id=job_id, name=job_id, command=["true"])
-
-
-async def until(predicate, timeout=15.0):
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise TimeoutError("condition not met")
-
-
-@pytest.fixture
-async def bus_and_redis(clean_servers):
-    s = clean_servers
-    bus = await Bus.connect(s.nats_url, source="test", user=s.nats_user, password=s.nats_password)
-    await bus.ensure_streams()
-    redis = Redis.from_url(s.redis_url, password=s.redis_password, decode_responses=True)
-    yield bus, redis
-    await bus.close()
-    await redis.aclose()
 
 
 async def deadletters(bus: Bus, n: int) -> list:

@@ -6,11 +6,10 @@ import asyncio
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from redis.asyncio import Redis
 
 from whaleflux.agent.simulated import SimulatedNode
 from whaleflux.shared import subjects
-from whaleflux.shared.bus import REASON_HEADER, Bus, Reject, batch_handler
+from whaleflux.shared.bus import REASON_HEADER, Reject, batch_handler
 from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import GpuTelemetry, JobSubmitted, NodeRegistered, make_envelope
 from whaleflux.shared.streams import ConsumerSpec
@@ -18,24 +17,14 @@ from whaleflux.telemetry.app import LatestSample, TelemetryService, TelemetrySet
 from whaleflux.telemetry.history import Point
 from whaleflux.telemetry.store import latest_entries
 
-from .test_bus import deadletters, until
+from .processes import until
+from .test_bus import deadletters
 
 SPEC = ConsumerSpec("test-batch", "WHALEFLUX_JOBS", [subjects.JOB_SUBMITTED], batch=16, backoff_s=(0.05, 0.05, 0.1), dedup=False)
 
 
 def job(job_id: str) -> JobSubmitted:
     return JobSubmitted(job_id=job_id, name=job_id, command=["true"])
-
-
-@pytest.fixture
-async def bus_and_redis(clean_servers):
-    s = clean_servers
-    bus = await Bus.connect(s.nats_url, source="test", user=s.nats_user, password=s.nats_password)
-    await bus.ensure_streams()
-    redis = Redis.from_url(s.redis_url, password=s.redis_password, decode_responses=True)
-    yield bus, redis
-    await bus.close()
-    await redis.aclose()
 
 
 async def test_invalid_and_rejected_events_of_a_batch_are_dead_lettered_and_the_rest_handled(bus_and_redis):

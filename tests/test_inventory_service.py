@@ -29,6 +29,8 @@ from whaleflux.shared.events import (
     decode,
 )
 
+from .processes import connect_bus, until
+
 ASSETS = """\
 contracts:
   - id: CW-A100
@@ -63,22 +65,6 @@ def env(clean_servers, monkeypatch):
     return clean_servers
 
 
-async def until(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
-async def _bus(servers) -> Bus:
-    bus = await Bus.connect(servers.nats_url, source="test", user=servers.nats_user, password=servers.nats_password)
-    await bus.ensure_streams()
-    return bus
-
-
 def _fleet_registrations() -> list[NodeRegistered]:
     """The small demo fleet as its agents would register it."""
     models = gpu_models()
@@ -106,7 +92,7 @@ async def test_lease_horizons_fire_once_survive_a_restart_and_stop_when_renewed(
         received.append(decode(msg.data)[0].id)
 
     await nc.subscribe("lease.>", cb=on_msg)
-    bus = await _bus(env)
+    bus = await connect_bus(env)
     [a100] = [r for r in _fleet_registrations() if r.node == "a100-01"]
     await bus.publish(subjects.node_registered(a100.cluster, a100.node), a100)
 
@@ -168,7 +154,7 @@ async def test_rollup_over_a_simulated_day_matches_the_scheduler_allocations(env
     monkeypatch.setenv("WHALEFLUX_CHECK_INTERVAL_S", "3600")
     day = datetime(2026, 3, 10, tzinfo=timezone.utc)
     clock = Clock(day)
-    bus = await _bus(env)
+    bus = await connect_bus(env)
     regs = _fleet_registrations()
     for r in regs:
         await bus.publish(subjects.node_registered(r.cluster, r.node), r)
@@ -344,7 +330,7 @@ def test_inventory_process_declares_assets_rejects_bad_uploads_and_serves_the_cl
 
 
 async def _lease_events(servers) -> list:
-    bus = await _bus(servers)
+    bus = await connect_bus(servers)
     try:
         sub = await bus.js.pull_subscribe("lease.>", stream="WHALEFLUX_LEASES")
         try:
@@ -359,7 +345,7 @@ async def _lease_events(servers) -> list:
 async def test_capacity_snapshot_names_queued_work_and_forgets_rejected_jobs(env, monkeypatch):
     monkeypatch.setenv("WHALEFLUX_CHECK_INTERVAL_S", "3600")
     clock = Clock(datetime(2026, 3, 10, tzinfo=timezone.utc))
-    bus = await _bus(env)
+    bus = await connect_bus(env)
     regs = _fleet_registrations()
     for r in regs:
         await bus.publish(subjects.node_registered(r.cluster, r.node), r)

@@ -17,6 +17,8 @@ from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import GpuTelemetry, JobFinished, JobPlaced, JobStarted, JobSubmitted, NodeRegistered
 from whaleflux.telemetry.app import TelemetryService, TelemetrySettings
 
+from .processes import until
+
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
 
 
@@ -26,16 +28,6 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
-
-
-async def until(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

@@ -45,10 +45,13 @@ class FailoverMixin:
             await self.store.set_condition(key, None)
             self.log.warning("node.back", node=key, lost_since=condition.since.isoformat())
             self._dirty.set()
-        await self._fence(hb)
+            # Only a node that was declared lost can run jobs the scheduler gave up on without
+            # telling it; a preempted or drained job was already sent its stop order and may
+            # still be in its grace period.
+            await self._fence(hb)
 
     async def _fence(self, hb: NodeHeartbeat) -> None:
-        """Stop jobs the node still runs that the scheduler moved elsewhere or ended (one run at a time)."""
+        """Stop jobs a node back from the dead still runs that were moved elsewhere or ended (one run at a time)."""
         if not hb.running_jobs or not self.leadership.is_leader:
             return
         jobs = await self.store.jobs(list(hb.running_jobs))

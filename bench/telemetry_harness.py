@@ -96,5 +96,27 @@ def node_templates(n: int, gpus: int = 8) -> list[NodeTemplate]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class CpuMeter:
+    """CPU used by named processes between `start()` and `stop()`: robust to other load on the machine, unlike rates."""
+
+    pids: dict[str, int]
+
+    def start(self) -> "CpuMeter":
+        self.t0, self.c0 = time.monotonic(), {n: cpu_seconds(p) for n, p in self.pids.items()}
+        return self
+
+    def stop(self) -> dict[str, float]:
+        """name -> CPU seconds used since start (and "_wall": elapsed seconds)."""
+        used = {n: cpu_seconds(p) - self.c0[n] for n, p in self.pids.items()}
+        return {**used, "_wall": time.monotonic() - self.t0}
+
+
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import httpx  # noqa: E402
 import nats  # noqa: E402
 
-from telemetry_harness import iso, node_templates, start_servers, start_telemetry  # noqa: E402
+from telemetry_harness import CpuMeter, iso, node_templates, start_servers, start_telemetry  # noqa: E402
 from whaleflux.shared.bus import Bus  # noqa: E402
 
 
@@ -95,6 +95,9 @@ def main() -> None:
         ready.wait(300)
         go.set()
         time.sleep(min(3.0, args.seconds / 4))  # let the load settle
+        meter = CpuMeter({"telemetry": svc.popen.pid, "redis-server": servers.procs[1].pid,
+                          "nats-server": servers.procs[0].pid}).start()
+        stored0 = svc.stored()
 
         probe_uuid = probe.registration.gpus[0].uuid
 
@@ -124,6 +127,8 @@ def main() -> None:
 
         seen = asyncio.run(probes())
         load.join()
+        cpu, stored = meter.stop(), svc.stored() - stored0
+        loadavg = os.getloadavg()[0]
         metrics = httpx.get(svc.url + "/metrics", timeout=30).text
     finally:
         svc.stop()
@@ -136,6 +141,10 @@ def main() -> None:
           f"p50 {statistics.median(seen) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {seen[-1] * 1000:.1f} ms")
     print(f"sample time -> stored (service histogram): p50 {_hist_p(metrics, 0.5)}, p99 {_hist_p(metrics, 0.99)}")
     print(f"target p99 <= 50 ms: {'met' if p99 <= 0.05 else 'NOT met'}")
+    share = lambda name: f"{cpu[name] / cpu['_wall']:.0%} of one core"  # noqa: E731
+    print(f"CPU under this load: telemetry {share('telemetry')} ({cpu['telemetry'] / stored * 1e6:.1f} us per GPU sample "
+          f"stored), redis-server {share('redis-server')}, nats-server {share('nats-server')}; load average {loadavg:.1f} "
+          f"(other work on the machine delays the service, not its CPU per sample)")
 
 
 if __name__ == "__main__":

@@ -256,6 +256,8 @@ class Bus:
                     if inflight is not None:
                         await inflight
                     inflight = asyncio.create_task(self._dispatch_batch(spec, msgs, handler))
+                    if spec.linger_s and len(msgs) < spec.batch // 4:
+                        await asyncio.sleep(spec.linger_s)
                     continue
                 for msg in msgs:
                     await self._dispatch(spec, msg, handler, redis, seen_prefix)

@@ -130,6 +130,16 @@ async def test_telemetry_batch_judges_each_node_batch_in_order_and_stores_the_re
         assert await svc.redis.zcard(svc._k("raw", uuid)) == 3
         assert svc.stored._value.get() == 6
         assert await svc.redis.hget(svc._k("seq"), "onprem/h100-01") == f"3 {(t0 + timedelta(seconds=2)).timestamp()}"
+
+        # A GPU missing from its node's batch keeps its last sample (so it shows as stale); back, it is current again.
+        t3 = t0 + timedelta(seconds=3)
+        partial = GpuTelemetry(cluster="onprem", node="h100-01", seq=4, sample_time=t3, gpus=node.sample(t3)[:1])
+        assert await svc.on_telemetry_batch([(make_envelope(partial, source="t"), partial)]) == [None]
+        assert [(s.seq, s.gpu.index) for s in await svc.latest()] == [(4, 0), (3, 1)]
+        assert (await svc.statuses())[1].sample_time == (t0 + timedelta(seconds=2)).isoformat()
+        assert await svc.on_telemetry_batch([batch(5, 4)]) == [None]
+        assert [(s.seq, s.gpu.index) for s in await svc.latest()] == [(5, 0), (5, 1)]
+        assert await svc.redis.hlen(svc._k("gone")) == 0
     finally:
         await svc.stop()
 

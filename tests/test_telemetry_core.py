@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from collections import Counter
 import json
 import re
 import shutil
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from whaleflux.agent.simulated import SimulatedNode
 from whaleflux.shared.catalog import gpu_models
 from whaleflux.telemetry import dcgm
-from whaleflux.telemetry.history import Point, Rollup, minutes_to_roll, resolution_for, rollup
+from whaleflux.telemetry.history import Point, Rollup, minutes_to_roll, resolution_for, roll_offset, rollup
 from whaleflux.telemetry.sequence import Last, Verdict, judge
 from whaleflux.telemetry.usage import from_points, from_rollups
 
@@ -61,12 +62,29 @@ def test_minute_rollup_keeps_mean_peak_and_energy_span():
     assert rollup(0.0, []) is None
 
 
-def test_only_complete_minutes_past_the_grace_are_rolled_once():
-    # A first pass rolls only the last complete minute.
-    assert minutes_to_roll(None, now=185.0, grace_s=5, oldest=0) == [120.0]
-    assert minutes_to_roll(None, now=183.0, grace_s=5, oldest=0) == [60.0]
-    assert minutes_to_roll(60.0, now=250.0, grace_s=5, oldest=0) == [120.0, 180.0]
-    assert minutes_to_roll(60.0, now=10_000.0, grace_s=5, oldest=9_010.0)[0] == 9_000.0
+def test_each_minute_is_rolled_once_its_offset_has_passed():
+    # Batches every second with a 20 s offset: minute [240, 300) is rolled by the first batch at >= 320, once.
+    t, rolled = 261.0, []  # minute [180, 240) was rolled at 260
+    for t_next in range(262, 500):
+        rolled += minutes_to_roll(t, float(t_next), 20.0)
+        if t_next == 319:
+            assert rolled == []
+        if t_next == 320:
+            assert rolled == [240.0]
+        t = float(t_next)
+    assert rolled == [240.0, 300.0, 360.0]  # [420, 480) is due at 500
+    assert minutes_to_roll(None, 500.0, 20.0) == []  # nothing stored before: nothing to roll
+    # A node silent since 302: its minutes 240 and 300 once the sweep's clock is 380, none after its last point.
+    assert minutes_to_roll(302.0, 379.0, 20.0) == [240.0]
+    assert minutes_to_roll(302.0, 380.0, 20.0) == [240.0, 300.0]
+    assert minutes_to_roll(302.0, 10_000.0, 20.0) == [240.0, 300.0]
+
+
+def test_roll_offsets_spread_nodes_over_half_a_minute_after_the_grace():
+    offsets = [roll_offset(f"onprem/node-{i:04d}", grace_s=5.0) for i in range(1000)]
+    assert all(5.0 <= o < 35.0 for o in offsets)
+    assert roll_offset("onprem/node-0001", 5.0) == offsets[1]  # stable: the same node, the same offset
+    assert max(Counter(int(o) for o in offsets).values()) < 80  # no second takes more than ~2x its share (33)
 
 
 def test_history_is_raw_within_retention_and_minutes_beyond():

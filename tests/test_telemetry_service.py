@@ -16,6 +16,7 @@ from whaleflux.shared.bus import REASON_HEADER, Bus
 from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import GpuTelemetry, JobFinished, JobPlaced, JobStarted, JobSubmitted, NodeRegistered
 from whaleflux.telemetry.app import TelemetryService, TelemetrySettings
+from whaleflux.telemetry.history import Point, rollup
 
 from .processes import until
 
@@ -110,16 +111,20 @@ async def test_history_rollups_job_usage_and_bad_sequences(env):
         assert usage["energy_j"] == pytest.approx(90 * 650, rel=0.1) and usage["complete"] is True
         assert (await http.get("/v1/jobs/nope/usage")).status_code == 404
 
-        # Minute rollups once the minutes are complete; then raw is trimmed, rollups answer.
-        clock.now = T0 + timedelta(seconds=185)
-        await svc.roll_and_trim()  # first pass: the last complete minute only
+        # Minute rollups: ingest rolled the minutes its batches completed, the sweep rolls the
+        # last one of the node that fell silent (once); then raw is trimmed, rollups answer.
+        raw = [Point(**p) for p in hist["points"]]
+        expected = [rollup(m, [p for p in raw if m <= p.t < m + 60]).as_dict() for m in (T0.timestamp() + 60 * i for i in range(3))]
+        by_ingest = (await http.get(f"/v1/gpus/{busy}/history", params={"since": T0.isoformat(), "resolution": "1m"})).json()
+        assert by_ingest["points"][0] == pytest.approx(expected[0])  # the batches at 65-95 s rolled the first minute
         clock.now = T0 + timedelta(minutes=10)
-        await svc.redis.set(svc._k("rollup", "last"), (T0 - timedelta(minutes=1)).timestamp())
-        await svc.roll_and_trim()  # every minute since T0; minute 2 is rolled again, not twice
+        await svc.roll_and_trim()
+        await svc.roll_and_trim()  # nothing is rolled twice
         clock.now = T0 + timedelta(hours=2)
         await svc.roll_and_trim()  # raw points are past their retention now
         old = (await http.get(f"/v1/gpus/{busy}/history", params={"since": T0.isoformat()})).json()
         assert old["resolution"] == "1m" and [p["n"] for p in old["points"]] == [60, 60, 11]
+        assert old["points"] == [pytest.approx(r) for r in expected]  # what history.rollup() makes of the raw points
         assert (await http.get(f"/v1/gpus/{busy}/history", params={"since": T0.isoformat(), "resolution": "raw"})).json()["points"] == []
         assert (await _json(http, "/v1/jobs/llama/usage")) == usage  # stored when the job settled
 

@@ -35,15 +35,16 @@ from whaleflux.shared.events import (
     JobStarted,
     JobSubmitted,
     NodeRegistered,
+    decode_typed,
 )
 from whaleflux.shared.service import ServiceBase, run_service
 from whaleflux.shared.settings import CommonSettings
 
 from . import dcgm
 from .flags import flags
-from .history import Point, Rollup, minutes_to_roll, resolution_for, rollup
+from .history import Point, Rollup, minutes_to_roll, resolution_for, roll_offset
 from .sequence import Last, Verdict, judge
-from .store import STORE_SCRIPT, BatchWrite
+from .store import STORE_SCRIPT, BatchWrite, samples_of
 from .usage import JobUsage, from_points, from_rollups
 
 
@@ -100,7 +101,9 @@ def _epoch(ts: str) -> float:
     return datetime.fromisoformat(ts).timestamp()
 
 
-MAINTENANCE_CHUNK = 50  # GPUs per Redis pipeline in roll_and_trim
+SILENT_S = 10.0  # a node with no batch stored for this long has its minutes rolled by the sweep
+TRIM_EVERY_S = 600.0  # how often the sweep trims a silent node's history (ingest trims the others)
+SWEEP_CHUNK = 200  # GPUs per store script call in the sweep
 
 
 class TelemetryService(ServiceBase):
@@ -111,6 +114,9 @@ class TelemetryService(ServiceBase):
         self.settings: TelemetrySettings = settings
         self._known: dict[str, set[str]] = {}  # node -> registered GPU uuids (cache of Redis)
         self._last: dict[str, Last] = {}  # "cluster/node" -> last stored batch (cache of Redis)
+        self._offsets: dict[str, float] = {}  # "cluster/node" -> its roll offset (history.roll_offset)
+        self._swept: dict[str, tuple[float, float]] = {}  # silent "cluster/node" -> (last minute rolled, last trim)
+        self._gone: set[str] = set()  # GPUs missing from their node's batches (cache of Redis)
         self.stored = Counter("whaleflux_telemetry_gpu_samples_stored", "GPU samples stored", registry=self.registry)
         self.flagged = Counter(
             "whaleflux_telemetry_batches_flagged",
@@ -139,6 +145,7 @@ class TelemetryService(ServiceBase):
     async def on_ready(self) -> None:
         await super().on_ready()
         self._store = self.redis.register_script(STORE_SCRIPT)
+        self._gone = set(await self.redis.hkeys(self._k("gone")))
         # Everything loaded so far lives as long as the process: keep it out of the cyclic
         # GC's full collections, which otherwise pause ingest for tens of ms (p99 latency).
         gc.freeze()
@@ -152,6 +159,7 @@ class TelemetryService(ServiceBase):
             if data.gpus:
                 pipe.sadd(key, *[g.uuid for g in data.gpus])
                 pipe.hset(self._k("identity"), mapping={g.uuid: g.model_dump_json() for g in data.gpus})
+                pipe.hset(self._k("gpunode"), mapping={g.uuid: f"{data.cluster}/{data.node}" for g in data.gpus})
             await pipe.execute()
         self._known[f"{data.cluster}:{data.node}"] = {g.uuid for g in data.gpus}
 
@@ -183,29 +191,54 @@ class TelemetryService(ServiceBase):
         """Check each node batch in order, then store all admitted ones in one Redis call."""
         outcomes: list[Exception | None] = [None] * len(events)
         accepted: dict[str, Last] = {}  # node -> last batch admitted so far in this call
-        write = BatchWrite()
+        previous: dict[str, GpuTelemetry] = {}  # node -> its batch admitted last in this call
+        write = self._write()
         times = []
-        for i, (_, data) in enumerate(events):
+        for i, (env, data) in enumerate(events):
             node_key = f"{data.cluster}/{data.node}"
             t = data.sample_time.timestamp()
+            last = accepted.get(node_key) or await self._last_of(node_key)
             try:
-                await self._admit(data, node_key, t, accepted.get(node_key) or await self._last_of(node_key))
+                await self._admit(data, node_key, t, last)
             except (Reject, Retry) as exc:
                 outcomes[i] = exc
                 continue
             accepted[node_key] = Last(data.seq, t)
-            write.add(data, node_key, t, lambda uuid: self._k("raw", uuid))
+            write.add(data, node_key, t, env.wire())
+            known = await self._registered_gpus(data.cluster, data.node)
+            if len(data.gpus) != len(known) or self._gone:
+                await self._track_gone(write, data, node_key, known, previous.get(node_key))
+            previous[node_key] = data
+            minutes = minutes_to_roll(last.t if last else None, t, self._offset(node_key))
+            if minutes:  # every registered GPU of the node, also one that stopped reporting
+                write.roll(sorted(known), minutes)
             times.append(t)
         if not accepted:
             return outcomes
-        keys, args = write.script_args(self._k("latest"), self._k("lastxid"), self._k("seq"))
-        await self._store(keys=keys, args=args)
+        await self._run_store(write)
         self._last.update(accepted)
         self.stored.inc(write.samples)
         now = self.clock().timestamp()
         for t in times:
             self.lag.observe(max(now - t, 0.0))
         return outcomes
+
+    async def _track_gone(self, write: BatchWrite, data: GpuTelemetry, node_key: str, known: set[str],
+                          previous: GpuTelemetry | None) -> None:
+        """Keep the last sample of GPUs that vanished from the node's batches; forget it when they return."""
+        present = {g.uuid for g in data.gpus}
+        went = known - present - self._gone
+        if went:
+            if previous is None:
+                raw = await self.redis.hget(self._k("nodebatch"), node_key)
+                previous = decode_typed(raw)[1] if raw else None
+            if previous is not None:
+                write.went(previous, went)
+            self._gone |= went
+        back = present & self._gone
+        if back:
+            write.returned(back)
+            self._gone -= back
 
     async def _admit(self, data: GpuTelemetry, node_key: str, t: float, last: Last | None) -> None:
         """Raise Reject or Retry unless this node batch is to be stored."""
@@ -242,11 +275,17 @@ class TelemetryService(ServiceBase):
                 fields.update(team=data.team, project=data.project, state="placed")
             else:
                 fields.update(started_at=data.started_at.isoformat(), state="running")
+            if data.rank is not None:
+                # A gang spanning nodes reports each node's part: the job's GPUs are all parts' of this attempt.
+                fields = await self._gang_fields(key, data, fields)
             pipe.hset(key, mapping=fields)
             pipe.hdel(key, "finished_at", "usage")
             pipe.hset(self._k("gpujob"), mapping={u: data.job_id for u in data.gpu_uuids})
         elif isinstance(data, (JobFinished, JobFailed)):
             ended = data.finished_at if isinstance(data, JobFinished) else data.failed_at
+            if data.rank is not None:  # a gang's run ends with its last part
+                before = await self.redis.hget(key, "finished_at")
+                ended = max(ended, datetime.fromisoformat(before)) if before else ended
             pipe.hset(key, mapping={"finished_at": ended.isoformat(), "state": "finished" if isinstance(data, JobFinished) else "failed"})
             raw_uuids = await self.redis.hget(key, "gpu_uuids")
             holders = await self.redis.hmget(self._k("gpujob"), json.loads(raw_uuids)) if raw_uuids else []
@@ -255,6 +294,18 @@ class TelemetryService(ServiceBase):
                 pipe.hdel(self._k("gpujob"), *mine)
             pipe.sadd(self._k("jobs", "unsettled"), data.job_id)
         await pipe.execute()
+
+    async def _gang_fields(self, key: str, data: JobPlaced | JobStarted, fields: dict) -> dict:
+        attempt, uuids, node = await self.redis.hmget(key, "attempt", "gpu_uuids", "node")
+        if attempt == str(data.attempt) and uuids:
+            fields["gpu_uuids"] = json.dumps(sorted(set(json.loads(uuids)) | set(data.gpu_uuids)))
+            if data.rank:  # the job's node is its rank-0 node
+                fields.update(node=node or data.node)
+        if isinstance(data, JobStarted):
+            started = await self.redis.hget(key, "started_at")
+            if attempt == str(data.attempt) and started and datetime.fromisoformat(started) < data.started_at:
+                fields["started_at"] = started  # the gang's run starts with its first part
+        return fields
 
     async def job_usage(self, job_id: str) -> JobUsage:
         """Usage of the job's GPUs over its run (so far); stored once the job has ended and settled."""
@@ -299,50 +350,52 @@ class TelemetryService(ServiceBase):
 
     # ------------------------------------------------------------------ history upkeep
 
+    def _offset(self, node_key: str) -> float:
+        offset = self._offsets.get(node_key)
+        if offset is None:
+            offset = self._offsets[node_key] = roll_offset(node_key, self.settings.rollup_grace_s)
+        return offset
+
+    def _write(self) -> BatchWrite:
+        now, s = self.clock().timestamp(), self.settings
+        return BatchWrite(lambda u: self._k("raw", u), lambda u: self._k("1m", u),
+                          now - s.raw_retention_s, now - s.rollup_retention_s)
+
+    async def _run_store(self, write: BatchWrite) -> None:
+        keys, args = write.script_args(self._k("nodebatch"), self._k("lastxid"), self._k("seq"), self._k("gone"))
+        await self._store(keys=keys, args=args)
+
     async def maintain_history(self) -> None:
-        """Roll up complete minutes and trim raw points and rollups past their retention."""
+        """Roll up and trim the history of nodes that fell silent (ingest does it for the others)."""
         while True:
             await self.roll_and_trim()
             await asyncio.sleep(self.settings.maintenance_interval_s)
 
     async def roll_and_trim(self) -> None:
-        s = self.settings
+        """The minutes a silent node's last batches left unrolled, and its history trimmed every TRIM_EVERY_S."""
         now = self.clock().timestamp()
-        last = await self.redis.get(self._k("rollup", "last"))
-        minutes = minutes_to_roll(float(last) if last else None, now, s.rollup_grace_s, now - s.raw_retention_s)[:120]
-        uuids = await self.redis.hkeys(self._k("latest"))
-        # A few hundred GPUs per pipeline: one pipeline for a 10,000-GPU fleet packs and
-        # parses tens of thousands of commands in one go and stalls ingest for a second.
-        for chunk in (uuids[i:i + MAINTENANCE_CHUNK] for i in range(0, len(uuids), MAINTENANCE_CHUNK)):
+        write, gpus = self._write(), 0
+        for node_key, raw in sorted((await self.redis.hgetall(self._k("seq"))).items()):
+            last = Last.decode(raw)
+            if now - last.t < SILENT_S:
+                continue
+            rolled, trimmed = self._swept.get(node_key, (float("-inf"), float("-inf")))
+            minutes = [m for m in minutes_to_roll(last.t, now, self._offset(node_key)) if m > rolled]
+            if not minutes and now - trimmed < TRIM_EVERY_S:
+                continue
+            cluster, node = node_key.split("/", 1)
+            uuids = sorted(await self._registered_gpus(cluster, node))
             if minutes:
-                await self._roll(chunk, minutes)
-            pipe = self.redis.pipeline(transaction=False)
-            for u in chunk:
-                pipe.zremrangebyscore(self._k("raw", u), "-inf", f"({now - s.raw_retention_s}")
-                pipe.zremrangebyscore(self._k("1m", u), "-inf", f"({now - s.rollup_retention_s}")
-            await pipe.execute()
-        if minutes:
-            await self.redis.set(self._k("rollup", "last"), minutes[-1])
-
-    async def _roll(self, uuids: list[str], minutes: list[float]) -> None:
-        lo, hi = minutes[0], minutes[-1] + 60
-        pipe = self.redis.pipeline(transaction=False)
-        for u in uuids:
-            pipe.zrangebyscore(self._k("raw", u), lo, f"({hi}")
-        rows = await pipe.execute()
-        pipe = self.redis.pipeline(transaction=False)
-        for u, raw in zip(uuids, rows):
-            buckets: dict[float, list[Point]] = {}
-            for r in raw:
-                p = Point.decode(r)
-                buckets.setdefault(p.t // 60 * 60, []).append(p)
-            for m in minutes:
-                agg = rollup(m, buckets.get(m, []))
-                if agg is not None:
-                    # Rolling a minute again replaces it instead of adding a second member.
-                    pipe.zremrangebyscore(self._k("1m", u), m, m)
-                    pipe.zadd(self._k("1m", u), {agg.encode(): m})
-        await pipe.execute()
+                write.roll(uuids, minutes)
+            else:
+                write.trim(uuids)
+            self._swept[node_key] = (minutes[-1] if minutes else rolled, now)
+            gpus += len(uuids)
+            if gpus >= SWEEP_CHUNK:
+                await self._run_store(write)
+                write, gpus = self._write(), 0
+        if gpus:
+            await self._run_store(write)
 
     # ------------------------------------------------------------------ reads
 
@@ -356,31 +409,42 @@ class TelemetryService(ServiceBase):
         refs = {j: JobRef(job_id=j, name=r[0], team=r[1], project=r[2]) for j, r in zip(job_ids, rows)}
         return {u: refs[j] for u, j in holders.items()}
 
+    async def latest(self, node: str | None = None) -> list[LatestSample]:
+        """Every GPU's latest sample (optionally of one node), sorted by node and index."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self._k("nodebatch"))
+        pipe.hgetall(self._k("gone"))
+        batches, gone = await pipe.execute()
+        out = [LatestSample.model_validate_json(raw) for raw in gone.values()]
+        for node_key, raw in batches.items():
+            if node is None or node_key.split("/", 1)[1] == node:
+                out += [LatestSample(**fields) for fields in samples_of(decode_typed(raw)[1])]
+        return sorted((s for s in out if node is None or s.node == node), key=lambda s: (s.node, s.gpu.index))
+
+    async def _latest_of(self, uuid: str) -> LatestSample | None:
+        node_key = await self.redis.hget(self._k("gpunode"), uuid)
+        raw = await self.redis.hget(self._k("nodebatch"), node_key) if node_key else None
+        for fields in samples_of(decode_typed(raw)[1]) if raw else []:
+            if fields["gpu"].uuid == uuid:
+                return LatestSample(**fields)
+        gone = await self.redis.hget(self._k("gone"), uuid)
+        return LatestSample.model_validate_json(gone) if gone else None
+
     async def statuses(self, node: str | None = None) -> list[GpuStatus]:
         """Every GPU's latest sample with age, flags, last XID and job, sorted by node and index."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(self._k("latest"))
-        pipe.hgetall(self._k("lastxid"))
-        latest, xids = await pipe.execute()
+        xids = await self.redis.hgetall(self._k("lastxid"))
         jobs = await self._jobs_by_gpu()
         out = []
-        for raw in latest.values():
-            s = LatestSample.model_validate_json(raw)
-            if node is not None and s.node != node:
-                continue
+        for s in await self.latest(node):
             last_xid = int(xids[s.gpu.uuid]) if s.gpu.uuid in xids else None
             out.append(self._status(s, last_xid, jobs.get(s.gpu.uuid)))
-        return sorted(out, key=lambda g: (g.node, g.gpu.index))
+        return out
 
     def _status(self, s: LatestSample, last_xid: int | None, job: JobRef | None) -> GpuStatus:
         age = self.clock().timestamp() - _epoch(s.sample_time)
         stale = age > self.settings.stale_after_s
         return GpuStatus(**s.model_dump(), age_s=round(age, 3), stale=stale, flags=flags(s.gpu, last_xid, stale),
                          last_xid=last_xid, job=job)
-
-    async def latest(self) -> list[LatestSample]:
-        raw = await self.redis.hgetall(self._k("latest"))
-        return sorted((LatestSample.model_validate_json(v) for v in raw.values()), key=lambda s: (s.node, s.gpu.index))
 
     async def metrics_text(self) -> bytes:
         """Service metrics, then every fresh GPU's DCGM families."""
@@ -449,18 +513,18 @@ class TelemetryService(ServiceBase):
         @app.get("/v1/gpus/{uuid}", tags=["telemetry"])
         async def gpu(uuid: str) -> GpuStatus:
             """Latest sample of one GPU."""
+            sample = await self._latest_of(uuid)
+            if sample is None:
+                raise HTTPException(404, f"uuid: no sample for GPU {uuid!r}")
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hget(self._k("latest"), uuid)
             pipe.hget(self._k("lastxid"), uuid)
             pipe.hget(self._k("gpujob"), uuid)
-            raw, xid, job_id = await pipe.execute()
-            if raw is None:
-                raise HTTPException(404, f"uuid: no sample for GPU {uuid!r}")
+            xid, job_id = await pipe.execute()
             job = None
             if job_id:
                 name, team, project = await self.redis.hmget(self._k("job", job_id), ["name", "team", "project"])
                 job = JobRef(job_id=job_id, name=name, team=team, project=project)
-            return self._status(LatestSample.model_validate_json(raw), int(xid) if xid else None, job)
+            return self._status(sample, int(xid) if xid else None, job)
 
         @app.get("/v1/gpus/{uuid}/history", tags=["telemetry"])
         async def history(
@@ -475,7 +539,7 @@ class TelemetryService(ServiceBase):
             until_t = (until or now).timestamp()
             if since_t >= until_t:
                 raise HTTPException(400, "since: must be before until")
-            if not await self.redis.hexists(self._k("latest"), uuid):
+            if not await self.redis.hexists(self._k("gpunode"), uuid):
                 raise HTTPException(404, f"uuid: no sample for GPU {uuid!r}")
             res = resolution_for(since_t, now.timestamp(), self.settings.raw_retention_s) if resolution == "auto" else resolution
             rows = await self.redis.zrangebyscore(self._k("raw" if res == "raw" else "1m", uuid), since_t, until_t)

@@ -3,11 +3,14 @@
 Raw points are kept per GPU for `raw_retention_s` (at the agents' interval,
 1 s by default); beyond that, one rollup per GPU per minute holds the mean and
 peak of each gauge and the energy counter at the minute's first and last point.
+`rollup()` defines it; the store script (store.py) computes the same in Redis
+as samples are stored, each node's minutes at their own offset after the minute.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from math import isfinite
 from dataclasses import dataclass
 
@@ -112,12 +115,32 @@ def rollup(minute_start: float, points: list[Point]) -> Rollup | None:
     )
 
 
-def minutes_to_roll(last_rolled: float | None, now: float, grace_s: float, oldest: float) -> list[float]:
-    """Minute starts that are complete (plus `grace_s` for late samples) and not rolled yet."""
-    end = (now - grace_s) // 60 * 60  # first minute that is not complete
-    start = (last_rolled + 60) if last_rolled is not None else end - 60
-    start = max(start, oldest // 60 * 60)
-    return [float(m) for m in range(int(start), int(end), 60)]
+ROLL_SPREAD_S = 30.0
+
+
+def roll_offset(node_key: str, grace_s: float) -> float:
+    """How long after a minute ends a node's GPUs are rolled up for it.
+
+    The grace for late samples plus a per-node share of `ROLL_SPREAD_S`: agents
+    that sample in step would otherwise have every GPU of the fleet rolled in
+    the same second, a burst that delays the samples stored behind it.
+    """
+    return grace_s + zlib.crc32(node_key.encode()) % int(ROLL_SPREAD_S * 100) / 100
+
+
+def minutes_to_roll(prev_t: float | None, t: float, offset_s: float) -> list[float]:
+    """Minute starts to roll up for a node whose stored history moves on from sample time `prev_t` to `t`.
+
+    Minute m is rolled once `offset_s` has passed after its end: by the first
+    batch of the node sampled after that (or by the sweep's clock, for a node
+    that fell silent). Only minutes up to the one holding `prev_t` can hold
+    points; rolling one again replaces its rollup.
+    """
+    if prev_t is None:
+        return []
+    done = (prev_t - offset_s) // 60 - 1  # the last minute rolled when `prev_t` was stored
+    due = min((t - offset_s) // 60 - 1, prev_t // 60)
+    return [m * 60.0 for m in range(int(done) + 1, int(due) + 1)]
 
 
 def resolution_for(since: float, now: float, raw_retention_s: float) -> str:

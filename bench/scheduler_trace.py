@@ -63,7 +63,8 @@ def main() -> int:
             print(
                 f"targets: mean JCT whaleflux/backfill = {wf.mean_jct_s / bf.mean_jct_s:.2f} (<= 0.60); "
                 f"p99 JCT {wf.p99_jct_s / 3600:.1f} h vs {bf.p99_jct_s / 3600:.1f} h (no worse); "
-                f"busy utilization {wf.busy_utilization:.3f} (>= 0.92; literal formula {wf.busy_utilization_literal:.3f})"
+                f"busy utilization {wf.busy_utilization:.3f} (>= 0.92; usable GPUs only {wf.busy_utilization_usable:.3f}, "
+                f"literal formula {wf.busy_utilization_literal:.3f})"
             )
     return 0
 

@@ -12,7 +12,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, create_model
 
 TYPE_PREFIX = "io.whaleflux."
 
@@ -178,7 +178,11 @@ class JobSubmitted(EventData):
     resume: Literal["checkpoint", "restart"] = Field(
         "checkpoint", description="after a preemption or failover: resume from the checkpoint dir, or start over"
     )
-    nvlink: bool = Field(False, description="all GPUs on one node whose GPUs are joined by NVLink")
+    nvlink: bool = Field(
+        False,
+        description="all GPUs on one node whose GPUs are joined by NVLink; when false, a job larger than any"
+        " node it may use runs as a gang across nodes (one process per node, all or nothing)",
+    )
     labels: dict[Name, Name] = Field(default_factory=dict, description="placement constraints, e.g. {\"pool\": \"onprem\"}")
     service: Name | None = Field(None, description="inference service name: its replicas are spread across nodes")
     restart_on_failure: bool = Field(False, description="requeue the job when it exits non-zero or fails")
@@ -201,13 +205,26 @@ class JobPlaced(EventData):
     # Added in v1 before release: where the job keeps checkpoints, and whether this attempt resumes.
     checkpoint_dir: str | None = None
     resume: bool = False
+    # Added in v1 before release: a gang spanning nodes gets one job.placed per node (a "part"); absent
+    # (None) for a job on one node, so its events are unchanged.
+    rank: Annotated[int, Field(ge=0)] | None = Field(None, description="this node's rank in a gang spanning nodes")
+    gang_nodes: list[Token] | None = Field(
+        None, description="every node of the gang in rank order; the first (rank 0) is the coordinator"
+    )
+    gang_gpus: Annotated[int, Field(ge=2)] | None = Field(None, description="GPUs of the whole gang, all nodes")
+
+    @property
+    def part(self) -> int:
+        """This placement's rank in its gang (0 for a job on one node)."""
+        return self.rank or 0
 
 
 class JobPreempted(EventData):
     """Stop this attempt of the job on its node (SIGTERM, grace, SIGKILL); the scheduler has requeued it.
 
-    Sent for preemption by a higher-priority job, a drained node, and to fence a
-    node declared lost that comes back still running the job.
+    Sent for preemption by a higher-priority job, a move by the queue policy
+    (to faster GPUs, or out of a blocked job's way), a drained node, and to
+    fence a node declared lost that comes back still running the job.
     """
 
     event_name: ClassVar[str] = "job.preempted"
@@ -229,6 +246,8 @@ class JobRequeued(EventData):
     node: Token
     reason: str
     cause: Literal["preempted", "node_lost", "node_drained", "restart_on_failure"]
+    # Added in v1 before release: every node of a gang's attempt in rank order (`node` is rank 0); None for one node.
+    gang_nodes: list[Token] | None = None
 
 
 class JobStarted(EventData):
@@ -240,6 +259,8 @@ class JobStarted(EventData):
     gpu_uuids: list[str]
     pid: int
     started_at: AwareDatetime
+    # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
+    rank: Annotated[int, Field(ge=0)] | None = None
 
 
 class JobFinished(EventData):
@@ -251,6 +272,8 @@ class JobFinished(EventData):
     exit_code: int
     started_at: AwareDatetime
     finished_at: AwareDatetime
+    # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
+    rank: Annotated[int, Field(ge=0)] | None = None
 
 
 class JobRejected(EventData):
@@ -273,6 +296,8 @@ class JobFailed(EventData):
     exit_code: int | None = None
     started_at: AwareDatetime | None = None
     failed_at: AwareDatetime
+    # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
+    rank: Annotated[int, Field(ge=0)] | None = None
 
 
 # --------------------------------------------------------------------------- leases and alerts
@@ -376,6 +401,11 @@ class Envelope(BaseModel):
     # CloudEvents extension attribute: ties together the events of one flow (a job, an alert).
     correlationid: str | None = None
     data: dict[str, Any]
+    _wire: bytes | None = PrivateAttr(default=None)  # the bytes it was decoded from
+
+    def wire(self) -> bytes:
+        """The event's bytes: exactly as received when it was decoded, else its encoding."""
+        return self._wire if self._wire is not None else encode(self)
 
 
 class InvalidEvent(Exception):
@@ -454,6 +484,7 @@ def decode_typed(raw: bytes) -> tuple[Envelope, EventData]:
         # Invalid somewhere: the step-by-step path below names the problem the
         # way it always has (not JSON / envelope / unknown type / data field).
         return _decode_stepwise(raw)
+    typed._wire = raw
     return typed, typed.data
 
 

@@ -79,9 +79,11 @@ class Cluster:
         self.procs[name] = proc.start()
         return proc
 
-    def agent(self, *nodes: str, interval_s: float = 1.0, name: str = "agent", http: bool = False) -> Proc:
-        """An agent process for the nodes; `name` tells several apart, `http` gives it a port (fault injection)."""
-        argv = [sys.executable, "-m", "whaleflux", "agent"]
+    def agent(self, *nodes: str, interval_s: float = 1.0, name: str = "agent", http: bool = False,
+              fleet: Path | None = None) -> Proc:
+        """An agent process for the nodes; `name` tells several apart, `http` gives it a port (fault injection),
+        `fleet` a fleet file other than the default one."""
+        argv = [sys.executable, "-m", "whaleflux", "agent"] + (["--simulate", str(fleet)] if fleet else [])
         for node in nodes:
             argv += ["--node", node]
         env = {**self.base_env, "WHALEFLUX_INTERVAL_S": str(interval_s)}

@@ -359,7 +359,8 @@ async def test_capacity_snapshot_names_queued_work_and_forgets_rejected_jobs(env
             JobSubmitted(job_id="fills-h100", name="a", command=["true"], gpus=8, gpu_models=["H100"]),
             JobSubmitted(job_id="waits-48h", name="b", command=["true"], gpus=8, gpu_models=["H100"],
                          expected_runtime_s=48 * 3600),
-            JobSubmitted(job_id="never-fits", name="c", command=["true"], gpus=16),
+            # 16 GPUs on one NVLink node: the fleet's nodes have 8 (without nvlink it would run as a gang).
+            JobSubmitted(job_id="never-fits", name="c", command=["true"], gpus=16, nvlink=True),
         ]
         for job in jobs:
             await bus.publish(subjects.JOB_SUBMITTED, job)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import pytest
+
 from whaleflux.scheduler.placement import ClusterState, GpuState, JobRequest, ModelFacts, NodeState
 from whaleflux.scheduler.queueing import (
     BACKFILL,
@@ -215,7 +217,11 @@ SPEEDS = {
 }
 
 
-def mixed_world(policy=ONE_NODE_POLICY):
+# Waiting for a faster model is an option (the default moves jobs to faster GPUs instead, below).
+FASTER_WAIT = replace(ONE_NODE_POLICY, wait_for_faster_gain=0.5, migrate_min_gain_s=None, make_room_by_migration=False)
+
+
+def mixed_world(policy=FASTER_WAIT):
     fleet = nodes(1, model="A100") + [replace(n, name="h") for n in nodes(1, model="H100")]
     w = World(policy, fleet)
     w.cluster = ClusterState(fleet, SPEEDS)
@@ -233,7 +239,7 @@ def test_long_job_waits_for_a_faster_gpu_that_frees_soon_instead_of_a_slow_one_n
     reply = w.step()
     assert started(reply) == [] and "faster GPU" in reply.waiting["long"]
     # Without the rule it takes the idle A100 (a week there instead of 2.7 days on the H100 an hour later).
-    w2 = mixed_world(replace(ONE_NODE_POLICY, wait_for_faster_gain=None))
+    w2 = mixed_world(replace(FASTER_WAIT, wait_for_faster_gain=None))
     w2.start_running(train("busy", 100.0), end=3600.0)
     w2.submit(train("long", 7 * 86400.0))
     assert started(w2.step()) == ["long"]
@@ -254,9 +260,185 @@ def test_slower_gpu_that_fits_is_used_when_waiting_would_not_clearly_pay():
 
 def test_only_one_job_waits_for_the_same_faster_gpus_the_next_starts_where_it_fits():
     fleet = nodes(2, model="A100") + [replace(n, name="h") for n in nodes(1, model="H100")]
-    w = World(ONE_NODE_POLICY, fleet)
+    w = World(FASTER_WAIT, fleet)
     w.cluster = ClusterState(fleet, SPEEDS)
     w.start_running(train("busy", 100.0), end=3600.0)
     w.submit(PendingJob(train("a", 7 * 86400.0).request, 0.0, seq=1), PendingJob(train("b", 7 * 86400.0).request, 0.0, seq=2))
     reply = w.step()
     assert started(reply) == ["b"] and "faster GPU" in reply.waiting["a"]
+
+
+# ---------------------------------------------------------------- migration to faster GPUs
+
+MIGRATING = replace(
+    ONE_NODE_POLICY, wait_for_faster_gain=None, migrate_min_gain_s=1800.0, migrate_max_ratio=0.85,
+    migration_overhead_s=60.0, max_migrations_per_job=2, make_room_by_migration=True, make_room_budget=1.0,
+)
+MODELS = {
+    "A100": ModelFacts("A100", {"llm-train": 1.0}),
+    "H100": ModelFacts("H100", {"llm-train": 2.6}),
+    "H200": ModelFacts("H200", {"llm-train": 3.0}),
+}
+
+
+def model_nodes(*specs):
+    """(name, model, GPUs, GB per GPU) -> nodes."""
+    return [
+        NodeState(name, "c", model, "nvlink", tuple(GpuState(f"{name}-g{g}", g, gb * 1024) for g in range(n)))
+        for name, model, n, gb in specs
+    ]
+
+
+def on(w: World, j: PendingJob, node: str, now: float, end: float, checkpointable=True, migrations=0):
+    """Run `j` on the first free GPUs of `node` (as an earlier pass would have), with what migration needs."""
+    from whaleflux.scheduler.placement import place_on
+
+    req = replace(j.request, gpu_models=(w.cluster.nodes[node].model,))
+    d = place_on(w.cluster, req, w.policy.profile, now, caps={n: 0 for n in w.cluster.nodes if n != node})
+    w.cluster.allocate(j.job_id, d)
+    r = j.request
+    w.running[j.job_id] = RunningJob(j.job_id, r.team, r.priority, r.preemptible, r.gpus, now, end, request=r,
+                                     speed=d.speed, checkpointable=checkpointable, migrations=migrations)
+
+
+def big(job_id, gb, gpus=1, runtime=3600.0):
+    return PendingJob(JobRequest(job_id, gpus, min_memory_mib=gb * 1024, workload_class="llm-train",
+                                 expected_runtime_s=runtime), 0.0)
+
+
+def migration_world(policy=MIGRATING):
+    fleet = model_nodes(("a", "A100", 1, 80), ("h", "H100", 1, 80))
+    w = World(policy, fleet)
+    w.cluster = ClusterState(fleet, MODELS)
+    return w
+
+
+def test_long_job_on_a_slow_gpu_moves_to_a_faster_one_that_frees_when_the_gain_is_large():
+    w = migration_world()
+    on(w, train("busy", 100.0), "h", now=0.0, end=3600.0)
+    on(w, train("long", 7 * 86400.0), "a", now=0.0, end=7 * 86400.0)
+    assert w.step(now=1800.0).migrated == []  # the H100 is busy
+    w.finish("busy")
+    reply = w.step(now=3600.0)
+    (m,) = reply.migrated
+    left = 7 * 86400.0 - 3600.0
+    assert m.job_id == "long" and m.placement.node == "h" and "migrate to faster GPUs" in m.reason
+    assert m.expected_end == pytest.approx(3600.0 + 60.0 + left / 2.6)
+    assert w.cluster.holdings["long"][0].node == "h" and w.cluster.free["a"] == [0]
+
+
+def test_no_migration_when_the_gain_is_small_or_the_job_cannot_resume_from_a_checkpoint():
+    w = migration_world()
+    on(w, train("nearly-done", 3000.0), "a", now=0.0, end=3000.0)
+    assert w.step(now=1000.0).migrated == []  # 2000 s left: 769 s + 60 s on the H100 saves < 30 min
+    w = migration_world()
+    on(w, train("pinned", 7 * 86400.0), "a", now=0.0, end=7 * 86400.0, checkpointable=False)
+    assert w.step(now=1000.0).migrated == []
+    w = migration_world()  # the gain ratio: H100 -> H200 is only 2.6/3.0 = 0.87 > 0.85
+    w.cluster = ClusterState(model_nodes(("h", "H100", 1, 80), ("x", "H200", 1, 80)), MODELS)
+    on(w, train("long", 7 * 86400.0), "h", now=0.0, end=7 * 86400.0)
+    assert w.step(now=1000.0).migrated == []
+
+
+def test_migrations_never_loop_and_stop_at_the_per_job_limit():
+    fleet = model_nodes(("a1", "A100", 1, 80), ("a2", "A100", 1, 80), ("h", "H100", 1, 80))
+    w = World(MIGRATING, fleet)
+    w.cluster = ClusterState(fleet, MODELS)
+    on(w, train("long", 7 * 86400.0), "a1", now=0.0, end=7 * 86400.0)
+    (m,) = w.step(now=100.0).migrated
+    w.running["long"] = replace(w.running["long"], expected_end=m.expected_end, speed=m.placement.speed, migrations=1)
+    for now in (200.0, 300.0, 400.0):  # both A100s free: never back down, never sideways
+        assert w.step(now=now).migrated == []
+    w = World(MIGRATING, fleet)
+    w.cluster = ClusterState(fleet, MODELS)
+    on(w, train("moved-twice", 7 * 86400.0), "a1", now=0.0, end=7 * 86400.0, migrations=2)
+    assert w.step(now=100.0).migrated == []
+
+
+def test_migration_never_delays_the_reserved_start_of_the_head_job():
+    fleet = model_nodes(("a", "A100", 1, 80), ("h", "H100", 8, 80))
+
+    def world():
+        w = World(MIGRATING, fleet)
+        w.cluster = ClusterState(fleet, MODELS)
+        on(w, train("long", 7 * 86400.0), "a", now=0.0, end=7 * 86400.0)
+        holder = PendingJob(JobRequest("holder", 4, workload_class="llm-train", expected_runtime_s=1000.0), 0.0)
+        on(w, holder, "h", now=0.0, end=1000.0)
+        return w
+
+    w = world()
+    assert [m.job_id for m in w.step(now=10.0).migrated] == ["long"]  # nothing waits: it moves
+    w = world()
+    w.submit(PendingJob(JobRequest("head", 8, workload_class="llm-train", expected_runtime_s=3600.0), 0.0))
+    reply = w.step(now=10.0)
+    assert reply.migrated == [] and reply.reservation.job_id == "head" and reply.reservation.start == 1000.0
+    after = reserve(w.cluster, w.queue.get("head"), w.running, MIGRATING.profile, 10.0)
+    assert after.start == 1000.0
+
+
+def test_a_job_that_fits_elsewhere_is_moved_off_the_only_gpu_a_blocked_job_can_use():
+    fleet = model_nodes(("a", "A100", 1, 80), ("x", "H200", 1, 141))
+    # It would wait 85,400 s; the mover loses 2 x 85,400 s + 60 s on the A100: within a budget of 4 x the wait.
+    w = World(replace(MIGRATING, make_room_budget=4.0), fleet)
+    w.cluster = ClusterState(fleet, MODELS)
+    on(w, train("fits-80", 86400.0), "x", now=0.0, end=86400.0)
+    w.submit(big("needs-100", 100))
+    reply = w.step(now=1000.0)
+    (m,) = reply.migrated
+    assert m.job_id == "fits-80" and m.placement.node == "a" and "make room for needs-100" in m.reason
+    assert started(reply) == ["needs-100"] and reply.started[0].placement.node == "x"
+    # The moved job loses more time than the blocked one would wait: nothing moves.
+    w = World(MIGRATING, fleet)
+    w.cluster = ClusterState(fleet, MODELS)
+    on(w, train("nearly-done", 86400.0), "x", now=0.0, end=1900.0)
+    w.submit(big("needs-100", 100))
+    reply = w.step(now=1000.0)  # 900 s wait vs 60 s + 1,800 s more on the A100 for the mover (budget 1)
+    assert reply.migrated == [] and started(reply) == [] and reply.reservation.start == 1900.0
+    assert w.cluster.holdings["nearly-done"][0].node == "x"
+
+
+def test_room_for_a_gang_is_made_on_several_nodes_by_moving_jobs_to_nodes_it_cannot_use():
+    fleet = model_nodes(("a", "A100", 4, 80), ("x1", "H200", 2, 141), ("x2", "H200", 2, 141))
+    w = World(replace(MIGRATING, make_room_budget=4.0), fleet)
+    w.cluster = ClusterState(fleet, MODELS)
+    on(w, train("s1", 86400.0), "x1", now=0.0, end=86400.0)
+    on(w, train("s2", 86400.0), "x2", now=0.0, end=86400.0)
+    w.submit(replace(big("gang", 100, gpus=4), request=replace(big("gang", 100, gpus=4).request, allow_multi_node=True)))
+    reply = w.step(now=1000.0)
+    assert sorted(m.job_id for m in reply.migrated) == ["s1", "s2"]
+    assert {m.placement.node for m in reply.migrated} == {"a"}
+    assert started(reply) == ["gang"] and reply.started[0].placement.gpu_count == 4
+
+
+def test_moves_never_delay_the_reserved_start_of_the_head_over_random_states():
+    rng = random.Random(11)
+    moved = 0
+    for trial in range(200):
+        specs = [(f"n{i}", rng.choice(["A100", "H100", "H200"]), rng.choice([2, 4, 8]), 80) for i in range(rng.randint(2, 5))]
+        fleet = model_nodes(*specs)
+        w = World(replace(MIGRATING, make_room_budget=rng.choice([1.0, 12.0])), fleet)
+        w.cluster = ClusterState(fleet, MODELS)
+        for i in range(rng.randint(2, 10)):
+            name, _, size, _ = rng.choice(specs)
+            gpus = rng.choice([1, 2, 4])
+            if len(w.cluster.free[name]) >= gpus:
+                on(w, PendingJob(JobRequest(f"r{i}", gpus, workload_class="llm-train", expected_runtime_s=1e5), 0.0),
+                   name, now=0.0, end=rng.uniform(100, 200_000))
+        for _ in range(rng.randint(0, 3)):  # free some GPUs, as jobs ending would
+            if w.running:
+                w.finish(rng.choice(sorted(w.running)))
+        for i in range(rng.randint(1, 8)):
+            w.submit(PendingJob(JobRequest(f"q{i}", rng.choice([1, 2, 4, 8]), workload_class="llm-train",
+                                           expected_runtime_s=rng.uniform(10, 50_000)), float(i)))
+        reply = w.step(now=50.0)
+        moved += len(reply.migrated)
+        for m in reply.migrated:  # the cluster holds each moved job where the reply says
+            assert w.cluster.holdings[m.job_id] == m.placement.shares
+        res = reply.reservation
+        if res is None or res.start is None:
+            continue
+        for m in reply.migrated:
+            w.running[m.job_id] = replace(w.running[m.job_id], expected_end=m.expected_end, speed=m.placement.speed)
+        after = reserve(w.cluster, w.queue.get(res.job_id), w.running, MIGRATING.profile, 50.0)
+        assert after.start is not None and after.start <= res.start, (trial, res, after)
+    assert moved > 0

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
+import pytest
+
+from whaleflux.scheduler.app import SchedulerSettings
 from whaleflux.scheduler.liveness import LivenessPolicy, assess
-from whaleflux.scheduler.placement import FIRST_FIT, Profile
-from whaleflux.scheduler.records import JobRecord, NodeCondition
+from whaleflux.scheduler.placement import FIRST_FIT, ClusterState, ModelFacts, Profile
+from whaleflux.scheduler.queueing import PendingQueue, ScheduleRequest, schedule
+from whaleflux.scheduler.records import JobPart, JobRecord, NodeCondition
 from whaleflux.scheduler.routes import why
 from whaleflux.scheduler.schedule_request import (
     NodeView,
+    held,
     infeasible_reason,
     job_request,
+    movable,
     node_state,
+    pending_job,
+    running_job,
     waiting_reasons,
 )
+from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import GpuIdentity, JobSubmitted, NodeRegistered
 
 POLICY = LivenessPolicy(suspect_after_s=5, lost_after_s=10, mass_silence_fraction=0.5)
@@ -105,3 +114,90 @@ def test_why_tells_where_a_job_runs_and_each_requeue():
     text = why(job)
     assert "running on a100-01 (A100), attempt 2" in text and "speed 1.00x" in text
     assert "requeued: attempt 1 on h100-01: node lost" in text
+
+
+def _on(node: str, job_id: str, model: str, *, state: str = "running", **spec) -> JobRecord:
+    """A record of a 2-GPU llm-train job holding GPUs 0-1 (`job_id` "mover") or 2-3 of `node`."""
+    first = 0 if job_id == "mover" else 2
+    return JobRecord(
+        job_id=job_id, spec=_spec(job_id=job_id, gpus=2, gpu_models=["H100", "A100"], workload_class="llm-train", **spec),
+        submitted_at=T0, state=state, attempt=1, cluster="c1", node=node, gpu_model=model,
+        gpu_uuids=[f"{node}-{first}", f"{node}-{first + 1}"], started_at=T0, expected_end=T0.timestamp() + 36000,
+    )
+
+
+def _cluster(records: list[JobRecord]) -> ClusterState:
+    alloc = {u: r.job_id for r in records for u in r.gpu_uuids}
+    facts = {key: ModelFacts(key, dict(m.speed)) for key, m in gpu_models().items()}
+    return ClusterState([node_state(NodeView(reg), alloc) for reg in (_reg("h100-01"), _reg("a100-01", "A100"))], facts)
+
+
+def test_only_running_one_node_jobs_that_resume_from_a_checkpoint_they_keep_may_move():
+    assert movable(_on("a100-01", "mover", "A100", preemptible=True))
+    assert movable(_on("a100-01", "mover", "A100", checkpoint_dir="/ck/mover"))
+    # resume=restart would lose its work; the default checkpoint dir alone says nothing about the job.
+    assert not movable(_on("a100-01", "mover", "A100", preemptible=True, resume="restart"))
+    assert not movable(_on("a100-01", "mover", "A100"))
+    assert not movable(_on("a100-01", "mover", "A100", state="placed", preemptible=True))
+    gang = _on("a100-01", "mover", "A100", preemptible=True)
+    gang.parts = [JobPart(rank=i, cluster="c1", node=n, gpu_model="A100", gpu_uuids=[f"{n}-0"], gpu_indices=[0])
+                  for i, n in enumerate(("a100-01", "a100-02"))]
+    assert not movable(gang)
+
+
+def test_a_moved_job_is_held_until_its_old_attempt_ended_or_the_hold_ran_out():
+    job = _on("a100-01", "mover", "A100", state="pending")
+    assert not held(job, T0)
+    job.held_until = T0 + timedelta(seconds=12)
+    assert held(job, T0 + timedelta(seconds=11)) and not held(job, T0 + timedelta(seconds=12))
+
+
+def test_the_service_policy_moves_a_checkpointable_job_to_free_faster_gpus_and_never_a_restart_one():
+    mover = _on("a100-01", "mover", "A100", preemptible=True)
+    mover.migrations = 1
+    stayer = _on("a100-01", "stayer", "A100", preemptible=True, resume="restart")
+    cluster = _cluster([mover, stayer])
+    running = {r.job_id: running_job(r, cluster) for r in (mover, stayer)}
+    view = running["mover"]
+    assert view.checkpointable and view.request.gpu_models == ("H100", "A100") and view.migrations == 1
+    assert view.speed == pytest.approx(cluster.speed("A100", "llm-train"))  # 2 GPUs on NVLink: no penalty
+    assert not running["stayer"].checkpointable and running["stayer"].request is None
+    assert running_job(mover).request is None  # without the cluster, no speed: never moved
+
+    policy = SchedulerSettings(environment="development").policy_config()
+    reply = schedule(ScheduleRequest(T0.timestamp() + 60, cluster, PendingQueue(policy), running, policy))
+    [move] = reply.migrated
+    assert move.job_id == "mover" and move.placement.model == "H100" and "faster GPUs" in move.reason
+
+    # The move count carried in the record stops it: no loops.
+    mover.migrations = policy.max_migrations_per_job
+    again = {r.job_id: running_job(r, _cluster([mover, stayer])) for r in (mover, stayer)}
+    reply = schedule(ScheduleRequest(T0.timestamp() + 60, _cluster([mover, stayer]), PendingQueue(policy), again, policy))
+    assert reply.migrated == []
+    # Turned off in the settings: nothing moves.
+    off = SchedulerSettings(environment="development", migration=False).policy_config()
+    unmoved = _on("a100-01", "mover", "A100", preemptible=True)
+    fresh = _cluster([unmoved, stayer])
+    running = {r.job_id: running_job(r, fresh) for r in (unmoved, stayer)}
+    assert running["mover"].checkpointable and running["mover"].migrations == 0
+    assert schedule(ScheduleRequest(T0.timestamp() + 60, fresh, PendingQueue(off), running, off)).migrated == []
+
+
+def test_the_service_policy_moves_a_checkpointable_job_out_of_the_way_of_a_blocked_one():
+    # a100-01 is full (the mover on GPUs 0-1, a job that may not move on 2-7); two H100s are free.
+    mover = _on("a100-01", "mover", "A100", preemptible=True)
+    filler = _on("a100-01", "filler", "A100")
+    filler.gpu_uuids = [f"a100-01-{i}" for i in range(2, 8)]
+    holder = _on("h100-01", "holder", "H100")
+    holder.gpu_uuids = [f"h100-01-{i}" for i in range(6)]
+    cluster = _cluster([mover, filler, holder])
+    running = {r.job_id: running_job(r, cluster) for r in (mover, filler, holder)}
+    policy = SchedulerSettings(environment="development").policy_config()
+    queue = PendingQueue(policy)
+    queue.add(pending_job(JobRecord(job_id="head", spec=_spec(job_id="head", gpus=2, gpu_models=["A100"]),
+                                    submitted_at=T0), 0))
+    reply = schedule(ScheduleRequest(T0.timestamp() + 60, cluster, queue, running, policy))
+    [move] = reply.migrated
+    assert move.job_id == "mover" and move.placement.node == "h100-01" and "make room for head" in move.reason
+    [started] = reply.started
+    assert started.job.job_id == "head" and started.placement.node == "a100-01"

@@ -72,3 +72,20 @@ def test_job_csv_is_read_sorted_and_stretched(tmp_path):
     )
     jobs = read_jobs(path, time_scale=2.0)
     assert [j.job_id for j in jobs] == ["a", "b"] and jobs[1].submit_time_s == 40.0 and jobs[1].preemptible
+
+
+def test_a_long_job_started_on_a_slow_gpu_moves_to_the_fast_one_when_it_frees_and_keeps_its_work():
+    jobs = [sim_job("first", 0, 2500, klass="llm-train"), sim_job("long", 1, 100_000, klass="llm-train")]
+    r = simulate(jobs, [node("a100"), node("h100", "H100")], WHALEFLUX, FACTS, restart_overhead_s=60)
+    # "first" runs 0-1000 on the H100; "long" starts at 1 on the A100 (no waiting), did 999 s of work by
+    # t=1000, then moves: 60 s restart + 99,001 / 2.5 s on the H100.
+    assert r.migrations == 1 and r.preemptions == 0
+    assert r.makespan_s == pytest.approx(1000 + 60 + 99_001 / 2.5)
+
+
+def test_usable_busy_utilization_counts_only_gpus_a_waiting_job_could_use():
+    small = NodeState("r", "c", "RTX4090", "pcie", (GpuState("r-0", 0, 24 * 1024),))
+    jobs = [SimJob("j1", 0, 100, 1, "t", "small", 40, "normal", False), SimJob("j2", 0, 100, 1, "t", "small", 40, "normal", False)]
+    r = simulate(jobs, [small, node("a")], FIFO, FACTS)
+    # j2 waits 0-100 for the only 80 GB GPU while the 24 GB one is idle: strict 1 of 2 held, usable 1 of 1.
+    assert r.busy_utilization == 0.5 and r.busy_utilization_usable == 1.0

@@ -128,7 +128,7 @@ def submit(
     preemptible: Annotated[bool, typer.Option(help="may be stopped for higher-priority work, then resumed")] = False,
     checkpoint_dir: Annotated[Optional[str], typer.Option(help="WHALEFLUX_CHECKPOINT_DIR; default per job under the agent's home")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="after a preemption or failover start over instead of resuming")] = False,
-    nvlink: Annotated[bool, typer.Option(help="all GPUs on one NVLink node")] = False,
+    nvlink: Annotated[bool, typer.Option(help="all GPUs on one NVLink node (without it, a job larger than any node runs as a gang across nodes)")] = False,
     label: Annotated[Optional[list[str]], typer.Option(help="placement constraint KEY=VALUE, e.g. pool=onprem")] = None,
     service: Annotated[Optional[str], typer.Option(help="inference service name (replicas spread across nodes)")] = None,
     replicas: Annotated[int, typer.Option(min=1, max=64, help="inference service replicas: one job each")] = 1,
@@ -212,6 +212,8 @@ def _wait_for(conn: Connection, job_id: str, timeout_s: float = 3600) -> None:
         state = job["state"] if job else "submitted"
         if state != last:
             where = f" on {job['node']} GPU {','.join(job['gpu_uuids'])}" if job and job.get("node") else ""
+            if job and len(job.get("parts") or []) > 1:
+                where = " on " + ", ".join(f"{p['node']} ({len(p['gpu_uuids'])} GPUs)" for p in job["parts"])
             console.print(f"{job_id}: {state}{where}")
             last = state
         if state in TERMINAL:
@@ -252,8 +254,11 @@ def jobs(ctx: typer.Context, state: Annotated[Optional[str], typer.Option(help="
     table.add_column("submitted", no_wrap=True)
     table.add_column("reason", overflow="fold")
     for j in rows:
+        node = j.get("node") or ""
+        if len(j.get("parts") or []) > 1:
+            node += f" +{len(j['parts']) - 1}"  # a gang: its rank-0 node and how many more
         table.add_row(
-            j["job_id"], j["state"], j.get("node") or "", str(j["spec"]["gpus"]), j["spec"]["team"],
+            j["job_id"], j["state"], node, str(j["spec"]["gpus"]), j["spec"]["team"],
             j["spec"]["name"], j["submitted_at"][5:19].replace("T", " "), j.get("reason") or "",
         )
     console.print(table)
@@ -273,7 +278,11 @@ def jobs_show(job_id: str) -> None:
         ("id", j["job_id"]), ("name", spec["name"]), ("team / project", f"{spec['team']} / {spec['project']}"),
         ("command", " ".join(spec["command"])), ("state", j["state"]), ("reason", j.get("reason") or ""),
         ("attempt", str(j["attempt"])), ("node", j.get("node") or ""), ("GPU model", j.get("gpu_model") or ""),
-        ("GPUs", ", ".join(j["gpu_uuids"])), ("submitted", j["submitted_at"]), ("placed", j.get("placed_at") or ""),
+        ("GPUs", ", ".join(j["gpu_uuids"])),
+        *[(f"rank {p['rank']}", f"{p['node']} ({p['gpu_model']}): {p['state']}"
+           + ("" if p.get("exit_code") is None else f", exit code {p['exit_code']}") + f", GPUs {', '.join(p['gpu_uuids'])}")
+          for p in j.get("parts") or []],
+        ("submitted", j["submitted_at"]), ("placed", j.get("placed_at") or ""),
         ("started", j.get("started_at") or ""), ("finished", j.get("finished_at") or ""),
         ("exit code", "" if j.get("exit_code") is None else str(j["exit_code"])),
     ]:
@@ -299,28 +308,40 @@ def jobs_logs(
     job_id: str,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new output until the job ends")] = False,
     attempt: Annotated[Optional[int], typer.Option(min=1, help="which attempt; default the latest")] = None,
+    node: Annotated[Optional[str], typer.Option(help="a gang spanning nodes: this node's part (default rank 0's)")] = None,
+    rank: Annotated[Optional[int], typer.Option(min=0, help="a gang spanning nodes: this rank's part (default 0)")] = None,
 ) -> None:
     """A job's output. Reads the agent's log files under WHALEFLUX_HOME/jobs, so it works where the agent runs
-    (one machine, e.g. `whaleflux up`), not yet for an agent on another host."""
+    (one machine, e.g. `whaleflux up`), not yet for an agent on another host. A gang spanning nodes writes one
+    log per node: rank 0's (the coordinator's) by default, another with --rank or --node."""
     from .job_logs import follow_log, latest_attempt, log_path
 
     conn = Connection.discover()
+    record: dict = {}
 
     def state() -> tuple[str | None, int | None]:
         try:
             job = conn.get("scheduler", f"/v1/jobs/{job_id}")
+            record.update(job)
             return job["state"], job["attempt"] or None
         except ClientError:
             return None, None
 
     current, known = state()
+    if node is not None:
+        ranks = {p["node"]: p["rank"] for p in record.get("parts") or []} or {record.get("node"): 0}
+        if node not in ranks:
+            _fail(f"job {job_id} (attempt {known}) has no part on node {node!r}; its nodes: {', '.join(map(str, ranks))}")
+        rank = ranks[node]
+    rank = rank or 0
     which = attempt or known or latest_attempt(job_id)
-    if which is None or not log_path(job_id, which).exists():
-        _fail(f"no log for job {job_id} yet under {log_path(job_id, which or 1).parent}" + (f" (job is {current})" if current else ""))
+    if which is None or not log_path(job_id, which, rank).exists():
+        where = log_path(job_id, which or 1, rank).parent
+        _fail(f"no log for job {job_id} yet under {where}" + (f" (job is {current})" if current else ""))
     if not follow:
-        sys.stdout.write(log_path(job_id, which).read_text(errors="replace"))
+        sys.stdout.write(log_path(job_id, which, rank).read_text(errors="replace"))
         return
-    follow_log(job_id, which, state, fixed_attempt=attempt is not None, terminal=TERMINAL)
+    follow_log(job_id, which, state, fixed_attempt=attempt is not None, terminal=TERMINAL, rank=rank)
 
 
 from .costs_view import costs_app  # noqa: E402  (grouped with its subcommand `tco`)

@@ -11,8 +11,9 @@ from typing import Callable
 from whaleflux.shared.localconfig import home
 
 
-def log_path(job_id: str, attempt: int) -> Path:
-    return home() / "jobs" / f"{job_id}.{attempt}.log"
+def log_path(job_id: str, attempt: int, rank: int = 0) -> Path:
+    """The agent's log of one attempt; `rank`: which node of a gang spanning nodes (0, the coordinator, by default)."""
+    return home() / "jobs" / (f"{job_id}.{attempt}.log" if not rank else f"{job_id}.{attempt}.rank{rank}.log")
 
 
 def latest_attempt(job_id: str) -> int | None:
@@ -30,11 +31,12 @@ def follow_log(
     fixed_attempt: bool,
     terminal: set[str],
     poll_s: float = 0.5,
+    rank: int = 0,
 ) -> None:
     """Print the log as it grows; move on to a newer attempt (requeued job); stop once the job has ended."""
     offset, checked = 0, 0.0
     while True:
-        path = log_path(job_id, attempt)
+        path = log_path(job_id, attempt, rank)
         if path.exists():
             with open(path, "rb") as fh:
                 fh.seek(offset)
@@ -46,7 +48,7 @@ def follow_log(
         if time.monotonic() - checked >= 2 * poll_s:
             checked = time.monotonic()
             current, latest = state()
-            if not fixed_attempt and latest and latest > attempt and log_path(job_id, latest).exists():
+            if not fixed_attempt and latest and latest > attempt and log_path(job_id, latest, rank).exists():
                 sys.stdout.write(f"--- attempt {latest} ---\n")
                 attempt, offset = latest, 0
                 continue

@@ -35,6 +35,11 @@ from .backend import GpuBackend
 log = structlog.get_logger("whaleflux.agent")
 
 
+def _event_id(kind: str, placed: JobPlaced) -> str:
+    """Fixed per (job, attempt, part), so a redelivered report is one event; rank 0 keeps the plain id."""
+    return f"{kind}-{placed.job_id}-{placed.attempt}" + (f"-r{placed.part}" if placed.part else "")
+
+
 class NodeAgent:
     def __init__(
         self,
@@ -164,12 +169,12 @@ class NodeAgent:
                 if not any(k in self.jobs for k, _ in holders):
                     break
                 await asyncio.sleep(0.01)
-        base = dict(cluster=placed.cluster, node=placed.node, job_id=placed.job_id, attempt=placed.attempt)
+        base = dict(cluster=placed.cluster, node=placed.node, job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank)
         try:
             job = await runner.launch(placed, self.log_dir)
         except OSError as exc:
             failed = JobFailed(**base, reason=f"cannot start command: {exc.strerror or exc}", failed_at=self.clock())
-            await self._publish(subjects.JOB_FAILED, failed, f"failed-{placed.job_id}-{placed.attempt}", placed.job_id)
+            await self._publish(subjects.JOB_FAILED, failed, _event_id("failed", placed), placed.job_id)
             return
         self.jobs[key] = job
         started_at = self.clock()
@@ -177,10 +182,10 @@ class NodeAgent:
         await self._publish(
             subjects.JOB_STARTED,
             JobStarted(**base, gpu_uuids=placed.gpu_uuids, pid=job.process.pid, started_at=started_at),
-            f"started-{placed.job_id}-{placed.attempt}",
+            _event_id("started", placed),
             placed.job_id,
         )
-        log.info("job.started", job_id=placed.job_id, pid=job.process.pid, gpus=placed.gpu_indices)
+        log.info("job.started", job_id=placed.job_id, pid=job.process.pid, gpus=placed.gpu_indices, rank=placed.rank)
         self._waiters.append(asyncio.create_task(self._wait(job, started_at, base)))
 
     async def _wait(self, job: runner.RunningJob, started_at: datetime, base: dict) -> None:
@@ -188,7 +193,7 @@ class NodeAgent:
         placed = job.placed
         self.backend.job_stopped(placed.gpu_uuids)
         finished = JobFinished(**base, exit_code=code, started_at=started_at, finished_at=self.clock())
-        await self._publish(subjects.JOB_FINISHED, finished, f"finished-{placed.job_id}-{placed.attempt}", placed.job_id)
+        await self._publish(subjects.JOB_FINISHED, finished, _event_id("finished", placed), placed.job_id)
         self.jobs.pop((placed.job_id, placed.attempt), None)
         log.info("job.finished", job_id=placed.job_id, exit_code=code)
 

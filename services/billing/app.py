@@ -46,7 +46,7 @@ from whaleflux.shared.settings import CommonSettings
 from . import allocation as alloc
 from .budgets import Budget, day_windows, evaluate, history_start
 from .exports import FocusContext, focus_csv, focus_rows, jobs_csv
-from .metering import UsageRecord, energy_delta, ended, intervals
+from .metering import UsageRecord, energy_delta, ended, intervals, ledger_key, merge_parts
 from .ownership import GpuCost, GpuTerms, from_ms, gpu_cost, month_start, power_price, terms_from_assets, to_ms
 from .pricebook import PriceBook, PriceBookError, entry_json, parse_pricebook, reference_book
 from .pricing import MICRO
@@ -110,55 +110,58 @@ class BillingService(ServiceBase):
     def k(self, name: str) -> str:
         return f"{self.prefix}:{name}"
 
-    def _alloc_key(self, job_id: str, attempt: int) -> str:
-        return f"{self.prefix}:alloc:{job_id}:{attempt}"
+    def _alloc_key(self, job_id: str, attempt: int, rank: int = 0) -> str:
+        return f"{self.prefix}:alloc:{ledger_key(job_id, attempt, rank)}"
 
     # ---------------------------------------------------------------- metering
 
     async def on_job_event(self, env: Envelope, data) -> None:
         if isinstance(data, JobPlaced):
-            await self.redis.set(self._alloc_key(data.job_id, data.attempt), data.model_dump_json())
+            await self.redis.set(self._alloc_key(data.job_id, data.attempt, data.part), data.model_dump_json())
         elif isinstance(data, JobStarted):
-            await self._record(data.job_id, data.attempt, data.started_at, None, "running")
+            await self._record(data.job_id, data.attempt, data.started_at, None, "running", data.rank or 0)
         elif isinstance(data, JobFinished):
-            await self._record(data.job_id, data.attempt, data.started_at, data.finished_at, "finished")
+            await self._record(data.job_id, data.attempt, data.started_at, data.finished_at, "finished", data.rank or 0)
         elif isinstance(data, JobFailed) and data.started_at is not None:
-            await self._record(data.job_id, data.attempt, data.started_at, data.failed_at, "failed")
+            await self._record(data.job_id, data.attempt, data.started_at, data.failed_at, "failed", data.rank or 0)
         elif isinstance(data, JobRequeued):
-            await self._end_requeued(data.job_id, data.attempt, env.time)
+            for rank in range(len(data.gang_nodes or ()) or 1):
+                await self._end_requeued(data.job_id, data.attempt, env.time, rank)
 
-    async def _end_requeued(self, job_id: str, attempt: int, at: datetime) -> None:
-        """A requeued attempt stops accruing when the scheduler took its GPUs back.
+    async def _end_requeued(self, job_id: str, attempt: int, at: datetime, rank: int = 0) -> None:
+        """A requeued attempt stops accruing when the scheduler took its GPUs back (every part of a gang).
 
         The agent of a lost node never reports the end; if the agent does report
         it later (a preempted job stopping after its grace period), that report
-        replaces this end: still one record per attempt.
+        replaces this end: still one record per attempt (per part of a gang).
         """
-        raw = await self.redis.hget(self.k("usage"), f"{job_id}:{attempt}")
+        raw = await self.redis.hget(self.k("usage"), ledger_key(job_id, attempt, rank))
         if raw is None:
             return  # placed but never started: nothing ran, nothing to charge
         record = UsageRecord.model_validate_json(raw)
         if record.ended_at is None:
-            await self._record(job_id, attempt, record.started_at, max(at, record.started_at), "requeued")
+            await self._record(job_id, attempt, record.started_at, max(at, record.started_at), "requeued", rank)
 
-    async def _record(self, job_id: str, attempt: int, started: datetime, end: datetime | None, state: str) -> None:
-        raw = await self.redis.get(self._alloc_key(job_id, attempt))
+    async def _record(self, job_id: str, attempt: int, started: datetime, end: datetime | None, state: str,
+                      rank: int = 0) -> None:
+        raw = await self.redis.get(self._alloc_key(job_id, attempt, rank))
         if raw is None:
-            raise Retry(f"no placement recorded for job {job_id} attempt {attempt}")
+            raise Retry(f"no placement recorded for job {job_id} attempt {attempt}" + (f" rank {rank}" if rank else ""))
         placed = JobPlaced.model_validate_json(raw)
-        key = f"{job_id}:{attempt}"
-        current = await self.redis.hget(self.k("usage"), key)
+        key = f"{job_id}:{attempt}"  # the attempt, which every part's GPUs are charged to
+        ledger = ledger_key(job_id, attempt, rank)
+        current = await self.redis.hget(self.k("usage"), ledger)
         if end is None and current is not None and UsageRecord.model_validate_json(current).ended_at is not None:
             return  # job.started replayed after its end: the ended record stands
         record = UsageRecord(
             job_id=job_id, attempt=attempt, team=placed.team, project=placed.project, gpu_model=placed.gpu_model,
             gpus=len(placed.gpu_uuids), node=placed.node, cluster=placed.cluster, gpu_uuids=placed.gpu_uuids,
-            started_at=started, state="running",
+            started_at=started, state="running", rank=rank,
         )
         if end is not None:
             record = ended(record, end, state)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.k("usage"), key, record.model_dump_json())
+            pipe.hset(self.k("usage"), ledger, record.model_dump_json())
             if end is None:
                 pipe.hset(self.k("gpu:open"), mapping={g: key for g in placed.gpu_uuids})
             await pipe.execute()
@@ -382,8 +385,8 @@ class BillingService(ServiceBase):
     async def job_records(self, job_id: str) -> list[dict]:
         """Every attempt of one job with its cost over its whole allocation."""
         raw = await self.redis.hgetall(self.k("usage"))
-        records = sorted((UsageRecord.model_validate_json(v) for k, v in raw.items() if k.rsplit(":", 1)[0] == job_id),
-                         key=lambda r: r.attempt)
+        # A gang's parts are one line: its GPUs on every node, charged once.
+        records = merge_parts([UsageRecord.model_validate_json(v) for k, v in raw.items() if k.rsplit(":", 1)[0] == job_id])
         out = []
         now = self.clock()
         for r in records:

@@ -106,8 +106,9 @@ def gpu_rows(nodes: list[NodeRecord], now: datetime, missing_after: timedelta) -
     return sorted(rows, key=lambda r: (r.node, r.index))
 
 
-def _alloc_key(job_id: str, attempt: int) -> str:
-    return f"{job_id}:{attempt}"
+def _alloc_key(job_id: str, attempt: int, rank: int | None = None) -> str:
+    """One allocation per attempt, and per node of a gang spanning nodes (each part ends on its own)."""
+    return f"{job_id}:{attempt}" + (f"#r{rank}" if rank else "")
 
 
 class InventoryService(ServiceBase):
@@ -174,7 +175,7 @@ class InventoryService(ServiceBase):
         if isinstance(data, (JobPlaced, JobRejected)):
             await self.redis.hdel(self.k("queued"), data.job_id)
         if isinstance(data, JobPlaced):
-            key = _alloc_key(data.job_id, data.attempt)
+            key = _alloc_key(data.job_id, data.attempt, data.rank)
             # The placement's envelope time is when the scheduler allocated the GPUs.
             record = json.dumps({"gpus": data.gpu_uuids, "start": env.time.isoformat()})
             ended = await self.redis.hexists(self.k("alloc:end"), key)
@@ -185,7 +186,7 @@ class InventoryService(ServiceBase):
                         pipe.hset(self.k("alloc:open"), gpu, f"{key}|{env.time.isoformat()}")
                 await pipe.execute()
         elif isinstance(data, (JobFinished, JobFailed)):
-            key = _alloc_key(data.job_id, data.attempt)
+            key = _alloc_key(data.job_id, data.attempt, data.rank)
             end = data.finished_at if isinstance(data, JobFinished) else data.failed_at
             await self.redis.hset(self.k("alloc:end"), key, end.isoformat())
             raw = await self.redis.hget(self.k("alloc:start"), key)

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import os
 import signal
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -26,12 +27,13 @@ from whaleflux.shared.service import ServiceBase, run_service
 from whaleflux.shared.settings import CommonSettings
 
 from .failover import FailoverMixin
+from .gang import on_part_report
 from .leadership import Leadership
 from .placement import ClusterState, ModelFacts, explain_wait
 from .queueing import POLICIES, PendingQueue, PolicyConfig, ScheduleRequest, TeamPolicy, schedule
 from .records import ACTIVE, JobRecord
 from .routes import SubmitRequest, add_routes  # noqa: F401 (SubmitRequest: part of this module's API)
-from .schedule_request import NodeView, node_state, pending_job, running_job, waiting_reasons
+from .schedule_request import NodeView, held, node_state, pending_job, running_job, waiting_reasons
 from .store import SchedulerStore
 
 
@@ -59,6 +61,8 @@ class SchedulerSettings(CommonSettings):
     heartbeat_lost_s: float = Field(10.0, gt=0)
     mass_silence_fraction: float = Field(0.5, gt=0, le=1)
     max_restarts: int = Field(3, ge=0)
+    # The policy's moves of running checkpointable jobs (to faster GPUs, out of a blocked job's way).
+    migration: bool = True
     # Active/standby replicas: the leader's lease lives this long unless renewed
     # (every third of it); a standby takes over within about this long after the leader dies.
     leader_lease_s: float = Field(3.0, ge=0.3, le=60)
@@ -77,10 +81,16 @@ class SchedulerSettings(CommonSettings):
         return {name: TeamPolicy(t.quota_gpus, t.weight) for name, t in teams.items()}
 
     def policy_config(self) -> PolicyConfig:
+        policy = POLICIES[self.policy]
         return dataclasses.replace(
-            POLICIES[self.policy],
+            policy,
+            # A job that fits on one node runs on one node: its command need not be written for
+            # several (the simulator may split such a job when that is faster; the service never does).
+            profile=dataclasses.replace(policy.profile, split_min_speed_ratio=None),
             min_run_before_preemption_s=self.min_run_before_preemption_s,
             max_preemptions_per_job=self.max_preemptions_per_job,
+            # Moves as the policy has them (the simulator's defaults), unless turned off.
+            **({} if self.migration else {"migrate_min_gain_s": None, "make_room_by_migration": False}),
         )
 
 
@@ -136,10 +146,21 @@ class SchedulerService(FailoverMixin, ServiceBase):
 
     async def _on_progress(self, data: JobStarted | JobFinished | JobFailed) -> None:
         job = await self.store.job(data.job_id)
+        if (job is not None and job.state == "pending" and job.held_until is not None and data.attempt == job.attempt
+                and isinstance(data, (JobFinished, JobFailed))):
+            # The stopped attempt of a moved job ended (its checkpoint is written): place it again.
+            job.held_until = None
+            await self.store.save(job)
+            self.log.info("job.move_stopped", job_id=job.job_id, attempt=data.attempt)
+            self._dirty.set()
+            return
         # Only the current attempt while it holds GPUs: reports of a preempted or
         # lost attempt (the job is pending again, or placed anew) change nothing.
         if job is None or data.attempt != job.attempt or job.state not in ACTIVE:
             self.log.info("job.progress_ignored", job_id=data.job_id, attempt=data.attempt)
+            return
+        if job.parts:
+            await self._on_gang_progress(job, data)
             return
         if isinstance(data, JobStarted):
             if job.state == "placed":
@@ -165,6 +186,29 @@ class SchedulerService(FailoverMixin, ServiceBase):
             await pipe.execute()
         self._dirty.set()
 
+    async def _on_gang_progress(self, job: JobRecord, data: JobStarted | JobFinished | JobFailed) -> None:
+        """A part of a gang spanning nodes reported: all or nothing (see gang.py)."""
+        step = on_part_report(job, data)
+        if step.action == "ignore":
+            self.log.info("job.progress_ignored", job_id=job.job_id, attempt=data.attempt, rank=data.rank, node=data.node)
+            return
+        if step.action == "save":
+            await self.store.save(job)
+            return
+        now, grace = self.clock(), self.settings.preemption_grace_s
+        if step.action == "failed" and job.spec.restart_on_failure and len(job.requeues) < self.settings.max_restarts:
+            stopping = {p.rank for p in step.stop}
+            spare = frozenset(p.rank for p in job.parts if p.rank not in stopping)
+            await self.store.requeue(job, "restart_on_failure", f"failed ({step.reason}), restarting", now, grace, spare)
+        else:
+            if step.action == "failed":
+                failed = next(p for p in job.parts if p.rank == (data.rank or 0))
+                job.state, job.reason, job.exit_code, job.finished_at = "failed", step.reason, failed.exit_code, failed.finished_at
+            await self.store.end(job, list(step.stop), f"gang failed: {step.reason}", grace, now)
+        self.log.info("job.gang_" + step.action, job_id=job.job_id, attempt=job.attempt, reason=step.reason,
+                      stopping=[p.node for p in step.stop])
+        self._dirty.set()
+
     # ---------------------------------------------------------------- placement
 
     async def schedule_pass(self) -> int:
@@ -187,20 +231,30 @@ class SchedulerService(FailoverMixin, ServiceBase):
             cluster = ClusterState([node_state(v, alloc) for v in views], self.facts)
             queue = PendingQueue(self.policy)
             for seq, job_id in enumerate(pending_ids):
-                if job_id not in stale:
+                # A moved job waits out its old attempt's stop (never two copies): not in this pass.
+                if job_id not in stale and not held(records[job_id], now):
                     queue.add(pending_job(records[job_id], seq))
-            running = {j: running_job(records[j]) for j in active_ids if j in records and records[j].state in ACTIVE}
+            running = {j: running_job(records[j], cluster)
+                       for j in active_ids if j in records and records[j].state in ACTIVE}
             reply = schedule(ScheduleRequest(now.timestamp(), cluster, queue, running, self.policy, self.teams))
 
             # Victims first: their stop orders go out before placements reuse their GPUs.
             for p in reply.preempted:
                 await self.store.requeue(records[p.victim], "preempted", p.reason, now, self.settings.preemption_grace_s)
                 self.log.info("job.preempted", job_id=p.victim, for_job=p.for_job, reason=p.reason)
+            # Moves are preemptions too (stop order, requeue, resume from the checkpoint). The policy's new
+            # placement is not kept: a later pass places the job once its old attempt has stopped.
+            grace = self.settings.preemption_grace_s
+            hold = now + timedelta(seconds=grace + self.settings.heartbeat_lost_s)
+            for m in reply.migrated:
+                await self.store.requeue(records[m.job_id], "preempted", m.reason, now, grace, moved_hold_until=hold)
+                self.log.info("job.migrated", job_id=m.job_id, to=m.placement.node, model=m.placement.model,
+                              reason=m.reason)
             for s in reply.started:
                 job = records[s.job.job_id]
                 await self.store.commit_placement(job, s.placement, now, s.expected_end)
                 self.log.info("job.placed", job_id=job.job_id, node=job.node, gpus=list(s.placement.gpu_indices),
-                              attempt=job.attempt, backfilled=s.backfilled)
+                              attempt=job.attempt, backfilled=s.backfilled, gang=job.nodes if job.parts else None)
             for job_id, reason in reply.infeasible.items():
                 await self.store.reject(records[job_id], reason)
                 self.log.info("job.rejected", job_id=job_id, reason=reason)
@@ -215,7 +269,7 @@ class SchedulerService(FailoverMixin, ServiceBase):
                 if job.reason != why:
                     job.reason = why
                     await self.store.save(job)
-        if reply.started or reply.preempted or reply.infeasible:
+        if reply.started or reply.preempted or reply.migrated or reply.infeasible:
             await self.publish_staged()
         return len(reply.started)
 

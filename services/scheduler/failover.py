@@ -58,7 +58,8 @@ class FailoverMixin:
         now = self.clock()
         for job_id in hb.running_jobs:
             job = jobs.get(job_id)
-            if job is None or (job.state in ("placed", "running") and job.node == hb.node and job.cluster == hb.cluster):
+            # A node of a gang runs one part of it: fenced only if the current attempt holds nothing there.
+            if job is None or (job.state in ("placed", "running") and job.holds(hb.cluster, hb.node)):
                 continue
             last = self._fenced.get((job_id, hb.node))
             if last is not None and (now - last).total_seconds() < self.settings.heartbeat_lost_s:

@@ -14,6 +14,21 @@ TERMINAL = {"succeeded", "failed", "rejected"}
 ACTIVE = {"placed", "running"}
 
 
+class JobPart(BaseModel):
+    """One node's share of a gang that spans nodes, and how far its process got (rank 0 first)."""
+
+    rank: int
+    cluster: str
+    node: str
+    gpu_model: str
+    gpu_uuids: list[str]
+    gpu_indices: list[int]
+    state: Literal["placed", "running", "exited"] = "placed"
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+
+
 class JobRecord(BaseModel):
     job_id: str
     spec: JobSubmitted
@@ -35,6 +50,26 @@ class JobRecord(BaseModel):
     preemptions: int = 0
     # One line per attempt that was stopped or lost and requeued ("attempt 1 on h100-01: node lost ...").
     requeues: list[str] = Field(default_factory=list)
+    # Times the queue policy moved it (checkpoint-restart to faster GPUs, or out of a blocked job's
+    # way); the policy stops at `max_migrations_per_job`, so a job is never moved back and forth.
+    migrations: int = 0
+    # A moved job is not placed again while its stopped attempt may still run (and write its
+    # checkpoint): until the agent reports that attempt's end, or until this time at the latest.
+    held_until: datetime | None = None
+    # A gang spanning nodes: one part per node of the current attempt, rank 0 first (`node`,
+    # `gpu_model` are rank 0's, `gpu_uuids` all of the gang's). Empty for a job on one node.
+    parts: list[JobPart] = Field(default_factory=list)
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes the current attempt holds GPUs on, rank 0 first."""
+        return [p.node for p in self.parts] if self.parts else [self.node] if self.node else []
+
+    def holds(self, cluster: str, node: str) -> bool:
+        """Whether the current attempt holds GPUs on that node."""
+        if self.parts:
+            return any(p.cluster == cluster and p.node == node for p in self.parts)
+        return self.cluster == cluster and self.node == node
 
 
 NodeConditionName = Literal["lost", "draining"]

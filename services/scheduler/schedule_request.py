@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Iterable, Mapping
 
 from whaleflux.shared.catalog import model_key
 from whaleflux.shared.events import JobSubmitted, NodeRegistered
 
 from .placement import ClusterState, GpuState, Infeasible, JobRequest, NodeState, Profile, place_on
+from .placement.scorers import candidate_speed
 from .queueing import PendingJob, RunningJob
 from .records import JobRecord, NodeCondition
 
@@ -78,8 +80,9 @@ def job_request(job_id: str, spec: JobSubmitted) -> JobRequest:
         pool=pool,
         labels=tuple(sorted(labels.items())),
         expected_runtime_s=spec.expected_runtime_s,
-        # Gangs across nodes need one placement event per node: the service does not run them yet.
-        allow_multi_node=False,
+        # A job that need not sit on one NVLink node may run as a gang across nodes; the service's
+        # profile splits only a job larger than any node it may use (see SchedulerSettings.policy_config).
+        allow_multi_node=not spec.nvlink and spec.gpus > 1,
         service=spec.service,
         nvlink=spec.nvlink and spec.gpus > 1,
     )
@@ -89,8 +92,37 @@ def pending_job(job: JobRecord, seq: int) -> PendingJob:
     return PendingJob(job_request(job.job_id, job.spec), job.submitted_at.timestamp(), seq, job.preemptions)
 
 
-def running_job(job: JobRecord) -> RunningJob:
+def movable(job: JobRecord) -> bool:
+    """Whether the queue policy may move the job (stop it, resume it from its checkpoint elsewhere).
+
+    Only a job that resumes from its checkpoint (`resume: checkpoint`, never `restart`, which would
+    lose its work) and says it keeps one: it is `preemptible` (it already accepts a stop and a
+    resume) or names its own `checkpoint_dir` (every job gets a default one, which proves nothing).
+    It must be running (its process started) on one node: a gang is never moved.
+    """
+    spec = job.spec
+    return (
+        job.state == "running"
+        and not job.parts
+        and spec.resume == "checkpoint"
+        and (spec.preemptible or spec.checkpoint_dir is not None)
+    )
+
+
+def held(job: JobRecord, now: datetime) -> bool:
+    """A moved job whose stopped attempt may still run: it is not placed again yet."""
+    return job.held_until is not None and now < job.held_until
+
+
+def running_job(job: JobRecord, cluster: ClusterState | None = None) -> RunningJob:
+    """The policy's view of an active job; with `cluster`, what moving a movable job needs: its
+    request and the speed of the placement it runs on (as the placement core measured it)."""
     started = job.started_at or job.placed_at or job.submitted_at
+    request, speed = None, None
+    node = cluster.nodes.get(job.node) if cluster is not None and job.node else None
+    if node is not None and node.cluster == job.cluster and movable(job):
+        request = job_request(job.job_id, job.spec)
+        speed = candidate_speed(cluster, request, node)
     return RunningJob(
         job_id=job.job_id,
         team=job.spec.team,
@@ -100,6 +132,10 @@ def running_job(job: JobRecord) -> RunningJob:
         started_at=started.timestamp(),
         expected_end=job.expected_end,
         preemptions=job.preemptions,
+        request=request,
+        speed=speed,
+        checkpointable=request is not None,
+        migrations=job.migrations,
     )
 
 

@@ -27,9 +27,15 @@ from whaleflux.shared.events import (
 )
 from whaleflux.shared.outbox import Outbox
 
+from .gang import parts_of
 from .leadership import Leadership, NotLeader
 from .placement import Placement
-from .records import JobRecord, NodeCondition
+from .records import JobPart, JobRecord, NodeCondition
+
+
+def part_event_id(kind: str, job_id: str, attempt: int, rank: int) -> str:
+    """The outbox id of an event about one part of an attempt: rank 0 (and a one-node job) keeps the plain id."""
+    return f"{kind}-{job_id}-{attempt}" + (f"-r{rank}" if rank else "")
 
 
 class SchedulerStore:
@@ -133,37 +139,65 @@ class SchedulerStore:
         return make_envelope(data, source=self.source, subject=job_id, event_id=event_id, correlation_id=job_id, time=time)
 
     async def commit_placement(self, job: JobRecord, p: Placement, now: datetime, expected_end: float | None) -> None:
-        """Job placed, its GPUs held and job.placed staged: all or nothing."""
+        """Job placed, its GPUs held and job.placed staged (one per node of a gang): all or nothing."""
         job.attempt += 1
         job.state, job.reason, job.placed_at = "placed", None, now
-        job.cluster, job.node, job.gpu_model, job.gpu_uuids = p.cluster, p.node, p.model, list(p.gpu_uuids)
-        job.started_at = job.finished_at = job.exit_code = None
+        job.parts = parts_of(p)
+        job.cluster, job.node, job.gpu_model = p.cluster, p.node, p.model
+        job.gpu_uuids = [u for s in p.shares for u in s.gpu_uuids]
+        job.started_at = job.finished_at = job.exit_code = job.held_until = None
         job.placed_because, job.expected_end = p.explanation or None, expected_end
         spec = job.spec
-        event = JobPlaced(
-            job_id=job.job_id,
-            attempt=job.attempt,
-            cluster=p.cluster,
-            node=p.node,
-            gpu_model=p.model,
-            gpu_uuids=list(p.gpu_uuids),
-            gpu_indices=list(p.gpu_indices),
-            command=spec.command,
-            env=spec.env,
-            workdir=spec.workdir,
-            team=spec.team,
-            project=spec.project,
-            checkpoint_dir=spec.checkpoint_dir,
-            # A later attempt resumes from the checkpoint unless the job asked to start over.
-            resume=job.attempt > 1 and spec.resume == "checkpoint",
-        )
-        env = self._envelope(event, f"placed-{job.job_id}-{job.attempt}", job.job_id, now)
+        gang = [s.node for s in p.shares] if job.parts else None
+        events = []
+        for rank, share in enumerate(p.shares):
+            event = JobPlaced(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                cluster=share.cluster,
+                node=share.node,
+                gpu_model=share.model,
+                gpu_uuids=list(share.gpu_uuids),
+                gpu_indices=list(share.gpu_indices),
+                command=spec.command,
+                env=spec.env,
+                workdir=spec.workdir,
+                team=spec.team,
+                project=spec.project,
+                checkpoint_dir=spec.checkpoint_dir,
+                # A later attempt resumes from the checkpoint unless the job asked to start over.
+                resume=job.attempt > 1 and spec.resume == "checkpoint",
+                rank=rank if gang else None,
+                gang_nodes=gang,
+                gang_gpus=len(job.gpu_uuids) if gang else None,
+            )
+            event_id = part_event_id("placed", job.job_id, job.attempt, rank)
+            events.append((subjects.job_placed(share.cluster, share.node), self._envelope(event, event_id, job.job_id, now)))
         async with self.transaction() as pipe:
             pipe.set(self.job_key(job.job_id), job.model_dump_json())
             pipe.zrem(self.pending_key, job.job_id)
-            for gpu in p.gpu_uuids:
+            for gpu in job.gpu_uuids:
                 pipe.hset(self.alloc_key, gpu, job.job_id)
-            self.outbox.stage(pipe, subjects.job_placed(p.cluster, p.node), env)
+            for subject, env in events:
+                self.outbox.stage(pipe, subject, env)
+            await pipe.execute()
+
+    def _stop_orders(self, pipe: Pipeline, job: JobRecord, parts: list[tuple[int, str, str]], reason: str,
+                     grace_s: float, now: datetime, kind: str = "preempted") -> None:
+        """Stage a job.preempted stop order to each (rank, cluster, node) of the current attempt."""
+        for rank, cluster, node in parts:
+            order = JobPreempted(job_id=job.job_id, attempt=job.attempt, cluster=cluster, node=node, reason=reason, grace_s=grace_s)
+            event_id = part_event_id(kind, job.job_id, job.attempt, rank)
+            self.outbox.stage(pipe, subjects.job_preempted(cluster, node), self._envelope(order, event_id, job.job_id, now))
+
+    async def end(self, job: JobRecord, stop: list[JobPart], reason: str, grace_s: float, now: datetime) -> None:
+        """The job reached a terminal state: record saved, GPUs released, and the parts still
+        running of a failed gang told to stop (they must not run on as half a job)."""
+        async with self.transaction() as pipe:
+            pipe.set(self.job_key(job.job_id), job.model_dump_json())
+            for gpu in job.gpu_uuids:
+                pipe.hdel(self.alloc_key, gpu)
+            self._stop_orders(pipe, job, [(p.rank, p.cluster, p.node) for p in stop], reason, grace_s, now, "stopped")
             await pipe.execute()
 
     async def reject(self, job: JobRecord, reason: str) -> None:
@@ -176,32 +210,43 @@ class SchedulerStore:
             self.outbox.stage(pipe, subjects.JOB_REJECTED, env)
             await pipe.execute()
 
-    async def requeue(self, job: JobRecord, cause: str, reason: str, now: datetime, stop_grace_s: float | None) -> None:
+    async def requeue(self, job: JobRecord, cause: str, reason: str, now: datetime, stop_grace_s: float | None,
+                      spare: frozenset[int] = frozenset(), moved_hold_until: datetime | None = None) -> None:
         """Back to the queue at its original place; GPUs released; job.requeued staged.
 
+        `moved_hold_until`: the queue policy moved the job (cause `preempted`, counted in
+        `migrations`, not `preemptions`); it is not placed again before its stopped attempt
+        reports its end, or that time.
+
         With `stop_grace_s`, a job.preempted stop order goes to the node first
-        (before any placement that reuses the GPUs, since the outbox keeps order).
+        (before any placement that reuses the GPUs, since the outbox keeps order):
+        to every node of a gang, except the ranks in `spare` (their parts ended).
         It is sent even to a lost node: its agent finds it in its consumer when it
         comes back, and stops the old attempt rather than run it twice.
         """
         attempt, cluster, node = job.attempt, job.cluster, job.node
         held = list(job.gpu_uuids)
-        job.requeues.append(f"attempt {attempt} on {node}: {reason}")
-        if cause == "preempted":
-            job.preemptions += 1
+        parts = [(p.rank, p.cluster, p.node) for p in job.parts] or [(0, cluster, node)]
+        gang = [p.node for p in job.parts] or None
+        where = f"{node}" if not gang else f"{', '.join(gang)} (gang)"
+        job.requeues.append(f"attempt {attempt} on {where}: {reason}")
         job.state, job.reason = "pending", f"requeued: {reason}"
+        if moved_hold_until is not None:
+            job.migrations += 1
+            job.held_until = moved_hold_until
+            job.reason = f"moved: {reason}; placed again once attempt {attempt} has stopped on {where}"
+        elif cause == "preempted":
+            job.preemptions += 1
         job.gpu_uuids, job.expected_end = [], None
-        requeued = JobRequeued(job_id=job.job_id, attempt=attempt, cluster=cluster, node=node, reason=reason, cause=cause)
+        requeued = JobRequeued(job_id=job.job_id, attempt=attempt, cluster=cluster, node=node, reason=reason, cause=cause,
+                               gang_nodes=gang)
         async with self.transaction() as pipe:
             pipe.set(self.job_key(job.job_id), job.model_dump_json())
             for gpu in held:
                 pipe.hdel(self.alloc_key, gpu)
             pipe.zadd(self.pending_key, {job.job_id: job.submitted_at.timestamp()})
             if stop_grace_s is not None:
-                order = JobPreempted(
-                    job_id=job.job_id, attempt=attempt, cluster=cluster, node=node, reason=reason, grace_s=stop_grace_s
-                )
-                self.outbox.stage(pipe, subjects.job_preempted(cluster, node), self._envelope(order, f"preempted-{job.job_id}-{attempt}", job.job_id, now))
+                self._stop_orders(pipe, job, [p for p in parts if p[0] not in spare], reason, stop_grace_s, now)
             self.outbox.stage(pipe, subjects.JOB_REQUEUED, self._envelope(requeued, f"requeued-{job.job_id}-{attempt}", job.job_id, now))
             await pipe.execute()
 

@@ -69,11 +69,14 @@ def place_on(
         return Unschedulable("no GPU nodes registered yet")
     view = _static_view(cluster, req, profile)
     if not view.nodes:
-        return Infeasible(f"{_needs(req)}; no node can ever fit: {_summary(view.rejections)}")
+        return Infeasible(f"{_needs(req, req.allow_multi_node)}; no node can ever fit: {_summary(view.rejections)}")
     settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
     if req.gpus > view.max_gpus_per_node:
         if view.total_gpus < req.gpus:
-            return Infeasible(f"{_needs(req)}; the nodes it may use have {view.total_gpus} GPUs in all")
+            return Infeasible(
+                f"{_needs(req, req.allow_multi_node)}; the nodes it may use have {view.total_gpus} GPUs in all,"
+                f" only {view.max_gpus_per_node} GPUs per node"
+            )
         return _place_gang(cluster, req, profile, now, view, settings, caps)
     if profile.first_fit:
         found = _first_fit(cluster, req, profile, now, view, settings, caps)
@@ -226,7 +229,7 @@ def _place_gang(cluster, req, profile, now, view, settings, caps) -> Decision:
             pools.append((node, usable))
     total = sum(len(u) for _, u in pools)
     if total < req.gpus:
-        return Unschedulable(f"{_needs(req)}; {total} usable GPU(s) free across nodes")
+        return Unschedulable(f"{_needs(req, True)}; {total} usable GPU(s) free across nodes")
     if profile.first_fit:
         return _gang(cluster, req, pools, "first fit across nodes")
     # Prefer one model (the slowest GPU sets the pace), fastest first, fewest nodes.
@@ -277,19 +280,21 @@ def explain_wait(cluster: ClusterState, req: JobRequest, profile: Profile, now: 
         n = len(_usable(cluster, req, name, caps))
         if n > best:
             best, best_node = n, name
-    text = f"{_needs(req)}; " + (f"largest free block is {best} on {best_node}" if best_node else "no usable GPU free")
+    gang = req.allow_multi_node and req.gpus > view.max_gpus_per_node
+    text = f"{_needs(req, gang)}; " + (f"largest free block is {best} on {best_node}" if best_node else "no usable GPU free")
     if unhealthy:
         text += f"; unavailable: {_summary(unhealthy)}"
     return text
 
 
-def _needs(req: JobRequest) -> str:
+def _needs(req: JobRequest, gang: bool) -> str:
+    """What the job asks for; `gang`: it would span nodes (larger than any node it may use)."""
     text = f"needs {req.gpus} GPU{'s' if req.gpus != 1 else ''}"
     if req.min_memory_mib:
         text += f" with >= {req.min_memory_mib / F.MIB_PER_GB:.0f} GB"
     if req.gpu_models:
         text += f" of {'/'.join(req.gpu_models)}"
-    text += " across nodes" if req.allow_multi_node else " on one NVLink node" if req.nvlink else " on one node"
+    text += " across nodes" if gang else " on one NVLink node" if req.nvlink else " on one node"
     if req.pool:
         text += f" in pool {req.pool}"
     return text

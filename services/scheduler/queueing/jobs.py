@@ -38,6 +38,13 @@ class RunningJob:
     # The policy's estimate of when it ends; None when the job gave no runtime.
     expected_end: float | None = None
     preemptions: int = 0
+    # For migration to faster GPUs (None/False: the job is never moved): what it asked for
+    # (its expected_runtime_s is not used; `expected_end` is), the speed of the placement
+    # it runs on, whether it resumes from a checkpoint, and how often it was moved.
+    request: JobRequest | None = None
+    speed: float | None = None
+    checkpointable: bool = False
+    migrations: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,19 +75,34 @@ class PolicyConfig:
     min_run_before_preemption_s: float = 600.0
     max_preemptions_per_job: int = 3
     # A job whose best free placement is on a slower model waits for a faster one when that,
-    # by the running jobs' estimates, finishes it at least this fraction sooner (None: never waits).
-    wait_for_faster_gain: float | None = 0.5
+    # by the running jobs' estimates, finishes it at least this fraction sooner (None: never
+    # waits; the default starts it at once and moves it later, below).
+    wait_for_faster_gain: float | None = None
+    # Migration to faster GPUs (migration.py): a running checkpointable job moves to free GPUs of a
+    # faster model when its remaining time drops by at least `migrate_min_gain_s` (None: never moves)
+    # and to at most `migrate_max_ratio` of what it is, counting `migration_overhead_s` for the restart.
+    migrate_min_gain_s: float | None = 600.0
+    migrate_max_ratio: float = 0.85
+    migration_overhead_s: float = 60.0
+    max_migrations_per_job: int = 4
+    # Upward moves skip the largest-memory model when the job fits a smaller one (keeps it for
+    # the jobs only it can hold; better busy utilization, worse mean JCT on the Philly workload).
+    migrate_spares_largest_memory: bool = False
+    # The first blocked job may have running checkpointable jobs moved off GPUs it needs to free GPUs
+    # elsewhere, when the time they lose (GPU-seconds) is at most `make_room_budget` x its wait x its GPUs.
+    make_room_by_migration: bool = True
+    make_room_budget: float = 12.0
     # Within a class and team, the least work (expected runtime x GPUs) first, instead of oldest first.
     shortest_first: bool = False
 
 
 FIFO = PolicyConfig(
     name="fifo", profile=FIRST_FIT, use_priorities=False, fair_share=False, backfill=False,
-    preemption=False, estimates_scale_with_speed=False, wait_for_faster_gain=None,
+    preemption=False, estimates_scale_with_speed=False, migrate_min_gain_s=None, make_room_by_migration=False,
 )
 BACKFILL = PolicyConfig(
     name="backfill", profile=FIRST_FIT, use_priorities=False, fair_share=False, backfill=True,
-    preemption=False, estimates_scale_with_speed=False, wait_for_faster_gain=None,
+    preemption=False, estimates_scale_with_speed=False, migrate_min_gain_s=None, make_room_by_migration=False,
 )
 WHALEFLUX = PolicyConfig(name="whaleflux")
 POLICIES = {p.name: p for p in (FIFO, BACKFILL, WHALEFLUX)}

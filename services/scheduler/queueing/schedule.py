@@ -19,6 +19,7 @@ from ..placement import ClusterState, Infeasible, Placement, place_on
 from ..placement.framework import eligible
 from .faster_wait import faster_start
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
+from .migration import Migration, make_room, plan_migrations, undo
 from .pending import PendingQueue
 from .preemption import Preemption, choose_victims
 from .reservation import Reservation, reserve
@@ -50,6 +51,9 @@ class ScheduleReply:
     # Why each examined job still waits, in the order the policy considered them.
     waiting: dict[str, str] = field(default_factory=dict)
     reservation: Reservation | None = None
+    # Running jobs moved (to faster GPUs, or out of a blocked job's way): stop each and resume it
+    # from its checkpoint on the new placement, in this pass.
+    migrated: list[Migration] = field(default_factory=list)
 
 
 def expected_runtime(job: PendingJob, placement: Placement, config: PolicyConfig) -> float | None:
@@ -127,10 +131,18 @@ def schedule(request: ScheduleRequest) -> ScheduleReply:
                 reply.waiting[job.job_id] = why
                 break  # strict FIFO: nothing overtakes the head
             reservation = reply.reservation = reserve(cluster, job, request.running, cfg.profile, now)
+            if cfg.make_room_by_migration and _try_make_room(request, reply, usage, job, reservation):
+                reservation = reply.reservation = None
+                head_seen = False  # it started: the next blocked job is the one to reserve for
+                misses = 0
+                continue
             reply.waiting[job.job_id] = f"{why}; {reservation.describe()}"
             continue
         # The shell says how many jobs are ahead: `waiting` keeps the policy's order.
         reply.waiting[job.job_id] = why
+
+    if cfg.migrate_min_gain_s is not None and cluster.total_free:
+        reply.migrated += plan_migrations(cluster, _unmoved(request, reply), cfg, now, reservation)
 
     for s in reply.started:
         request.queue.remove(s.job.job_id)
@@ -176,6 +188,29 @@ def _start(reply, cluster: ClusterState, usage, job: PendingJob, placement: Plac
     cluster.allocate(job.job_id, placement, job.request.service)
     usage[job.request.team] += job.request.gpus
     reply.started.append(Started(job, placement, end, backfilled))
+
+
+def _unmoved(request: ScheduleRequest, reply: ScheduleReply) -> Mapping[str, RunningJob]:
+    """Running jobs this pass neither preempted nor moved yet."""
+    moved = {p.victim for p in reply.preempted} | {m.job_id for m in reply.migrated}
+    return {k: v for k, v in request.running.items() if k not in moved} if moved else request.running
+
+
+def _try_make_room(request: ScheduleRequest, reply: ScheduleReply, usage, job: PendingJob, reservation) -> bool:
+    """Move running jobs that fit elsewhere off a node the blocked job needs, then start it there."""
+    cfg, cluster, now = request.config, request.cluster, request.now
+    wait = None if reservation.start is None else reservation.start - now
+    running = _unmoved(request, reply)
+    moves = make_room(cluster, job, running, cfg, now, wait)
+    if not moves:
+        return False
+    decision = place_on(cluster, job.request, cfg.profile, now)
+    if not isinstance(decision, Placement):  # only if filters disagree with make_room: nothing moves
+        undo(cluster, moves, running)
+        return False
+    reply.migrated.extend(m for m, _ in moves)
+    _start(reply, cluster, usage, job, decision, _end(now, job, decision, cfg), backfilled=False)
+    return True
 
 
 def _try_preemption(request: ScheduleRequest, reply: ScheduleReply, usage, job: PendingJob) -> bool:

@@ -27,10 +27,14 @@ class SimReport:
     makespan_s: float
     utilization: float
     busy_utilization: float
+    # Secondary: counting in each waiting second only the GPUs some waiting job could use (model
+    # allowed, memory fits), the share of them held. Not the headline figure.
+    busy_utilization_usable: float
     # The README's formula read literally: all allocated GPU-seconds over (fleet x waiting seconds).
     busy_utilization_literal: float
     preemptions: int
     backfilled: int
+    migrations: int = 0
     teams: list[TeamReport] = field(default_factory=list)
     rejections: dict[str, str] = field(default_factory=dict)
 
@@ -53,9 +57,11 @@ ROWS = (
     ("makespan (d)", lambda r: f"{r.makespan_s / 86400:.1f}"),
     ("utilization", lambda r: f"{r.utilization:.3f}"),
     ("busy utilization", lambda r: f"{r.busy_utilization:.3f}"),
+    ("busy utilization (usable GPUs only)", lambda r: f"{r.busy_utilization_usable:.3f}"),
     ("busy utilization (literal)", lambda r: f"{r.busy_utilization_literal:.3f}"),
     ("preemptions", lambda r: f"{r.preemptions}"),
     ("backfilled starts", lambda r: f"{r.backfilled}"),
+    ("migrations (moves of running jobs)", lambda r: f"{r.migrations}"),
 )
 
 

@@ -14,7 +14,6 @@ import asyncio
 import dataclasses
 import os
 import signal
-from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -148,10 +147,10 @@ class SchedulerService(FailoverMixin, ServiceBase):
         job = await self.store.job(data.job_id)
         if (job is not None and job.state == "pending" and job.held_until is not None and data.attempt == job.attempt
                 and isinstance(data, (JobFinished, JobFailed))):
-            # The stopped attempt of a moved job ended (its checkpoint is written): place it again.
+            # The stopped attempt of a preempted, moved or drained job ended (its checkpoint is written): place it again.
             job.held_until = None
             await self.store.save(job)
-            self.log.info("job.move_stopped", job_id=job.job_id, attempt=data.attempt)
+            self.log.info("job.stopped", job_id=job.job_id, attempt=data.attempt)
             self._dirty.set()
             return
         # Only the current attempt while it holds GPUs: reports of a preempted or
@@ -238,16 +237,17 @@ class SchedulerService(FailoverMixin, ServiceBase):
                        for j in active_ids if j in records and records[j].state in ACTIVE}
             reply = schedule(ScheduleRequest(now.timestamp(), cluster, queue, running, self.policy, self.teams))
 
-            # Victims first: their stop orders go out before placements reuse their GPUs.
+            # Victims first: their stop orders go out before placements reuse their GPUs. A stopped job
+            # waits for its old attempt to end before it is placed again (never two copies).
+            grace = self.settings.preemption_grace_s
+            hold = self.stop_hold(now)
             for p in reply.preempted:
-                await self.store.requeue(records[p.victim], "preempted", p.reason, now, self.settings.preemption_grace_s)
+                await self.store.requeue(records[p.victim], "preempted", p.reason, now, grace, hold_until=hold)
                 self.log.info("job.preempted", job_id=p.victim, for_job=p.for_job, reason=p.reason)
             # Moves are preemptions too (stop order, requeue, resume from the checkpoint). The policy's new
             # placement is not kept: a later pass places the job once its old attempt has stopped.
-            grace = self.settings.preemption_grace_s
-            hold = now + timedelta(seconds=grace + self.settings.heartbeat_lost_s)
             for m in reply.migrated:
-                await self.store.requeue(records[m.job_id], "preempted", m.reason, now, grace, moved_hold_until=hold)
+                await self.store.requeue(records[m.job_id], "preempted", m.reason, now, grace, hold_until=hold, moved=True)
                 self.log.info("job.migrated", job_id=m.job_id, to=m.placement.node, model=m.placement.model,
                               reason=m.reason)
             for s in reply.started:

@@ -7,7 +7,7 @@ who is suspect or lost is `liveness.assess`, pure.
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from whaleflux.shared import subjects
 from whaleflux.shared.events import Envelope, JobPreempted, NodeDrainRequested, NodeHeartbeat, NodeRegistered, make_envelope
@@ -80,6 +80,12 @@ class FailoverMixin:
             await self.bus.publish_envelope(subjects.job_preempted(hb.cluster, hb.node), env)
             self.log.warning("job.fenced", job_id=job_id, node=hb.node, state=job.state)
 
+    def stop_hold(self, now: datetime) -> datetime:
+        """Until when a job sent a stop order waits for its old attempt's end before it is placed again:
+        the grace period, then as long as a silent node takes to be declared lost (failover and fencing
+        take over from there)."""
+        return now + timedelta(seconds=self.settings.preemption_grace_s + self.settings.heartbeat_lost_s)
+
     async def drain(self, node_key: str, reason: str) -> int:
         """No new work on the node; its jobs are stopped there and requeued. Returns how many moved."""
         async with self._lock:
@@ -89,7 +95,8 @@ class FailoverMixin:
                 await self.store.set_condition(node_key, NodeCondition(state="draining", reason=reason, since=now))
             moved = 0
             for job in await self.store.jobs_on(node_key):
-                await self.store.requeue(job, "node_drained", f"node drained: {reason}", now, self.settings.preemption_grace_s)
+                await self.store.requeue(job, "node_drained", f"node drained: {reason}", now, self.settings.preemption_grace_s,
+                                         hold_until=self.stop_hold(now))
                 moved += 1
         self.log.warning("node.drained", node=node_key, reason=reason, jobs_moved=moved)
         await self.publish_staged()

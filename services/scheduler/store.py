@@ -211,12 +211,13 @@ class SchedulerStore:
             await pipe.execute()
 
     async def requeue(self, job: JobRecord, cause: str, reason: str, now: datetime, stop_grace_s: float | None,
-                      spare: frozenset[int] = frozenset(), moved_hold_until: datetime | None = None) -> None:
+                      spare: frozenset[int] = frozenset(), hold_until: datetime | None = None, moved: bool = False) -> None:
         """Back to the queue at its original place; GPUs released; job.requeued staged.
 
-        `moved_hold_until`: the queue policy moved the job (cause `preempted`, counted in
-        `migrations`, not `preemptions`); it is not placed again before its stopped attempt
-        reports its end, or that time.
+        `hold_until`: the job is not placed again before its stopped attempt reports its
+        end, or that time (never two copies while the old one is in its grace period).
+        `moved`: the queue policy moved the job (cause `preempted`, counted in
+        `migrations`, not `preemptions`).
 
         With `stop_grace_s`, a job.preempted stop order goes to the node first
         (before any placement that reuses the GPUs, since the outbox keeps order):
@@ -231,10 +232,12 @@ class SchedulerStore:
         where = f"{node}" if not gang else f"{', '.join(gang)} (gang)"
         job.requeues.append(f"attempt {attempt} on {where}: {reason}")
         job.state, job.reason = "pending", f"requeued: {reason}"
-        if moved_hold_until is not None:
+        job.held_until = hold_until
+        if hold_until is not None:
+            job.reason += f"; placed again once attempt {attempt} has stopped on {where}"
+        if moved:
             job.migrations += 1
-            job.held_until = moved_hold_until
-            job.reason = f"moved: {reason}; placed again once attempt {attempt} has stopped on {where}"
+            job.reason = f"moved: {job.reason.removeprefix('requeued: ')}"
         elif cause == "preempted":
             job.preemptions += 1
         job.gpu_uuids, job.expected_end = [], None

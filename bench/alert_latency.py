@@ -20,10 +20,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -32,7 +30,7 @@ import httpx  # noqa: E402
 
 from telemetry_harness import server_env, start_servers  # noqa: E402
 from telemetry_latency import _load  # noqa: E402
-from whaleflux.servers import free_port  # noqa: E402
+from whaleflux.servers import QuietHandler, free_port, serve_http  # noqa: E402
 from whaleflux.shared import subjects  # noqa: E402
 from whaleflux.shared.bus import Bus  # noqa: E402
 from whaleflux.shared.events import GpuSample, GpuTelemetry  # noqa: E402
@@ -69,7 +67,7 @@ class Receiver:
         self.arrivals: dict[str, float] = {}
         me = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):  # noqa: N802
                 now = time.time()
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -79,12 +77,8 @@ class Receiver:
                 self.send_response(200)
                 self.end_headers()
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_http(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 async def _trials(servers, trials: int, gap_s: float) -> dict[str, float]:

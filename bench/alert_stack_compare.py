@@ -42,12 +42,11 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from whaleflux.servers import free_port  # noqa: E402
+from whaleflux.servers import QuietHandler, free_port, serve_http  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -63,7 +62,7 @@ class Exporter:
         self.lock = threading.Lock()
         me = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self):  # noqa: N802
                 with me.lock:
                     items = list(me.temps.items())
@@ -79,12 +78,8 @@ class Exporter:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_http(Handler)
         self.port = self.server.server_port
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def set(self, uuid: str, temp: float | None) -> float:
         with self.lock:
@@ -103,7 +98,7 @@ class Receiver:
         self.cv = threading.Condition()
         me = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):  # noqa: N802
                 now = time.time()
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -115,12 +110,8 @@ class Receiver:
                 self.send_response(200)
                 self.end_headers()
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_http(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def wait(self, uuid: str, timeout: float) -> float | None:
         deadline = time.monotonic() + timeout

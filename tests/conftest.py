@@ -112,6 +112,14 @@ def clean_servers(servers: Servers) -> Servers:
 
 
 @pytest.fixture
+def env(clean_servers, monkeypatch) -> Servers:
+    """Emptied servers, their URLs and credentials in this process's environment (for in-process services)."""
+    for key, value in clean_servers.env().items():
+        monkeypatch.setenv(key, value)
+    return clean_servers
+
+
+@pytest.fixture
 def wf_home(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setenv("WHALEFLUX_HOME", str(tmp_path / "home"))
     return tmp_path / "home"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,16 @@ import httpx
 from whaleflux.servers import free_port
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
+
+
+class Clock:
+    """An injectable clock that stands still until a test moves `now`."""
+
+    def __init__(self, now: datetime):
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
 
 
 @dataclass

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -24,6 +22,7 @@ from whaleflux.alerting.dispatch.route import build_route
 from whaleflux.alerting.rules.engine import RuleEngine
 from whaleflux.inventory.findings import Finding
 from whaleflux.inventory.views import finding_json
+from whaleflux.servers import QuietHandler, serve_http
 from whaleflux.shared import subjects
 from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import AlertRaised
@@ -133,7 +132,7 @@ class Findings:
         self.gets = 0
         me = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self):  # noqa: N802
                 me.gets += 1
                 if self.path != "/v1/findings" or me.down:
@@ -147,12 +146,8 @@ class Findings:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_http(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def polled(self, n: int, timeout: float = 10) -> None:
         want = self.gets + n

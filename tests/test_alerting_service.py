@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import nats
 import pytest
 
+from whaleflux.servers import QuietHandler, serve_http
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus
 from whaleflux.shared.events import GpuSample, GpuTelemetry, NodeRegistered, GpuIdentity, decode
@@ -28,7 +27,7 @@ class Receiver:
         self.failures = 0
         me = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if me.failures < fail_first:
@@ -39,12 +38,8 @@ class Receiver:
                     self.send_response(ok_status)
                 self.end_headers()
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_http(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()

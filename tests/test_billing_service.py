@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import nats
 import pytest
 
 from whaleflux.billing.app import BillingService, BillingSettings
+from whaleflux.servers import QuietHandler, serve_http
 from whaleflux.shared import subjects
 from whaleflux.shared.events import (
     GpuSample,
@@ -29,7 +28,7 @@ from whaleflux.shared.events import (
     decode,
 )
 
-from .processes import ADMIN_TOKEN, connect_bus, until
+from .processes import ADMIN_TOKEN, Clock, connect_bus, until
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 10, 8, tzinfo=UTC)
@@ -59,14 +58,6 @@ prices:
 """
 
 
-class Clock:
-    def __init__(self, now: datetime):
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 class AssetsServer:
     """A real HTTP server answering GET /v1/assets with inventory's JSON shape."""
 
@@ -74,7 +65,7 @@ class AssetsServer:
         self.assets = assets
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self):
                 body = json.dumps(outer.assets).encode()
                 self.send_response(200 if self.path == "/v1/assets" else 404)
@@ -82,12 +73,8 @@ class AssetsServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = serve_http(Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self):
         self.httpd.shutdown()
@@ -95,13 +82,11 @@ class AssetsServer:
 
 
 @pytest.fixture
-def env(clean_servers, monkeypatch):
-    for key, value in clean_servers.env().items():
-        monkeypatch.setenv(key, value)
+def env(env, monkeypatch):
     monkeypatch.setenv("WHALEFLUX_ADMIN_TOKEN", ADMIN_TOKEN)
     monkeypatch.setenv("WHALEFLUX_INVENTORY_REFRESH_S", "3600")  # tests refresh explicitly
     monkeypatch.setenv("WHALEFLUX_BUDGET_CHECK_INTERVAL_S", "3600")
-    return clean_servers
+    return env
 
 
 @pytest.fixture

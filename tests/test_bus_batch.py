@@ -100,9 +100,7 @@ async def test_batch_mode_refuses_a_consumer_that_relies_on_id_dedup(bus_and_red
         bus.start_consumer(ConsumerSpec("x", "WHALEFLUX_JOBS", [subjects.JOB_SUBMITTED]), handler, redis, "wf:test")
 
 
-async def test_telemetry_batch_judges_each_node_batch_in_order_and_stores_the_rest_in_one_go(clean_servers, monkeypatch):
-    for key, value in clean_servers.env().items():
-        monkeypatch.setenv(key, value)
+async def test_telemetry_batch_judges_each_node_batch_in_order_and_stores_the_rest_in_one_go(env):
     t0 = datetime.now(timezone.utc).replace(microsecond=0)
     svc = TelemetryService(TelemetrySettings(maintenance_interval_s=3600))
     await asyncio.wait_for(svc._start(), 15)  # fail, not hang, if the servers are unreachable

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
+from whaleflux.servers import QuietHandler, serve_http
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus
 from whaleflux.shared.events import GpuSample, GpuTelemetry
@@ -26,19 +25,15 @@ class WebhookReceiver:
     def __init__(self) -> None:
         received = self.received = []
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):  # noqa: N802
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 received.append(json.loads(body))
                 self.send_response(200)
                 self.end_headers()
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_http(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()

@@ -29,7 +29,7 @@ from whaleflux.shared.events import (
     decode,
 )
 
-from .processes import connect_bus, until
+from .processes import Clock, connect_bus, until
 
 ASSETS = """\
 contracts:
@@ -48,21 +48,6 @@ assets:
     leases: [CW-A100]
 """
 END = datetime(2026, 4, 1, tzinfo=timezone.utc)  # the day after `end: 2026-03-31`
-
-
-class Clock:
-    def __init__(self, now: datetime):
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-@pytest.fixture
-def env(clean_servers, monkeypatch):
-    for key, value in clean_servers.env().items():
-        monkeypatch.setenv(key, value)
-    return clean_servers
 
 
 def _fleet_registrations() -> list[NodeRegistered]:

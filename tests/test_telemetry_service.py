@@ -18,24 +18,9 @@ from whaleflux.shared.events import GpuTelemetry, JobFinished, JobPlaced, JobSta
 from whaleflux.telemetry.app import TelemetryService, TelemetrySettings
 from whaleflux.telemetry.history import Point, rollup
 
-from .processes import until
+from .processes import Clock, until
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
-
-
-class Clock:
-    def __init__(self, now: datetime):
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-@pytest.fixture
-def env(clean_servers, monkeypatch):
-    for key, value in clean_servers.env().items():
-        monkeypatch.setenv(key, value)
-    return clean_servers
 
 
 async def test_history_rollups_job_usage_and_bad_sequences(env):

@@ -12,8 +12,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
@@ -147,3 +149,17 @@ class LocalServers:
                 proc.kill()
                 proc.wait()
         self.procs.clear()
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that does not log every request to stderr."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def serve_http(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """A threaded HTTP server on a free 127.0.0.1 port, serving from a daemon thread (receivers in tests and benches)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

@@ -199,13 +199,12 @@ class TelemetryService(ServiceBase):
             t = data.sample_time.timestamp()
             last = accepted.get(node_key) or await self._last_of(node_key)
             try:
-                await self._admit(data, node_key, t, last)
+                known = await self._admit(data, node_key, t, last)
             except (Reject, Retry) as exc:
                 outcomes[i] = exc
                 continue
             accepted[node_key] = Last(data.seq, t)
             write.add(data, node_key, t, env.wire())
-            known = await self._registered_gpus(data.cluster, data.node)
             if len(data.gpus) != len(known) or self._gone:
                 await self._track_gone(write, data, node_key, known, previous.get(node_key))
             previous[node_key] = data
@@ -240,8 +239,8 @@ class TelemetryService(ServiceBase):
             write.returned(back)
             self._gone -= back
 
-    async def _admit(self, data: GpuTelemetry, node_key: str, t: float, last: Last | None) -> None:
-        """Raise Reject or Retry unless this node batch is to be stored."""
+    async def _admit(self, data: GpuTelemetry, node_key: str, t: float, last: Last | None) -> set[str]:
+        """Raise Reject or Retry unless this node batch is to be stored; return the node's registered GPUs."""
         skew = abs(data.sample_time - self.clock())
         if skew > timedelta(seconds=self.settings.max_clock_skew_s):
             raise Reject(f"sample_time is {skew.total_seconds():.0f}s away from now (limit {self.settings.max_clock_skew_s:.0f}s)")
@@ -261,6 +260,7 @@ class TelemetryService(ServiceBase):
         if verdict is Verdict.RESTART:
             self.flagged.labels(verdict.value).inc()
             self.log.info("telemetry.seq_reset", node=node_key, seq=data.seq, last_seq=last.seq)
+        return known
 
     # ------------------------------------------------------------------ jobs
 

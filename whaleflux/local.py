@@ -167,11 +167,22 @@ class Stack:
         console.print("Try:  whaleflux submit --gpus 1 -- python -c \"print('hi')\"   (Ctrl-C here stops everything)")
 
     def stop(self) -> None:
-        for child in self.children:
+        """The agent first, while NATS and the services still run, so its jobs' ends reach JetStream; then the rest."""
+        agents = [c for c in self.children if c.name == "agent"]
+        # The agent gives each job its stop grace (WHALEFLUX_STOP_GRACE_S, 5 s by default), then reports it.
+        self._stop_children(agents, float(os.environ.get("WHALEFLUX_STOP_GRACE_S") or 5.0) + 10)
+        self._stop_children([c for c in self.children if c not in agents], 15)
+        if self.servers:
+            self.servers.stop()
+
+    @staticmethod
+    def _stop_children(children: list[Child], timeout_s: float) -> None:
+        """SIGTERM, then SIGKILL whichever is still running after `timeout_s`."""
+        for child in children:
             if child.proc and child.proc.poll() is None:
                 child.proc.terminate()
-        deadline = time.monotonic() + 15
-        for child in self.children:
+        deadline = time.monotonic() + timeout_s
+        for child in children:
             if child.proc is None:
                 continue
             try:
@@ -179,8 +190,6 @@ class Stack:
             except subprocess.TimeoutExpired:
                 child.proc.kill()
                 child.proc.wait()
-        if self.servers:
-            self.servers.stop()
 
 
 def up(fleet: Path, assets: Path | None = None) -> int:

@@ -20,7 +20,7 @@ import structlog
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from whaleflux.shared.bus import Bus
 from whaleflux.shared.catalog import DEFAULT_FLEET, FleetNode, gpu_models, load_fleet
@@ -40,12 +40,24 @@ class AgentSettings(CommonSettings):
     required_secrets = ("admin_token", "nats_password")  # the agent never talks to Redis
     http_port: int = Field(8710, ge=0, le=65535)
     interval_s: float = Field(1.0, ge=0.1, le=60)
+    # A planned stop gives each job this long between SIGTERM and SIGKILL (so do self-fencing supervisors).
+    stop_grace_s: float = Field(5.0, ge=0, le=300)
+    # A job's supervisor stops it once the agent has got no heartbeat out for this long: the
+    # scheduler's heartbeat_lost_s (10 s by default), after which it may run the job elsewhere.
+    fence_after_s: float = Field(10.0, gt=0)
     seed: int = 0
     # --nvml: how this machine appears in the fleet.
     node_name: str | None = None
     cluster: str = "onprem"
     rack: str | None = None
     pool: str = "default"
+
+    @model_validator(mode="after")
+    def _fence_outlasts_heartbeats(self) -> "AgentSettings":
+        # Supervisors judge the agent by its heartbeats: a gap shorter than two of them would stop healthy jobs.
+        if self.fence_after_s <= 2 * self.interval_s:
+            raise ValueError("WHALEFLUX_FENCE_AFTER_S must be more than twice WHALEFLUX_INTERVAL_S")
+        return self
 
 
 def select_nodes(fleet_path: Path, node_names: list[str] | None) -> list[FleetNode]:
@@ -59,6 +71,12 @@ def select_nodes(fleet_path: Path, node_names: list[str] | None) -> list[FleetNo
     return nodes
 
 
+def _job_settings(settings: AgentSettings) -> dict:
+    """Where jobs keep their logs and attempt folders, and how they are stopped."""
+    return dict(interval_s=settings.interval_s, log_dir=home() / "jobs", attempts_dir=home() / "attempts",
+                stop_grace_s=settings.stop_grace_s, fence_after_s=settings.fence_after_s)
+
+
 def simulated_agents(bus: Bus, nodes: list[FleetNode], settings: AgentSettings) -> list[NodeAgent]:
     models = gpu_models()
     return [
@@ -68,8 +86,7 @@ def simulated_agents(bus: Bus, nodes: list[FleetNode], settings: AgentSettings) 
             SimulatedNode(
                 node.name, models[node.gpu_model], node.gpus, seed=settings.seed, rack=node.rack, interconnect=node.interconnect
             ),
-            interval_s=settings.interval_s,
-            log_dir=home() / "jobs",
+            **_job_settings(settings),
         )
         for node in nodes
     ]
@@ -90,7 +107,7 @@ def nvml_agent(bus: Bus, settings: AgentSettings) -> NodeAgent:
         name=name, group="nvml", cluster=settings.cluster, rack=settings.rack or name, pool=settings.pool,
         ownership="owned", gpu_model=ids[0].model, gpus=len(ids), interconnect="pcie",
     )
-    return NodeAgent(bus, node, backend, interval_s=settings.interval_s, log_dir=home() / "jobs")
+    return NodeAgent(bus, node, backend, **_job_settings(settings))
 
 
 def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -11,9 +13,10 @@ from tenacity import AsyncRetrying, wait_exponential
 
 from whaleflux import __version__
 from whaleflux.shared import subjects
-from whaleflux.shared.bus import Bus
+from whaleflux.shared.bus import Bus, Retry
 from whaleflux.shared.catalog import FleetNode
 from whaleflux.shared.events import (
+    AttemptReport,
     Envelope,
     EventData,
     GpuTelemetry,
@@ -29,15 +32,34 @@ from whaleflux.shared.events import (
 from whaleflux.shared.service import Clock, system_clock
 from whaleflux.shared.streams import agent_consumer
 
-from . import runner
+from . import attempts, recovery, runner
 from .backend import GpuBackend
 
 log = structlog.get_logger("whaleflux.agent")
+
+PLANNED_STOP = "agent stopped: planned shutdown"
+# An ended attempt stays listed in heartbeats this long after its end was published, so a
+# scheduler that missed or has not yet handled that job.finished can end the attempt from it.
+LISTED_AFTER_END_S = 60.0
+
+
+def _base(placed: JobPlaced) -> dict:
+    """The fields every job event of this attempt (and part) carries."""
+    return dict(cluster=placed.cluster, node=placed.node, job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank)
 
 
 def _event_id(kind: str, placed: JobPlaced) -> str:
     """Fixed per (job, attempt, part), so a redelivered report is one event; rank 0 keeps the plain id."""
     return f"{kind}-{placed.job_id}-{placed.attempt}" + (f"-r{placed.part}" if placed.part else "")
+
+
+@dataclass(frozen=True)
+class EndedAttempt:
+    """An attempt whose end was published: listed in heartbeats until LISTED_AFTER_END_S after `reported_at`."""
+
+    dir: Path
+    report: AttemptReport
+    reported_at: datetime
 
 
 class NodeAgent:
@@ -49,6 +71,9 @@ class NodeAgent:
         *,
         interval_s: float = 1.0,
         log_dir: Path,
+        attempts_dir: Path,
+        stop_grace_s: float = 5.0,
+        fence_after_s: float = 10.0,
         clock: Clock = system_clock,
     ):
         self.bus = bus
@@ -56,8 +81,14 @@ class NodeAgent:
         self.backend = backend
         self.interval_s = interval_s
         self.log_dir = log_dir
+        # Absolute: the paths handed to supervisors must not depend on the agent's working folder.
+        self.node_dir = (attempts_dir / node.cluster / node.name).absolute()
+        self.stop_grace_s = stop_grace_s
+        self.fence_after_s = fence_after_s
         self.clock = clock
         self.jobs: dict[tuple[str, int], runner.RunningJob] = {}
+        self.ended: dict[tuple[str, int], EndedAttempt] = {}
+        self._stopping = False
         self._tasks: list[asyncio.Task] = []
         self._waiters: list[asyncio.Task] = []  # one per running job: reports how it ended
         self._stops: dict[tuple[str, int], asyncio.Task] = {}  # jobs being stopped (preempted), by (job, attempt)
@@ -74,6 +105,15 @@ class NodeAgent:
         # placement made right after registration can be missed.
         placements = agent_consumer(self.node.cluster, self.node.name)
         await self.bus.ensure_consumer(placements)
+        # Attempts an earlier agent left are taken up before any placement is handled,
+        # so a redelivered placement of one of them is not run a second time.
+        self.node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        left = recovery.scan(self.node_dir)
+        for attempt in left:
+            if attempt.reported_at is not None:
+                self._list_ended(attempt.dir, attempt.placed, attempt.running, attempt.ended, attempt.reported_at)
+            elif attempt.ended is None:
+                self._adopt(attempt)
         await self._publish(
             subjects.node_registered(self.node.cluster, self.node.name),
             NodeRegistered(
@@ -86,9 +126,35 @@ class NodeAgent:
                 gpus=self.backend.identities(),
             ),
         )
+        for attempt in left:
+            if attempt.reported_at is None:
+                await self._take_up(attempt)
         self.bus.start_consumer(placements, self.on_order, None, "")
         self._tasks.append(asyncio.create_task(self._telemetry_loop(), name=f"telemetry-{self.node.name}"))
-        log.info("agent.node_started", node=self.node.name, gpus=len(self.backend.identities()))
+        log.info("agent.node_started", node=self.node.name, gpus=len(self.backend.identities()),
+                 adopted=sorted(k[0] for k in self.jobs))
+
+    def _adopt(self, attempt: recovery.LeftAttempt) -> None:
+        """Hold an attempt whose supervisor outlived the earlier agent as if this agent had launched it."""
+        placed = attempt.placed
+        job = runner.adopt(placed, attempt.dir, attempt.running)
+        self.jobs[(placed.job_id, placed.attempt)] = job
+        self.backend.job_started(placed.gpu_uuids, placed.job_id, job.running.job_pid)
+        log.info("job.adopted", job_id=placed.job_id, attempt=placed.attempt, pid=job.running.job_pid, rank=placed.rank)
+
+    async def _take_up(self, attempt: recovery.LeftAttempt) -> None:
+        """Report an attempt the earlier agent left unreported: its start, then its end, or watch it while it runs."""
+        placed = attempt.placed
+        if attempt.running is not None:
+            # The earlier agent may have died between starting it and saying so; the id makes a repeat one event.
+            await self._publish_started(placed, attempt.running)
+        if attempt.ended is not None:
+            await self._report_end(attempt.dir, placed, attempt.running, attempt.ended)
+        else:
+            self._watch(self.jobs[(placed.job_id, placed.attempt)])
+
+    def _watch(self, job: runner.RunningJob) -> None:
+        self._waiters.append(asyncio.create_task(self._wait(job)))
 
     async def _publish(self, subject: str, data: EventData, event_id: str | None = None, correlation: str | None = None) -> Envelope:
         """Publish, retrying until the bus takes it: a job's end must never be lost."""
@@ -115,6 +181,7 @@ class NodeAgent:
         self.silent_until = datetime.max.replace(tzinfo=timezone.utc) if duration_s is None else self.clock() + timedelta(seconds=duration_s)
 
     async def _sample(self, now: datetime) -> None:
+        self._forget_ended(now)
         if self.silent_until is not None:
             if now < self.silent_until:
                 return
@@ -124,8 +191,36 @@ class NodeAgent:
         batch = GpuTelemetry(cluster=cluster, node=name, seq=self._seq, sample_time=now, gpus=self.backend.sample(now))
         env = make_envelope(batch, source=self.source, time=now)
         await self.bus.publish_envelope(subjects.gpu_telemetry(cluster, name), env)
-        heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq, running_jobs=sorted({k[0] for k in self.jobs}))
+        heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq, running_jobs=sorted({k[0] for k in self.jobs}),
+                                  attempts=self.attempt_reports())
         await self.bus.publish_envelope(subjects.node_heartbeat(cluster, name), make_envelope(heartbeat, source=self.source, time=now))
+        # Only a heartbeat the bus took counts as a sign of life: a node the scheduler no longer
+        # hears is declared lost, and its supervisors stop their jobs (supervise.py).
+        (self.node_dir / attempts.ALIVE).touch()
+
+    def attempt_reports(self) -> list[AttemptReport]:
+        """Every attempt running here, and those that ended within LISTED_AFTER_END_S of their report."""
+        running = [
+            AttemptReport(job_id=j.placed.job_id, attempt=j.placed.attempt, rank=j.placed.rank, state="running",
+                          started_at=j.running.started_at)
+            for j in self.jobs.values()
+        ]
+        return sorted([*running, *(e.report for e in self.ended.values())], key=lambda r: (r.job_id, r.attempt))
+
+    def _list_ended(self, attempt_dir: Path, placed: JobPlaced, running: attempts.Running, ended: attempts.Exit,
+                    reported_at: datetime) -> None:
+        report = AttemptReport(
+            job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank, state="exited",
+            started_at=running.started_at, exit_code=ended.exit_code,
+            finished_at=ended.finished_at, interrupted=ended.interrupted,
+        )
+        self.ended[(placed.job_id, placed.attempt)] = EndedAttempt(attempt_dir, report, reported_at)
+
+    def _forget_ended(self, now: datetime) -> None:
+        for key, ended in list(self.ended.items()):
+            if (now - ended.reported_at).total_seconds() >= LISTED_AFTER_END_S:
+                shutil.rmtree(ended.dir, ignore_errors=True)
+                del self.ended[key]
 
     async def on_order(self, env: Envelope, data: EventData) -> None:
         """Placements and stop orders for this node, in the order the scheduler sent them."""
@@ -147,17 +242,21 @@ class NodeAgent:
                 self._stop_in_background(key, job, order.grace_s)
                 log.info("job.preempting", job_id=order.job_id, attempt=key[1], reason=order.reason, grace_s=order.grace_s)
 
-    def _stop_in_background(self, key: tuple[str, int], job: runner.RunningJob, grace_s: float) -> asyncio.Task:
+    def _stop_in_background(self, key: tuple[str, int], job: runner.RunningJob, grace_s: float,
+                            reason: str | None = None) -> asyncio.Task:
         task = self._stops.get(key)
         if task is None:
-            task = self._stops[key] = asyncio.create_task(runner.stop(job, grace_s=grace_s))
+            task = self._stops[key] = asyncio.create_task(runner.stop(job, grace_s=grace_s, reason=reason))
             task.add_done_callback(lambda _t: self._stops.pop(key, None))
         return task
 
     async def on_placed(self, env: Envelope, placed: JobPlaced) -> None:
         key = (placed.job_id, placed.attempt)
-        if key in self.jobs:
-            return  # redelivered placement: the job already runs here
+        if key in self.jobs or key in self.ended:
+            return  # redelivered placement: the attempt runs or ran here
+        if self._stopping:
+            # Not acked: the next agent of this node takes it.
+            raise Retry("the agent is stopping", delay_s=5.0)
         # The scheduler gave these GPUs to a new job, so whatever holds them here was
         # preempted or moved away: it stops before the new job starts, never shares them.
         wanted = set(placed.gpu_uuids)
@@ -169,38 +268,66 @@ class NodeAgent:
                 if not any(k in self.jobs for k, _ in holders):
                     break
                 await asyncio.sleep(0.01)
-        base = dict(cluster=placed.cluster, node=placed.node, job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank)
         try:
-            job = await runner.launch(placed, self.log_dir)
-        except OSError as exc:
-            failed = JobFailed(**base, reason=f"cannot start command: {exc.strerror or exc}", failed_at=self.clock())
-            await self._publish(subjects.JOB_FAILED, failed, _event_id("failed", placed), placed.job_id)
+            job = await runner.launch(placed, self.log_dir, self.node_dir, grace_s=self.stop_grace_s,
+                                      fence_after_s=self.fence_after_s)
+        except runner.CannotStart as exc:
+            attempt_dir = self.node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
+            await self._report_failed(attempt_dir, placed, str(exc), self.clock())
             return
         self.jobs[key] = job
-        started_at = self.clock()
-        self.backend.job_started(placed.gpu_uuids, placed.job_id, job.process.pid)
-        await self._publish(
-            subjects.JOB_STARTED,
-            JobStarted(**base, gpu_uuids=placed.gpu_uuids, pid=job.process.pid, started_at=started_at),
-            _event_id("started", placed),
-            placed.job_id,
-        )
-        log.info("job.started", job_id=placed.job_id, pid=job.process.pid, gpus=placed.gpu_indices, rank=placed.rank)
-        self._waiters.append(asyncio.create_task(self._wait(job, started_at, base)))
+        self.backend.job_started(placed.gpu_uuids, placed.job_id, job.running.job_pid)
+        await self._publish_started(placed, job.running)
+        log.info("job.started", job_id=placed.job_id, pid=job.running.job_pid, gpus=placed.gpu_indices, rank=placed.rank)
+        self._watch(job)
 
-    async def _wait(self, job: runner.RunningJob, started_at: datetime, base: dict) -> None:
-        code = await job.process.wait()
+    async def _publish_started(self, placed: JobPlaced, running: attempts.Running) -> None:
+        started = JobStarted(**_base(placed), gpu_uuids=placed.gpu_uuids, pid=running.job_pid, started_at=running.started_at)
+        await self._publish(subjects.JOB_STARTED, started, _event_id("started", placed), placed.job_id)
+
+    async def _wait(self, job: runner.RunningJob) -> None:
+        ended = await job.ended
         placed = job.placed
+        key = (placed.job_id, placed.attempt)
         self.backend.job_stopped(placed.gpu_uuids)
-        finished = JobFinished(**base, exit_code=code, started_at=started_at, finished_at=self.clock())
+        if ended is None:
+            # Its supervisor died without recording the end: report and list nothing, so the
+            # scheduler, no longer seeing the attempt in heartbeats, ends it as lost.
+            shutil.rmtree(job.dir, ignore_errors=True)
+            self.jobs.pop(key, None)
+            log.warning("job.lost", job_id=placed.job_id, attempt=placed.attempt, reason="supervisor died unrecorded")
+            return
+        await self._report_end(job.dir, placed, job.running, ended)
+        self.jobs.pop(key, None)
+
+    async def _report_end(self, attempt_dir: Path, placed: JobPlaced, running: attempts.Running | None,
+                          ended: attempts.Exit) -> None:
+        """Publish how the attempt ended, as its supervisor recorded it, and list it in heartbeats for a while."""
+        if ended.error is not None or running is None:
+            await self._report_failed(attempt_dir, placed, ended.error or "the command never started", ended.finished_at)
+            return
+        finished = JobFinished(**_base(placed), exit_code=ended.exit_code, started_at=running.started_at,
+                               finished_at=ended.finished_at, interrupted=ended.interrupted)
         await self._publish(subjects.JOB_FINISHED, finished, _event_id("finished", placed), placed.job_id)
-        self.jobs.pop((placed.job_id, placed.attempt), None)
-        log.info("job.finished", job_id=placed.job_id, exit_code=code)
+        reported_at = self.clock()
+        attempts.mark_reported(attempt_dir, reported_at)
+        self._list_ended(attempt_dir, placed, running, ended, reported_at)
+        log.info("job.finished", job_id=placed.job_id, attempt=placed.attempt, exit_code=ended.exit_code,
+                 interrupted=ended.interrupted)
+
+    async def _report_failed(self, attempt_dir: Path, placed: JobPlaced, reason: str, failed_at: datetime) -> None:
+        """The command never ran: job.failed, and nothing to list (the scheduler never saw it start)."""
+        failed = JobFailed(**_base(placed), reason=reason, failed_at=failed_at)
+        await self._publish(subjects.JOB_FAILED, failed, _event_id("failed", placed), placed.job_id)
+        shutil.rmtree(attempt_dir, ignore_errors=True)
+        log.warning("job.failed_to_start", job_id=placed.job_id, attempt=placed.attempt, reason=reason)
 
     async def stop(self) -> None:
-        """Stop every job this agent started, report how each ended, then stop telemetry."""
-        await asyncio.gather(*(runner.stop(j, grace_s=5) for j in list(self.jobs.values())), return_exceptions=True)
-        # The waiters publish job.finished for the stopped jobs, so the scheduler frees their GPUs.
+        """A planned stop: stop every attempt running here, report each as interrupted, then stop telemetry."""
+        self._stopping = True
+        stops = [self._stop_in_background(k, j, self.stop_grace_s, PLANNED_STOP) for k, j in list(self.jobs.items())]
+        await asyncio.gather(*stops, return_exceptions=True)
+        # The waiters publish job.finished for the stopped jobs, so the scheduler requeues them.
         pending = [t for t in self._waiters if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=5)

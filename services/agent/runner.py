@@ -1,14 +1,17 @@
-"""Run a job's command as a real child process on the node."""
+"""Run a job's command on the node, each attempt under its own supervisor (supervise.py), and stop it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from whaleflux.shared.events import JobPlaced
+
+from . import attempts
 
 # The agent's own connection secrets must never leak into a job's environment.
 _PRIVATE_ENV = ("WHALEFLUX_", "NATS_", "REDIS_")
@@ -68,45 +71,116 @@ def log_name(job_id: str, attempt: int, rank: int = 0) -> str:
     return f"{job_id}.{attempt}.log" if not rank else f"{job_id}.{attempt}.rank{rank}.log"
 
 
+class CannotStart(Exception):
+    """The attempt's command did not start; the message says why."""
+
+
 @dataclass
 class RunningJob:
+    """An attempt running here under its supervisor, launched by this agent or adopted from an earlier one."""
+
     placed: JobPlaced
-    process: asyncio.subprocess.Process
-    log_path: Path
+    dir: Path  # its attempt folder (attempts.py)
+    running: attempts.Running  # the job's pid is also its process group, which stops signal
+    # Done once the job ended: the recorded exit, or None if the supervisor died without recording one.
+    ended: asyncio.Task[attempts.Exit | None]
 
 
-async def launch(placed: JobPlaced, log_dir: Path) -> RunningJob:
-    """Start the command; raise OSError if it cannot start."""
+def _supervisor_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV)}
+
+
+async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, *, grace_s: float, fence_after_s: float) -> RunningJob:
+    """Start the command under a supervisor (supervise.py) and wait until it runs; raise CannotStart if it cannot."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / log_name(placed.job_id, placed.attempt, placed.part)
     # Logs live in <home>/jobs, default checkpoints in <home>/checkpoints.
     env = job_environment(placed, home=log_dir.parent)
     Path(env["WHALEFLUX_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
+    attempt_dir = node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
+    attempt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    attempts.write_text(attempt_dir / attempts.PLACED, placed.model_dump_json())
+    # The job's environment may hold its secrets: they go in a 0600 file, never on a command line.
+    spec = attempts.Spec(argv=placed.command, env=env, cwd=placed.workdir, alive=str(node_dir / attempts.ALIVE),
+                         grace_s=grace_s, fence_after_s=fence_after_s)
+    attempts.write_spec(attempt_dir, spec)
     with open(log_path, "ab") as log:
-        proc = await asyncio.create_subprocess_exec(
-            *placed.command,
-            env=env,
-            cwd=placed.workdir or None,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so stop() reaches its children
-        )
-    return RunningJob(placed, proc, log_path)
-
-
-async def stop(job: RunningJob, grace_s: float = 10.0) -> None:
-    """SIGTERM the job's process group, then SIGKILL after the grace period."""
-    if job.process.returncode is not None:
-        return
-    try:
-        os.killpg(job.process.pid, signal.SIGTERM)
-        await asyncio.wait_for(job.process.wait(), grace_s)
-    except ProcessLookupError:
-        return
-    except asyncio.TimeoutError:
         try:
-            os.killpg(job.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        await job.process.wait()
+            supervisor = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", attempts.SUPERVISOR, str(attempt_dir),
+                env=_supervisor_env(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                # Its own session: the terminal's Ctrl-C never reaches it, and it outlives the agent.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise CannotStart(f"cannot start the supervisor: {exc.strerror or exc}") from exc
+    running = await _started(attempt_dir, supervisor)
+    ended = asyncio.create_task(_exit_of_child(attempt_dir, supervisor, running.job_pid))
+    return RunningJob(placed, attempt_dir, running, ended)
+
+
+async def _started(attempt_dir: Path, supervisor: asyncio.subprocess.Process) -> attempts.Running:
+    while True:
+        gone = supervisor.returncode is not None  # before reading, so that what it wrote before exiting is seen
+        ended = attempts.read_exit(attempt_dir)
+        if ended is not None and ended.error:
+            raise CannotStart(ended.error)
+        running = attempts.read_running(attempt_dir)
+        if running is not None:
+            return running
+        if gone:
+            raise CannotStart(f"the supervisor exited with {supervisor.returncode} before starting the command")
+        await asyncio.sleep(0.02)
+
+
+def adopt(placed: JobPlaced, attempt_dir: Path, running: attempts.Running) -> RunningJob:
+    """Watch an attempt an earlier agent launched, whose supervisor still runs."""
+    ended = asyncio.create_task(_exit_of_adopted(attempt_dir, running))
+    return RunningJob(placed, attempt_dir, running, ended)
+
+
+async def _exit_of_child(attempt_dir: Path, supervisor: asyncio.subprocess.Process, job_pid: int) -> attempts.Exit | None:
+    await supervisor.wait()
+    return _recorded_exit(attempt_dir, job_pid)
+
+
+async def _exit_of_adopted(attempt_dir: Path, running: attempts.Running) -> attempts.Exit | None:
+    # Not this agent's child: nothing to wait on but the files.
+    while (ended := attempts.read_exit(attempt_dir)) is None and attempts.supervisor_alive(running.supervisor_pid, attempt_dir):
+        await asyncio.sleep(0.2)
+    return ended or _recorded_exit(attempt_dir, running.job_pid)
+
+
+def _recorded_exit(attempt_dir: Path, job_pid: int) -> attempts.Exit | None:
+    """The exit the supervisor recorded; if it died without one, its job must not run on unwatched."""
+    ended = attempts.read_exit(attempt_dir)
+    if ended is None:
+        _signal_group(job_pid, signal.SIGKILL)
+    return ended
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+async def stop(job: RunningJob, grace_s: float = 10.0, reason: str | None = None) -> None:
+    """SIGTERM the job's process group, SIGKILL after the grace period; return once its end is recorded.
+
+    `reason`: a planned stop, recorded as the attempt's `interrupted`.
+    """
+    if job.ended.done():
+        return
+    if reason is not None:
+        attempts.request_stop(job.dir, reason)
+    _signal_group(job.running.job_pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(asyncio.shield(job.ended), grace_s)
+    except TimeoutError:
+        _signal_group(job.running.job_pid, signal.SIGKILL)
+        await job.ended

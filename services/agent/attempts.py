@@ -1,0 +1,146 @@
+"""An attempt's folder on the node: what the agent and the attempt's supervisor leave there.
+
+    <home>/attempts/<cluster>/<node>/agent.alive   touched by the agent after each heartbeat it got out
+    <home>/attempts/<cluster>/<node>/<job_id>.<attempt>[.r<rank>]/
+        spec.json     the agent, before it starts the supervisor: what to run (0600: it holds the job's env)
+        placed.json   the agent: the placement, to re-adopt or report the attempt after an agent restart
+        running.json  the supervisor, once the job runs: both pids (the job's is its process group), start time
+        exit.json     the supervisor, once the job ended (or could not start): exit code, end time, why stopped
+        stop-request  the agent, before it stops the job for a planned stop: the reason
+        reported      the agent, once the end is published: when
+
+Every file is written atomically (tmp, fsync, rename), so a reader sees all of it or nothing, also
+after a crash or a reboot. Standard library only: the supervisor imports this and must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+SUPERVISOR = "whaleflux.agent.supervise"  # the module each attempt's supervisor runs
+ALIVE = "agent.alive"
+SPEC, PLACED, RUNNING, EXIT = "spec.json", "placed.json", "running.json", "exit.json"
+STOP_REQUEST, REPORTED = "stop-request", "reported"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the supervisor runs, and when it stops the job on its own."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    alive: str  # the agent's liveness file
+    grace_s: float  # SIGTERM to SIGKILL when it stops the job itself
+    fence_after_s: float  # agent silence after which it does
+
+
+@dataclass(frozen=True)
+class Running:
+    supervisor_pid: int
+    job_pid: int
+    started_at: datetime
+
+
+@dataclass(frozen=True)
+class Exit:
+    finished_at: datetime
+    exit_code: int | None = None  # negative: killed by that signal; None: the command never started
+    interrupted: str | None = None  # why the node stopped the job (planned stop, self-fencing)
+    error: str | None = None  # why the command could not start
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def dir_name(job_id: str, attempt: int, part: int) -> str:
+    """One attempt's folder: `<job>.<attempt>`, a gang's rank r > 0 `<job>.<attempt>.r<r>`."""
+    return f"{job_id}.{attempt}" + (f".r{part}" if part else "")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write `path` so that it exists whole or not at all, readable by this user only."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    # The rename itself survives a power loss only once the folder is synced.
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def write_spec(attempt_dir: Path, spec: Spec) -> None:
+    write_text(attempt_dir / SPEC, json.dumps(spec.__dict__))
+
+
+def read_spec(attempt_dir: Path) -> Spec:
+    return Spec(**json.loads((attempt_dir / SPEC).read_text()))
+
+
+def write_running(attempt_dir: Path, running: Running) -> None:
+    write_text(attempt_dir / RUNNING, json.dumps({**running.__dict__, "started_at": running.started_at.isoformat()}))
+
+
+def read_running(attempt_dir: Path) -> Running | None:
+    raw = _read_json(attempt_dir / RUNNING)
+    return None if raw is None else Running(raw["supervisor_pid"], raw["job_pid"], datetime.fromisoformat(raw["started_at"]))
+
+
+def write_exit(attempt_dir: Path, ended: Exit) -> None:
+    write_text(attempt_dir / EXIT, json.dumps({**ended.__dict__, "finished_at": ended.finished_at.isoformat()}))
+
+
+def read_exit(attempt_dir: Path) -> Exit | None:
+    raw = _read_json(attempt_dir / EXIT)
+    return None if raw is None else Exit(**{**raw, "finished_at": datetime.fromisoformat(raw["finished_at"])})
+
+
+def request_stop(attempt_dir: Path, reason: str) -> None:
+    write_text(attempt_dir / STOP_REQUEST, reason)
+
+
+def stop_reason(attempt_dir: Path) -> str | None:
+    try:
+        return (attempt_dir / STOP_REQUEST).read_text()
+    except FileNotFoundError:
+        return None
+
+
+def mark_reported(attempt_dir: Path, at: datetime) -> None:
+    write_text(attempt_dir / REPORTED, at.isoformat())
+
+
+def reported_at(attempt_dir: Path) -> datetime | None:
+    try:
+        return datetime.fromisoformat((attempt_dir / REPORTED).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def supervisor_alive(pid: int, attempt_dir: Path) -> bool:
+    """Whether `pid` is still this attempt's supervisor, not a process that got its pid after a reboot (Linux /proc)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    # `python -m SUPERVISOR <attempt-dir>`; a zombie's command line is empty: it has exited.
+    args = [os.fsdecode(a) for a in cmdline.split(b"\0") if a]
+    return len(args) >= 2 and args[-2] == SUPERVISOR and Path(args[-1]).resolve() == attempt_dir.resolve()

@@ -1,0 +1,95 @@
+"""One attempt's supervisor: `python -m whaleflux.agent.supervise <attempt-dir>`.
+
+The agent starts it in a session of its own, so it neither gets the terminal's
+SIGINT nor dies with the agent. It runs the job's command (`spec.json`) in a
+process group of its own (the job's pid is the group id, which stop orders
+signal), records when the job started and how it ended (attempts.py), and
+stops the job itself once the agent has been silent for `fence_after_s`: by
+then the scheduler may run the attempt elsewhere, and it must never run twice.
+
+Its output and the job's go to the job's log, which the agent opened for it.
+Standard library only, so that it starts fast.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import attempts
+
+CHECK_S = 0.5  # how often it looks at the agent's liveness file
+SIGTERM_REASON = "supervisor got SIGTERM: the node is stopping"
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait(job: subprocess.Popen, timeout: float) -> int | None:
+    try:
+        return job.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _stop(job: subprocess.Popen, grace_s: float) -> int:
+    """SIGTERM to the job's process group, SIGKILL after the grace period; its exit code."""
+    _signal_group(job.pid, signal.SIGTERM)
+    code = _wait(job, grace_s)
+    if code is None:
+        _signal_group(job.pid, signal.SIGKILL)
+        code = job.wait()
+    return code
+
+
+def _last_sign_of_life(alive: str, since: float) -> float:
+    try:
+        return max(since, os.stat(alive).st_mtime)
+    except FileNotFoundError:
+        return since
+
+
+def supervise(attempt_dir: Path) -> None:
+    """Run the attempt's command to its end and record how it started and ended."""
+    spec = attempts.read_spec(attempt_dir)
+    begun = time.time()
+    try:
+        job = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        reason = f"cannot start command: {exc.strerror or exc}"
+        attempts.write_exit(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), error=reason))
+        return
+    attempts.write_running(attempt_dir, attempts.Running(os.getpid(), job.pid, attempts.utcnow()))
+    got_sigterm = False
+
+    def on_sigterm(signum, frame):  # noqa: ARG001
+        # A service manager stopping the whole node signals this process too: pass it on
+        # to the job and stay to record its end, rather than leave the attempt unaccounted for.
+        nonlocal got_sigterm
+        got_sigterm = True
+        _signal_group(job.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    fenced = code = None
+    while code is None:
+        code = _wait(job, CHECK_S)
+        silent_s = time.time() - _last_sign_of_life(spec.alive, begun)
+        if code is None and silent_s > spec.fence_after_s:
+            fenced = f"agent silent for {silent_s:.0f} s: stopped so it cannot run twice"
+            print(f"whaleflux supervisor: {fenced}", file=sys.stderr, flush=True)
+            code = _stop(job, spec.grace_s)
+    # A stop the agent asked for names its reason; else this supervisor's own reason, if it stopped the job.
+    interrupted = attempts.stop_reason(attempt_dir) or fenced or (SIGTERM_REASON if got_sigterm else None)
+    attempts.write_exit(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), exit_code=code, interrupted=interrupted))
+
+
+if __name__ == "__main__":
+    supervise(Path(sys.argv[1]))

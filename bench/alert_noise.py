@@ -225,6 +225,7 @@ class Outcome:
     label: str
     samples: int = 0
     raised: int = 0
+    raised_at: list = field(default_factory=list)  # virtual seconds since the start of each alert raised
     notifications: list = field(default_factory=list)  # (t, notification) to on-call receivers, firing
     finops: int = 0
     drains: list = field(default_factory=list)  # (t, node, incident)
@@ -264,6 +265,7 @@ class Core:
         self.dispatcher.add(GroupedAlert(fingerprint=tr.fingerprint, labels=labels,
                                          annotations={"summary": tr.summary}, starts_at=tr.at), now)
         self.out.raised += 1
+        self.out.raised_at.append((now - T0).total_seconds())
         self.out.raised_by_rule[rule.name] += 1
         self.out.incident_of[tr.fingerprint].append(incident.id)
         self.out.alert_gpu[tr.fingerprint] = (tr.labels.get("UUID", ""), tr.labels.get("Hostname", ""))

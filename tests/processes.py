@@ -173,3 +173,26 @@ async def connect_bus(servers):
     bus = await Bus.connect(servers.nats_url, source="test", user=servers.nats_user, password=servers.nats_password)
     await bus.ensure_streams()
     return bus
+
+
+async def fetch_at_least(sub, n: int, timeout: float = 30.0) -> list:
+    """Pull from a JetStream pull subscription until `n` messages came or the deadline passed; return them all."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    got: list = []
+    while len(got) < n and loop.time() < deadline:
+        try:
+            got += await sub.fetch(n - len(got), timeout=min(1.0, max(0.05, deadline - loop.time())))
+        except TimeoutError:  # nats.errors.TimeoutError (and asyncio's) is a TimeoutError: nothing yet, ask again
+            pass
+    return got
+
+
+async def fetch_stored(sub, batch: int = 500, quiet_s: float = 1.0) -> list:
+    """Every message a pull subscription has stored: fetch until one fetch waits `quiet_s` and gets nothing."""
+    got: list = []
+    while True:
+        try:
+            got += await sub.fetch(batch, timeout=quiet_s)
+        except TimeoutError:  # nothing more stored; a dropped connection raises something else and fails the test
+            return got

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from datetime import datetime, timezone
 
 import httpx
 import nats
 import pytest
+from redis.asyncio import Redis
 
 from whaleflux.servers import QuietHandler, serve_http
 from whaleflux.shared import subjects
@@ -123,6 +123,20 @@ def registered(node: str, rack: str) -> tuple[str, NodeRegistered]:
                                                                     agent_version="t", gpus=[ident])
 
 
+async def _knows_node(servers, cluster: str, node: str) -> bool:
+    """Whether alerting has stored a node's registration (rack and pool) in its topology."""
+    redis = Redis.from_url(servers.redis_url, password=servers.redis_password, decode_responses=True)
+    try:
+        return await redis.hexists("wf:alerting:topology", f"{cluster}/{node}")
+    finally:
+        await redis.aclose()
+
+
+def _nothing_pending(proc) -> bool:
+    """No notification queued or being retried: nothing more will be sent unless a new alert comes."""
+    return httpx.get(proc.url + "/v1/notifications", params={"status": "pending"}).json() == []
+
+
 async def _drain_events(servers) -> list:
     nc = await nats.connect(servers.nats_url, user=servers.nats_user, password=servers.nats_password)
     try:
@@ -132,7 +146,7 @@ async def _drain_events(servers) -> list:
         while True:
             try:
                 msg = await sub.next_msg(timeout=1.0)
-            except Exception:
+            except nats.errors.TimeoutError:  # no more stored
                 return out
             out.append(decode(msg.data)[1])
     finally:
@@ -142,12 +156,14 @@ async def _drain_events(servers) -> list:
 def test_hot_gpu_pages_every_receiver_type_once_and_a_503_receiver_gets_exactly_one_of_each(alerting):
     cluster, proc, recv, servers, _, _ = alerting
     asyncio.run(_publish(servers, registered("h100-01", "rack-a")))
-    time.sleep(1.5)  # registration and telemetry are separate consumers; a real agent registers long before
+    # Registration and telemetry are separate consumers; a real agent registers long before its first sample.
+    wait_until(lambda: asyncio.run(_knows_node(servers, "onprem", "h100-01")), what="registration handled")
     asyncio.run(_publish(servers, telemetry(1, gpu(95), gpu(50, 1))))
-    wait_until(lambda: all(len(r.received) >= 1 for r in recv.values()), timeout=20, what="firing everywhere")
+    wait_until(lambda: all(len(r.received) >= 1 for r in recv.values()), timeout=60, what="firing everywhere")
     asyncio.run(_publish(servers, telemetry(2, gpu(60), gpu(50, 1))))
-    wait_until(lambda: all(len(r.received) >= 2 for r in recv.values()), timeout=20, what="resolved everywhere")
-    time.sleep(2.5)  # anything duplicated would arrive within a few back-off steps
+    wait_until(lambda: all(len(r.received) >= 2 for r in recv.values()), timeout=60, what="resolved everywhere")
+    # Every delivery done, none queued or retrying: a duplicate could only come from a retry still pending.
+    wait_until(lambda: _nothing_pending(proc), what="no delivery pending")
 
     hook = recv["hook"]
     assert hook.failures == 2

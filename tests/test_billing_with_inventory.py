@@ -62,7 +62,7 @@ def test_billing_prices_a_job_with_the_lease_inventory_declares_and_the_cli_expo
         def leased():
             r = httpx.get(billing.url + "/v1/costs", params={"by": "team", "from": frm}).json()
             return r["rows"] and r["idle"] and r["idle"][0]["ownership"] == "leased" and r
-        report = wait_until(leased, timeout=20, what="job priced with inventory's lease")
+        report = wait_until(leased, timeout=60, what="job priced with inventory's lease")
         assert report["pricing"]["inventory"]["basis"] == "inventory ownership terms"
         [row] = report["rows"]
         assert row["key"] == "retail" and row["gpu_hours"] == "0.5000"

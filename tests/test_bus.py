@@ -9,7 +9,7 @@ from whaleflux.shared.bus import REASON_HEADER, Bus, Reject, Retry
 from whaleflux.shared.events import JobSubmitted, make_envelope
 from whaleflux.shared.streams import ConsumerSpec
 
-from .processes import until
+from .processes import fetch_at_least, until
 
 # Same delivery contract as the declared consumers, with short back-off so the test is quick.
 SPEC = ConsumerSpec("test-bus", "WHALEFLUX_JOBS", [subjects.JOB_SUBMITTED], batch=8, backoff_s=(0.05, 0.05, 0.1))
@@ -22,15 +22,7 @@ def job(job_id: str) -> JobSubmitted:
 
 async def deadletters(bus: Bus, n: int) -> list:
     sub = await bus.js.pull_subscribe(f"{subjects.DEADLETTER_PREFIX}.>", durable="test-dl", stream="WHALEFLUX_DEADLETTER")
-    got = []
-    for _ in range(30):
-        try:
-            got += await sub.fetch(n - len(got), timeout=0.5)
-        except Exception:
-            pass
-        if len(got) >= n:
-            break
-    return got
+    return await fetch_at_least(sub, n)
 
 
 async def test_handler_errors_are_retried_and_dead_lettered_when_out_of_tries(bus_and_redis):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import Counter
 from decimal import Decimal
 
@@ -15,7 +14,7 @@ from whaleflux.shared.bus import Bus
 from whaleflux.shared.events import JobFinished, JobPlaced, JobStarted, JobSubmitted, decode
 from whaleflux.billing.pricing import gpu_seconds
 
-from .processes import make_cluster, wait_until
+from .processes import fetch_stored, make_cluster, wait_until
 
 JOBS = 40
 
@@ -24,13 +23,20 @@ async def _connect(servers) -> Bus:
     return await Bus.connect(servers.nats_url, source="test", user=servers.nats_user, password=servers.nats_password)
 
 
-async def _submit(servers, ids: list[str]) -> None:
+async def _submit(servers, ids: list[str], milestones: dict[int, threading.Event] | None = None,
+                  resume: dict[int, threading.Event] | None = None) -> None:
+    """Publish the jobs one by one; after the n-th, set `milestones[n]` and, if `resume[n]` is given, wait
+    for it, so that a test can kill and restart services at a known point of the stream."""
     bus = await _connect(servers)
     try:
-        for job_id in ids:
+        for n, job_id in enumerate(ids, 1):
             cmd = ["python", "-c", "import time; time.sleep(0.3)"]
             await bus.publish(subjects.JOB_SUBMITTED, JobSubmitted(job_id=job_id, name=job_id, team="t", command=cmd),
                               subject=job_id)
+            if milestones and n in milestones:
+                milestones[n].set()
+            if resume and n in resume:
+                await asyncio.to_thread(resume[n].wait, 120)
             await asyncio.sleep(0.05)
     finally:
         await bus.close()
@@ -42,14 +48,9 @@ async def _job_history(servers) -> list:
     try:
         sub = await bus.js.pull_subscribe("job.>", durable="test-history", stream="WHALEFLUX_JOBS")
         out = []
-        while True:
-            try:
-                msgs = await sub.fetch(500, timeout=1)
-            except Exception:
-                break
-            for m in msgs:
-                out.append(decode(m.data)[1])
-                await m.ack()
+        for m in await fetch_stored(sub):
+            out.append(decode(m.data)[1])
+            await m.ack()
         return out
     finally:
         await bus.close()
@@ -66,16 +67,20 @@ def test_kill_9_scheduler_and_billing_mid_stream_places_and_charges_each_job_onc
         billing.wait_ready()
         wait_until(lambda: len(httpx.get(scheduler.url + "/v1/nodes").json()) == 2, what="nodes registered")
 
-        # Submissions keep arriving for ~2 s while both services are killed and restarted.
-        submitter = threading.Thread(target=lambda: asyncio.run(_submit(clean_servers, ids)))
+        # Both services are killed after the 10th submission; submissions go on while they are down (the
+        # submitter waits after the 15th until the scheduler is back), and billing comes back after the 25th.
+        killed, down, scheduler_back, billing_due = (threading.Event() for _ in range(4))
+        submitter = threading.Thread(target=lambda: asyncio.run(
+            _submit(clean_servers, ids, milestones={10: killed, 25: billing_due}, resume={10: down, 15: scheduler_back})))
         submitter.start()
-        time.sleep(0.7)
+        assert killed.wait(60)
         scheduler.kill9()
         billing.kill9()
-        time.sleep(0.3)
-        scheduler.start().wait_ready()  # same command, same port
-        time.sleep(0.5)
-        billing.start().wait_ready()
+        down.set()
+        scheduler.start().wait_ready(60)  # same command, same port
+        scheduler_back.set()
+        assert billing_due.wait(60)
+        billing.start().wait_ready(60)
         submitter.join()
 
         def all_done():

@@ -13,7 +13,7 @@ from whaleflux.shared import subjects
 from whaleflux.shared.bus import REASON_HEADER, Bus
 from whaleflux.shared.events import GpuIdentity, GpuSample, GpuTelemetry, NodeRegistered, make_envelope
 
-from .processes import make_cluster, wait_until
+from .processes import fetch_at_least, make_cluster, wait_until
 
 GPU = "GPU-11111111-2222-3333-4444-555555555555"
 
@@ -49,14 +49,7 @@ async def _send_bad_then_good(servers) -> list[tuple[str, str]]:
                                                 gpus=[GpuSample(**_sample(temperature_c=41.5))]))
 
         dead = await bus.js.pull_subscribe(f"{subjects.DEADLETTER_PREFIX}.>", durable="test-dl", stream="WHALEFLUX_DEADLETTER")
-        got: list = []
-        for _ in range(20):
-            try:
-                got += await dead.fetch(3 - len(got), timeout=1)
-            except Exception:
-                pass
-            if len(got) >= 3:
-                break
+        got = await fetch_at_least(dead, 3)
         return [(m.subject, m.headers[REASON_HEADER]) for m in got]
     finally:
         await bus.close()

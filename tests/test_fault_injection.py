@@ -40,7 +40,7 @@ def test_injected_faults_reach_telemetry_and_monitor_and_need_the_token(clean_se
             rows = httpx.get(telemetry.url + "/v1/gpus", params={"node": "h100-01"}).json()
             return {g["gpu"]["index"]: g for g in rows}
 
-        lost = wait_until(lambda: (g := by_index()[3])["stale"] and g, what="XID 79 GPU stale", timeout=15)
+        lost = wait_until(lambda: (g := by_index()[3])["stale"] and g, what="XID 79 GPU stale", timeout=60)
         assert lost["last_xid"] == 79 and "xid" in lost["flags"]
         ecc = wait_until(lambda: (g := by_index()[5])["gpu"]["ecc_uncorrected"] == 1 and g, what="DBE counted")
         assert "ecc" in ecc["flags"] and ecc["gpu"]["remapped_rows_uncorrectable"] == 1

@@ -320,7 +320,7 @@ async def _lease_events(servers) -> list:
         sub = await bus.js.pull_subscribe("lease.>", stream="WHALEFLUX_LEASES")
         try:
             msgs = await sub.fetch(10, timeout=0.5)
-        except Exception:
+        except TimeoutError:  # none stored yet (nats.errors.TimeoutError is one)
             return []
         return [decode(m.data)[1] for m in msgs]
     finally:

@@ -18,7 +18,7 @@ from whaleflux.shared.events import GpuTelemetry, JobFinished, JobPlaced, JobSta
 from whaleflux.telemetry.app import TelemetryService, TelemetrySettings
 from whaleflux.telemetry.history import Point, rollup
 
-from .processes import Clock, until
+from .processes import Clock, fetch_at_least, until
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -68,14 +68,7 @@ async def test_history_rollups_job_usage_and_bad_sequences(env):
             return svc.stored._value.get() >= 131 * 2
         await until(stored, what="all samples stored")
         dead = await bus.js.pull_subscribe(f"{subjects.DEADLETTER_PREFIX}.>", durable="t-dl", stream="WHALEFLUX_DEADLETTER")
-        msgs = []
-        for _ in range(10):
-            try:
-                msgs += await dead.fetch(2 - len(msgs), timeout=1)
-            except Exception:
-                pass
-            if len(msgs) >= 2:
-                break
+        msgs = await fetch_at_least(dead, 2)
         reasons = [m.headers[REASON_HEADER] for m in msgs]
         assert reasons[0].startswith("duplicate_seq: seq 130") and reasons[1].startswith("out_of_order: seq 51")
         metrics = (await http.get("/metrics")).text

@@ -31,6 +31,7 @@ import nats
 import nats.errors
 import structlog
 from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
 from nats.js.errors import BadRequestError, NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from redis.asyncio import Redis
@@ -176,13 +177,34 @@ class Bus:
                 await self.js.update_stream(spec.config())
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
+        """Create the durable consumer if missing; one that exists keeps its position unless its
+        filters or delivery limits changed (then it is replaced: a new config cannot keep a position)."""
+        try:
+            info = await self.js.consumer_info(spec.stream, spec.durable)
+        except NotFoundError:
+            info = None
+        if info is not None:
+            have, want = info.config, spec.config()
+            if (sorted(have.filter_subjects or [have.filter_subject]) == sorted(spec.filter_subjects)
+                    and have.max_deliver == want.max_deliver and have.max_ack_pending == want.max_ack_pending):
+                return
+            await self.js.delete_consumer(spec.stream, spec.durable)
         try:
             await self.js.add_consumer(spec.stream, spec.config())
         except BadRequestError:
-            # The consumer exists with an older config: replace it, keeping its position
-            # is not possible for every change, so only recreate when adding failed.
+            # Created meanwhile by another replica of the same service: use it.
+            await self.js.consumer_info(spec.stream, spec.durable)
+
+    async def reposition_consumer(self, spec: ConsumerSpec, start_seq: int) -> None:
+        """Recreate the durable consumer so that it delivers from stream sequence `start_seq` on
+        (after a rebuild that folded everything before it)."""
+        try:
             await self.js.delete_consumer(spec.stream, spec.durable)
-            await self.js.add_consumer(spec.stream, spec.config())
+        except NotFoundError:
+            pass
+        config = spec.config()
+        config.deliver_policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, max(start_seq, 1)
+        await self.js.add_consumer(spec.stream, config)
 
     # ------------------------------------------------------------------ publish
 
@@ -215,14 +237,19 @@ class Bus:
 
     # ------------------------------------------------------------------ consume
 
-    def start_consumer(self, spec: ConsumerSpec, handler: Handler | BatchHandler, redis: Redis | None, seen_prefix: str) -> None:
-        """Run a durable consumer; a handler marked `@batch_handler` gets each fetch's valid events at once."""
+    def start_consumer(self, spec: ConsumerSpec, handler: Handler | BatchHandler, redis: Redis | None, seen_prefix: str,
+                       gate: asyncio.Event | None = None) -> None:
+        """Run a durable consumer; a handler marked `@batch_handler` gets each fetch's valid events at once.
+
+        `gate`: fetch only while it is set (a service whose state store is down or being rebuilt
+        takes no events meanwhile, so none is spent on retries it cannot win)."""
         if is_batch_handler(handler) and spec.dedup:
             # Batch mode has no per-event id dedup: only for handlers idempotent by nature.
             raise ValueError(f"consumer {spec.durable}: a batch handler needs dedup=False")
-        self._tasks.append(asyncio.create_task(self._consume(spec, handler, redis, seen_prefix), name=spec.durable))
+        self._tasks.append(asyncio.create_task(self._consume(spec, handler, redis, seen_prefix, gate), name=spec.durable))
 
-    async def _consume(self, spec: ConsumerSpec, handler: Handler, redis: Redis | None, seen_prefix: str) -> None:
+    async def _consume(self, spec: ConsumerSpec, handler: Handler, redis: Redis | None, seen_prefix: str,
+                       gate: asyncio.Event | None) -> None:
         # Batch mode handles one fetch while fetching the next; at most one batch is in
         # flight, so batches are still handled one after another, in stream order.
         batch_mode = is_batch_handler(handler)
@@ -230,6 +257,15 @@ class Bus:
         psub = None
         try:
             while not self._stopping.is_set():
+                if gate is not None and not gate.is_set():
+                    if inflight is not None:
+                        await inflight
+                        inflight = None
+                    await gate.wait()
+                    # The state may have been rebuilt meanwhile, and the consumer recreated or moved.
+                    if psub is not None:
+                        await self._unbind(spec, psub)
+                        psub = None
                 try:
                     if psub is None:
                         await self.ensure_consumer(spec)
@@ -264,6 +300,13 @@ class Bus:
         finally:
             if inflight is not None and not inflight.done():
                 inflight.cancel()  # its unacked events are delivered again after ack_wait
+
+    async def _unbind(self, spec: ConsumerSpec, psub) -> None:
+        self.bound.discard(spec.durable)
+        try:
+            await psub.unsubscribe()
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            log.info("consumer.unbind_failed", consumer=spec.durable, error=repr(exc))
 
     async def _dispatch(self, spec: ConsumerSpec, msg: Msg, handler: Handler, redis: Redis | None, prefix: str) -> None:
         name = spec.durable

@@ -129,12 +129,30 @@ class NodeRegistered(EventData):
     gpus: list[GpuIdentity]
 
 
+class AttemptReport(BaseModel):
+    """One attempt the node holds: running under its supervisor, or ended (with its recorded exit) and
+    listed for a while after its job.finished was published, so the scheduler can reconcile both ways."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    job_id: JobId
+    attempt: int = Field(ge=1)
+    rank: Annotated[int, Field(ge=0)] | None = None
+    state: Literal["running", "exited"]
+    started_at: AwareDatetime | None = None
+    exit_code: int | None = None
+    finished_at: AwareDatetime | None = None
+    interrupted: str | None = Field(None, description="why the node stopped it (a planned stop), if it did")
+
+
 class NodeHeartbeat(EventData):
     event_name: ClassVar[str] = "node.heartbeat"
     cluster: Token
     node: Token
     seq: int = Field(ge=0)
     running_jobs: list[str] = Field(default_factory=list)
+    # Added in v1 before release: the node is the authority on what runs on it. Every attempt it
+    # runs, and those that ended recently, with their recorded exit (None: an agent too old to say).
+    attempts: list[AttemptReport] | None = None
 
 
 class NodeDrainRequested(EventData):
@@ -245,7 +263,7 @@ class JobRequeued(EventData):
     cluster: Token
     node: Token
     reason: str
-    cause: Literal["preempted", "node_lost", "node_drained", "restart_on_failure"]
+    cause: Literal["preempted", "node_lost", "node_drained", "restart_on_failure", "interrupted", "attempt_lost"]
     # Added in v1 before release: every node of a gang's attempt in rank order (`node` is rank 0); None for one node.
     gang_nodes: list[Token] | None = None
 
@@ -274,6 +292,9 @@ class JobFinished(EventData):
     finished_at: AwareDatetime
     # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
     rank: Annotated[int, Field(ge=0)] | None = None
+    # Added in v1 before release: set when the node stopped the job for a planned stop (agent or
+    # `up` shut down): not the job's own failure; the scheduler requeues it to resume.
+    interrupted: str | None = None
 
 
 class JobRejected(EventData):

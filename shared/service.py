@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Annotated
@@ -21,15 +23,29 @@ from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+import nats.errors
+from nats.js.errors import NotFoundError
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .bus import Bus, BusMetrics, Handler
+from .bus import Bus, BusMetrics, Handler, Retry, batch_handler, is_batch_handler
 from .logs import configure_logging
 from .outbox import Outbox
 from .settings import CommonSettings
 from .streams import CONSUMERS, ConsumerSpec
 
 Clock = Callable[[], datetime]
+# How often a running service checks that its state is still there, and how long a rebuilding
+# replica's claim lasts if it dies mid-rebuild.
+STATE_CHECK_S = 0.5
+STATE_CHECK_TIMEOUT_S = 2.0
+REBUILD_CLAIM_MS = 300_000
+
+
+class StateUnavailable(Exception):
+    """The state store is unreachable, or lost and being rebuilt: nothing can be decided now."""
 
 
 def system_clock() -> datetime:
@@ -55,6 +71,11 @@ class ServiceBase:
         self.redis: Redis | None = None
         self.outbox: Outbox | None = None
         self._tasks: list[asyncio.Task] = []
+        # Set while the state store is reachable and whole; consumers fetch only then.
+        self.state_ready = asyncio.Event()
+        self.state_problem: str | None = "starting"
+        self.epoch: str | None = None
+        self._running = False
 
     # ----------------------------------------------------------------- to override
 
@@ -117,35 +138,115 @@ class ServiceBase:
     async def _start(self) -> None:
         await self._connect()
         self.outbox = Outbox(self.redis, self.prefix)
-        await self._replay_if_state_lost()
         await self.on_ready()
+        await self._ensure_state()
         specs = self.consumer_specs()
         for name, handler in self.consumers().items():
-            self.bus.start_consumer(specs[name], handler, self.redis, self.prefix)
-        for loop in [*self.background(), self._outbox_loop]:
+            self.bus.start_consumer(specs[name], self._store_guarded(handler), self.redis, self.prefix, self.state_ready)
+        for loop in [*self.background(), self._outbox_loop, self._state_watch]:
             self._tasks.append(asyncio.create_task(self._guard(loop), name=loop.__name__))
+        self._running = True
         self.log.info("service.started", consumers=sorted(specs))
 
-    async def _replay_if_state_lost(self) -> None:
-        """Rebuild from JetStream when Redis holds none of this service's state.
+    # ----------------------------------------------------------------- state guard
 
-        Consumer positions live in NATS, so a service whose Redis was wiped would
-        otherwise resume mid-stream with empty state. Without the marker key, its
-        history consumers are recreated and replay their streams from the start;
-        handlers are idempotent, so a replay over surviving state changes nothing.
+    @property
+    def epoch_key(self) -> str:
+        return f"{self.prefix}:state-epoch"
+
+    async def _ensure_state(self) -> None:
+        """Rebuild when Redis holds none of this service's state (first start, wiped, or replaced).
+
+        The epoch marker names the state this process works on. While another replica
+        rebuilds (marker `rebuilding:…`, with a TTL in case it dies), wait for it.
         """
-        marker = f"{self.prefix}:state-epoch"
-        if await self.redis.exists(marker):
-            return
+        while True:
+            current = await self.redis.get(self.epoch_key)
+            if current is not None and not current.startswith("rebuilding:"):
+                self.epoch = current
+                self._state_up()
+                return
+            if current is None:
+                mine = uuid.uuid4().hex
+                if await self.redis.set(self.epoch_key, f"rebuilding:{mine}", nx=True, px=REBUILD_CLAIM_MS):
+                    self.log.warning("state.rebuilding", reason=self.state_problem)
+                    started = time.perf_counter()
+                    await self.rebuild_state()
+                    await self.redis.set(self.epoch_key, mine)
+                    self.log.warning("state.rebuilt", seconds=round(time.perf_counter() - started, 2))
+                    continue
+            await asyncio.sleep(0.2)
+
+    async def rebuild_state(self) -> None:
+        """Rebuild this service's Redis state from JetStream (called with consumers paused).
+
+        Default: the history consumers are deleted, so they are created again at the start
+        of their streams and replay them (handlers are idempotent, and their dedup markers
+        went with the state), then `on_ready` reloads what it keeps in memory.
+        """
         for name, spec in self.consumer_specs().items():
             if spec.deliver_new:
                 continue  # live feeds have nothing to rebuild from
             try:
                 await self.bus.js.delete_consumer(spec.stream, name)
                 self.log.warning("state.replaying", consumer=name, stream=spec.stream)
-            except Exception:
+            except NotFoundError:
                 pass  # never created: a first start
-        await self.redis.set(marker, self.clock().isoformat())
+        if self._running:  # lost while running: what on_ready keeps in memory is stale
+            await self.on_ready()
+
+    def _state_up(self) -> None:
+        if not self.state_ready.is_set():
+            self.log.warning("state.ready", after=self.state_problem)
+        self.state_problem = None
+        self.state_ready.set()
+
+    def _state_down(self, problem: str) -> None:
+        """Stop deciding: consumers pause, the API answers 503 with `problem`."""
+        if self.state_ready.is_set():
+            self.log.error("state.unavailable", problem=problem, note="consumers paused; nothing decided until it is back")
+        self.state_problem = problem
+        self.state_ready.clear()
+
+    def require_state(self) -> None:
+        """Raise StateUnavailable unless the state store is reachable and whole."""
+        if not self.state_ready.is_set():
+            raise StateUnavailable(self.state_problem or "state store not ready")
+
+    async def _state_watch(self) -> None:
+        """Notice a lost or unreachable store while running, not only at start-up."""
+        while True:
+            await asyncio.sleep(STATE_CHECK_S)
+            try:
+                current = await asyncio.wait_for(self.redis.get(self.epoch_key), STATE_CHECK_TIMEOUT_S)
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                self._state_down(f"state store unreachable ({type(exc).__name__})")
+                continue
+            if current == self.epoch:
+                self._state_up()
+                continue
+            self._state_down("state lost (the store was wiped or replaced); rebuilding from JetStream")
+            try:
+                await self._ensure_state()
+            except (RedisError, OSError) as exc:
+                self.log.warning("state.rebuild_interrupted", error=repr(exc))
+
+    def _store_guarded(self, handler: Handler) -> Handler:
+        """A handler that hits an unreachable store pauses the consumers and asks for a redelivery."""
+
+        async def guarded(*args):
+            try:
+                return await handler(*args)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                self._state_down(f"state store unreachable ({type(exc).__name__})")
+                raise Retry(f"state store unreachable: {exc}", delay_s=2.0) from exc
+            except StateUnavailable as exc:
+                self._state_down(str(exc))
+                raise Retry(str(exc), delay_s=2.0) from exc
+
+        if is_batch_handler(handler):
+            guarded = batch_handler(guarded)
+        return guarded
 
     async def _outbox_loop(self) -> None:
         """Publish what a failed or interrupted flush left behind."""
@@ -183,7 +284,8 @@ class ServiceBase:
         await self.outbox.flush(self.bus)
 
     async def readiness(self) -> dict:
-        checks: dict[str, bool] = {"nats": bool(self.bus and self.bus.connected), "redis": False}
+        checks: dict[str, bool] = {"nats": bool(self.bus and self.bus.connected), "redis": False,
+                                   "state": self.state_ready.is_set()}
         if self.redis is not None:
             try:
                 checks["redis"] = bool(await asyncio.wait_for(self.redis.ping(), 1.0))
@@ -253,6 +355,22 @@ class ServiceBase:
                     except Exception as exc:
                         consumers[name] = {"error": type(exc).__name__}
             return {"service": self.name, "consumers": consumers, "settings": self.settings.redacted()}
+
+        @app.exception_handler(StateUnavailable)
+        async def state_unavailable(request: Request, exc: StateUnavailable) -> JSONResponse:
+            return JSONResponse({"detail": f"{self.name} cannot answer now: {exc}"}, status_code=503,
+                                headers={"Retry-After": "2"})
+
+        @app.exception_handler(RedisError)
+        async def store_error(request: Request, exc: RedisError) -> JSONResponse:
+            self._state_down(f"state store unreachable ({type(exc).__name__})")
+            return JSONResponse({"detail": f"{self.name} cannot answer now: state store unreachable"}, status_code=503,
+                                headers={"Retry-After": "2"})
+
+        @app.exception_handler(nats.errors.Error)
+        async def bus_error(request: Request, exc: nats.errors.Error) -> JSONResponse:
+            return JSONResponse({"detail": f"{self.name} cannot answer now: the bus is unreachable ({type(exc).__name__})"},
+                                status_code=503, headers={"Retry-After": "2"})
 
         @app.exception_handler(ValueError)
         async def value_error(request: Request, exc: ValueError) -> JSONResponse:

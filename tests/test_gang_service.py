@@ -80,8 +80,9 @@ print(f"done at {step} end={time.time()}", flush=True)
 async def test_store_commits_one_placement_per_node_and_stops_every_part_in_one_transaction(clean_servers):
     redis = Redis.from_url(clean_servers.redis_url, password=clean_servers.redis_password, decode_responses=True)
     leadership = Leadership(redis, "wf:scheduler", "t", 5)
-    store = SchedulerStore(redis, "wf:scheduler", Outbox(redis, "wf:scheduler"), "test", leadership)
+    store = SchedulerStore(redis, "wf:scheduler", Outbox(redis, "wf:scheduler"), "test", leadership, lambda: "e1")
     try:
+        await redis.set(store.epoch_key, "e1")
         await leadership.acquire(poll_s=0.1)
         spec = JobSubmitted(job_id="g1", name="x", command=["train"], gpus=16)
         regs = [NodeRegistered(

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from whaleflux.scheduler.leadership import Leadership, NotLeader
 from whaleflux.scheduler.store import SchedulerStore
+from whaleflux.shared.service import StateUnavailable
 from whaleflux.servers import free_port
 from whaleflux.shared.events import JobPlaced, JobStarted
 
@@ -46,7 +47,8 @@ async def test_one_holder_at_a_time_and_each_takeover_gets_a_higher_token(clean_
 async def test_a_paused_ex_leader_cannot_commit_after_a_takeover(clean_servers):
     redis = _redis(clean_servers)
     old, new = Leadership(redis, PREFIX, "old", 5), Leadership(redis, PREFIX, "new", 5)
-    store = SchedulerStore(redis, PREFIX, None, "test", old)
+    store = SchedulerStore(redis, PREFIX, None, "test", old, lambda: "epoch-1")
+    await redis.set(store.epoch_key, "epoch-1")
     try:
         with pytest.raises(NotLeader):
             async with store.transaction():
@@ -68,6 +70,28 @@ async def test_a_paused_ex_leader_cannot_commit_after_a_takeover(clean_servers):
             async with store.transaction():
                 pass
         assert await redis.hgetall(store.alloc_key) == {"GPU-1": "job-a"}
+    finally:
+        await redis.aclose()
+
+
+async def test_no_write_lands_on_a_store_that_was_wiped_or_replaced(clean_servers):
+    redis = _redis(clean_servers)
+    leader = Leadership(redis, PREFIX, "one", 5)
+    store = SchedulerStore(redis, PREFIX, None, "test", leader, lambda: "epoch-1")
+    try:
+        await redis.set(store.epoch_key, "epoch-1")
+        await leader.acquire(poll_s=0.1)
+        await redis.flushdb()
+        await leader.try_acquire()  # the lease is taken again on the empty store: leadership alone would not notice
+        with pytest.raises(StateUnavailable):
+            async with store.transaction() as pipe:
+                pipe.hset(store.alloc_key, "GPU-1", "job-a")
+                await pipe.execute()
+        await redis.set(store.epoch_key, "epoch-2")  # rebuilt by someone else: still not the state we decided on
+        with pytest.raises(StateUnavailable):
+            async with store.transaction():
+                pass
+        assert await redis.hgetall(store.alloc_key) == {}
     finally:
         await redis.aclose()
 

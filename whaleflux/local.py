@@ -44,7 +44,10 @@ class Child:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # Its own session: a Ctrl-C in the terminal reaches `up` alone, which stops the children in order
+        # (the agent first, while the bus still takes its jobs' reports).
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
         log.close()
 
 

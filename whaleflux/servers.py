@@ -119,6 +119,7 @@ class LocalServers:
             [nats_server_binary(), "-c", str(conf), "-l", str(log)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # stopped by its owner, after the processes that still use it
         )
         self.procs.append(proc)
         _wait_port(port, proc, "nats-server", log)
@@ -134,7 +135,8 @@ class LocalServers:
             f"port {port}\nbind 127.0.0.1\nprotected-mode yes\nrequirepass {self.redis_password}\n"
             f'dir "{data}"\nappendonly yes\nappendfsync everysec\nlogfile "{log}"\ndaemonize no\n',
         )
-        proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
         self.procs.append(proc)
         _wait_port(port, proc, "redis-server", log)
 

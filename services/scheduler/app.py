@@ -27,12 +27,14 @@ from whaleflux.shared.settings import CommonSettings
 
 from .failover import FailoverMixin
 from .gang import on_part_report
+from .history import after_end, record_end
 from .leadership import Leadership
 from .placement import ClusterState, ModelFacts, explain_wait
 from .queueing import POLICIES, PendingQueue, PolicyConfig, ScheduleRequest, TeamPolicy, schedule
 from .records import ACTIVE, JobRecord
 from .routes import SubmitRequest, add_routes  # noqa: F401 (SubmitRequest: part of this module's API)
 from .schedule_request import NodeView, held, node_state, pending_job, running_job, waiting_reasons
+from .rebuild import rebuild
 from .store import SchedulerStore
 
 
@@ -60,6 +62,8 @@ class SchedulerSettings(CommonSettings):
     heartbeat_lost_s: float = Field(10.0, gt=0)
     mass_silence_fraction: float = Field(0.5, gt=0, le=1)
     max_restarts: int = Field(3, ge=0)
+    # A placed attempt its node still does not list after this long never reached it: requeued.
+    placement_report_s: float = Field(30.0, gt=0)
     # The policy's moves of running checkpointable jobs (to faster GPUs, out of a blocked job's way).
     migration: bool = True
     # Active/standby replicas: the leader's lease lives this long unless renewed
@@ -107,6 +111,8 @@ class SchedulerService(FailoverMixin, ServiceBase):
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
         self._fenced = {}
+        self._heard = {}
+        self._reconciled = {}
 
     async def get_job(self, job_id: str) -> JobRecord | None:
         return await self.store.job(job_id)
@@ -166,18 +172,17 @@ class SchedulerService(FailoverMixin, ServiceBase):
                 job.state, job.started_at = "running", data.started_at
                 await self.store.save(job)
             return
-        ok = isinstance(data, JobFinished) and data.exit_code == 0
-        if not ok and job.spec.restart_on_failure and len(job.requeues) < self.settings.max_restarts:
-            why = data.reason if isinstance(data, JobFailed) else f"exit code {data.exit_code}"
-            await self.store.requeue(job, "restart_on_failure", f"failed ({why}), restarting", self.clock(), None)
+        await self.end_attempt(job, data)
+
+    async def end_attempt(self, job: JobRecord, data: JobFinished | JobFailed) -> None:
+        """The current attempt of a job on one node ended (reported, or read off the node's heartbeat)."""
+        decision = after_end(job, data, self.settings.max_restarts)
+        if decision.requeue:
+            await self.store.requeue(job, decision.cause, decision.reason, self.clock(), None)
+            self.log.info("job.requeued", job_id=job.job_id, attempt=data.attempt, cause=decision.cause)
             self._dirty.set()
             return
-        if isinstance(data, JobFinished):
-            job.state = "succeeded" if ok else "failed"
-            job.exit_code, job.finished_at = data.exit_code, data.finished_at
-            job.started_at = job.started_at or data.started_at
-        else:
-            job.state, job.reason, job.exit_code, job.finished_at = "failed", data.reason, data.exit_code, data.failed_at
+        record_end(job, data)
         async with self.store.transaction() as pipe:
             pipe.set(self.store.job_key(job.job_id), job.model_dump_json())
             for gpu in job.gpu_uuids:
@@ -187,6 +192,13 @@ class SchedulerService(FailoverMixin, ServiceBase):
 
     async def _on_gang_progress(self, job: JobRecord, data: JobStarted | JobFinished | JobFailed) -> None:
         """A part of a gang spanning nodes reported: all or nothing (see gang.py)."""
+        if isinstance(data, JobFinished) and data.interrupted:
+            # A planned stop of one part: the whole gang goes back to the queue to resume, the other parts stop.
+            rank = data.rank or 0
+            await self.store.requeue(job, "interrupted", data.interrupted, self.clock(), self.settings.preemption_grace_s,
+                                     frozenset({rank}), hold_until=self.stop_hold(self.clock()))
+            self._dirty.set()
+            return
         step = on_part_report(job, data)
         if step.action == "ignore":
             self.log.info("job.progress_ignored", job_id=job.job_id, attempt=data.attempt, rank=data.rank, node=data.node)
@@ -277,7 +289,8 @@ class SchedulerService(FailoverMixin, ServiceBase):
         lease_s = self.settings.leader_lease_s
         self.leadership = Leadership(self.redis, self.prefix, self.settings.instance, lease_s)
         self.store = SchedulerStore(
-            self.redis, self.prefix, self.outbox, f"whaleflux/scheduler/{self.settings.instance}", self.leadership
+            self.redis, self.prefix, self.outbox, f"whaleflux/scheduler/{self.settings.instance}", self.leadership,
+            lambda: self.epoch,
         )
         # A standby serves reads over HTTP from here on, but binds no consumer and runs
         # no pass (the shell starts those after this returns) until it holds the lease.
@@ -290,6 +303,17 @@ class SchedulerService(FailoverMixin, ServiceBase):
         self._watching_since = self.clock().timestamp()
         # Placements committed before a crash (ours or the previous leader's) but not yet published go out now.
         await self.publish_staged()
+
+    async def rebuild_state(self) -> None:
+        """Fold the job history in JetStream into a fresh state (see rebuild.py), deciding nothing meanwhile."""
+        async with self._lock:
+            done = await rebuild(self.bus, self.redis, self.store, self.settings.preemption_grace_s + self.settings.heartbeat_lost_s,
+                                 self.settings.max_restarts, self.clock())
+            # Nodes get a fresh chance to be heard: a gap in heartbeats while we rebuilt is ours.
+            self._watching_since = self.clock().timestamp()
+        self.log.warning("state.folded", jobs=done.jobs, events=done.events, pending=done.pending, active=done.active,
+                         nodes=done.nodes, last_seq=done.last_seq)
+        self._dirty.set()
 
     async def _lease_lost(self) -> None:
         """Another replica leads now: our transactions fail from here on (fencing); stop cleanly,
@@ -305,8 +329,8 @@ class SchedulerService(FailoverMixin, ServiceBase):
     async def readiness(self) -> dict:
         checks = await super().readiness()
         if self.leadership is None or not self.leadership.is_leader:
-            # A standby binds no consumers until it wins the lease; it is ready to serve reads.
-            checks = {k: v for k, v in checks.items() if not k.startswith("consumer:")}
+            # A standby binds no consumers and rebuilds nothing until it wins the lease; it is ready to serve reads.
+            checks = {k: v for k, v in checks.items() if not k.startswith("consumer:") and k != "state"}
         return checks
 
     async def stop(self) -> None:
@@ -327,6 +351,8 @@ class SchedulerService(FailoverMixin, ServiceBase):
             except asyncio.TimeoutError:
                 pass
             self._dirty.clear()
+            if not self.state_ready.is_set():
+                continue  # nothing is decided on a store that is down or being rebuilt
             try:
                 await self.schedule_pass()
             except Exception as exc:

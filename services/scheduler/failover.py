@@ -12,8 +12,13 @@ from datetime import datetime, timedelta
 from whaleflux.shared import subjects
 from whaleflux.shared.events import Envelope, JobPreempted, NodeDrainRequested, NodeHeartbeat, NodeRegistered, make_envelope
 
+from . import attempts
 from .liveness import Liveness, LivenessPolicy, assess
 from .records import NodeCondition
+
+
+# How often one node's heartbeat is compared with what the scheduler thinks runs there.
+RECONCILE_EVERY_S = 2.0
 
 
 class FailoverMixin:
@@ -34,51 +39,80 @@ class FailoverMixin:
         self._dirty.set()
 
     async def on_heartbeat(self, env: Envelope, hb: NodeHeartbeat) -> None:
-        """Record liveness by our own clock; a lost node that speaks again is back, and fenced."""
+        """Record liveness by our own clock, as received; a lost node that speaks again is back, and fenced;
+        what the node says it runs is reconciled with what we think it runs."""
         key = f"{hb.cluster}/{hb.node}"
+        # First, in memory: a node is judged by what we heard, never by whether we could write it down.
+        self._heard[key] = self.clock().timestamp()
         if not await self.redis.hexists(self.store.nodes_key, key):
             return  # not registered (yet): nothing to place there
-        # Not fenced: a heartbeat time is a fact about the node, harmless from any replica.
-        await self.redis.hset(self.store.seen_key, key, self.clock().timestamp())
+        # Not fenced: a heartbeat time is a fact about the node, harmless from any replica (and read by standbys).
+        await self.redis.hset(self.store.seen_key, key, self._heard[key])
         condition = (await self.store.conditions()).get(key)
         if condition is not None and condition.state == "lost":
             await self.store.set_condition(key, None)
             self.log.warning("node.back", node=key, lost_since=condition.since.isoformat())
             self._dirty.set()
-            # Only a node that was declared lost can run jobs the scheduler gave up on without
-            # telling it; a preempted or drained job was already sent its stop order and may
-            # still be in its grace period.
-            await self._fence(hb)
+            if hb.attempts is None:
+                # An agent too old to list its attempts: stop what it runs that was moved elsewhere or ended.
+                await self._fence(hb)
+        if hb.attempts is not None and self.leadership.is_leader:
+            await self.reconcile(env, hb)
+
+    async def reconcile(self, env: Envelope, hb: NodeHeartbeat) -> None:
+        """The node is the authority on what runs on it; both ways (see `attempts.reconcile`)."""
+        key = f"{hb.cluster}/{hb.node}"
+        now = self.clock()
+        last = self._reconciled.get(key)
+        if last is not None and (now - last).total_seconds() < RECONCILE_EVERY_S:
+            return
+        self._reconciled[key] = now
+        listed = {a.job_id for a in hb.attempts}
+        async with self._lock:
+            ours = await self.store.jobs_on(key)
+            others = await self.store.jobs(sorted(listed - {j.job_id for j in ours}))
+            plan = attempts.reconcile(hb, env.time, ours, others, now, self.settings.placement_report_s)
+            for report in plan.ended:
+                self.log.warning("attempt.ended_per_node", job_id=report.job_id, attempt=report.attempt, node=key,
+                                 exit_code=report.exit_code, interrupted=report.interrupted)
+                await self._on_progress(report)
+            for job, why in plan.lost:
+                self.log.error("attempt.lost", job_id=job.job_id, attempt=job.attempt, node=key, reason=why)
+                # The other parts of a gang still run: they are stopped, and the job held until they have.
+                gang = bool(job.parts)
+                await self.store.requeue(job, "attempt_lost", why, now, self.settings.preemption_grace_s if gang else None,
+                                         hold_until=self.stop_hold(now) if gang else None)
+                self._dirty.set()
+        for a in plan.stop:
+            await self._stop_stray(hb, a.job_id, a.attempt, "this attempt is not the job's current one here")
+        if plan.ended or plan.lost:
+            await self.publish_staged()
+
+    async def _stop_stray(self, hb: NodeHeartbeat, job_id: str, attempt: int, reason: str) -> None:
+        """Send a stop order for an attempt the node runs that it should not (at most once per heartbeat_lost_s)."""
+        now = self.clock()
+        last = self._fenced.get((job_id, hb.node))
+        if last is not None and (now - last).total_seconds() < self.settings.heartbeat_lost_s:
+            return
+        self._fenced[(job_id, hb.node)] = now
+        order = JobPreempted(job_id=job_id, attempt=attempt, cluster=hb.cluster, node=hb.node, reason=reason,
+                             grace_s=self.settings.preemption_grace_s)
+        env = make_envelope(order, source=self.store.source, subject=job_id, event_id=f"fence-{job_id}-{attempt}-{hb.node}",
+                            correlation_id=job_id, time=now)
+        await self.bus.publish_envelope(subjects.job_preempted(hb.cluster, hb.node), env)
+        self.log.warning("job.fenced", job_id=job_id, attempt=attempt, node=hb.node, reason=reason)
 
     async def _fence(self, hb: NodeHeartbeat) -> None:
         """Stop jobs a node back from the dead still runs that were moved elsewhere or ended (one run at a time)."""
         if not hb.running_jobs or not self.leadership.is_leader:
             return
         jobs = await self.store.jobs(list(hb.running_jobs))
-        now = self.clock()
         for job_id in hb.running_jobs:
             job = jobs.get(job_id)
             # A node of a gang runs one part of it: fenced only if the current attempt holds nothing there.
             if job is None or (job.state in ("placed", "running") and job.holds(hb.cluster, hb.node)):
                 continue
-            last = self._fenced.get((job_id, hb.node))
-            if last is not None and (now - last).total_seconds() < self.settings.heartbeat_lost_s:
-                continue
-            self._fenced[(job_id, hb.node)] = now
-            order = JobPreempted(
-                job_id=job_id,
-                attempt=max(job.attempt, 1),
-                cluster=hb.cluster,
-                node=hb.node,
-                reason=f"job {job.state} elsewhere or ended; this node was declared lost",
-                grace_s=self.settings.preemption_grace_s,
-            )
-            env = make_envelope(
-                order, source=self.store.source, subject=job_id, event_id=f"fence-{job_id}-{job.attempt}-{hb.node}",
-                correlation_id=job_id, time=now,
-            )
-            await self.bus.publish_envelope(subjects.job_preempted(hb.cluster, hb.node), env)
-            self.log.warning("job.fenced", job_id=job_id, node=hb.node, state=job.state)
+            await self._stop_stray(hb, job_id, max(job.attempt, 1), f"job {job.state} elsewhere or ended; this node was declared lost")
 
     def stop_hold(self, now: datetime) -> datetime:
         """Until when a job sent a stop order waits for its old attempt's end before it is placed again:
@@ -115,7 +149,11 @@ class FailoverMixin:
         # Only nodes that ever sent a heartbeat are judged by them. Lost and draining
         # nodes are out already (a drained node holds no jobs to move).
         conditions = await self.store.conditions()
-        seen = {k: t for k, t in (await self.store.last_seen()).items() if k not in conditions}
+        registered = await self.redis.hkeys(self.store.nodes_key)
+        # As heard by this process; a node not heard since we started is judged by what is recorded
+        # (and never blamed for the time we were not watching: see `_watching_since`).
+        heard = {**(await self.store.last_seen()), **self._heard}
+        seen = {k: heard[k] for k in registered if k in heard and k not in conditions}
         return assess(seen, self.clock().timestamp(), self._watching_since, self._liveness_policy())
 
     async def check_liveness(self) -> Liveness:
@@ -135,8 +173,11 @@ class FailoverMixin:
                 await self.store.set_condition(key, NodeCondition(state="lost", reason=reason, since=now))
                 jobs = await self.store.jobs_on(key)
                 for job in jobs:
-                    # The stop order waits in the node's consumer in case it comes back.
-                    await self.store.requeue(job, "node_lost", reason, now, self.settings.preemption_grace_s)
+                    # The stop order waits in the node's consumer in case it comes back. Its attempt may
+                    # still run there (only the agent died): its supervisor stops it once the agent has been
+                    # silent as long, so the job is held until then, never run twice.
+                    await self.store.requeue(job, "node_lost", reason, now, self.settings.preemption_grace_s,
+                                             hold_until=self.stop_hold(now))
                 self.log.error("node.lost", node=key, silent_s=round(age, 1), jobs_requeued=len(jobs))
         if live.lost:
             await self.publish_staged()
@@ -146,6 +187,10 @@ class FailoverMixin:
     async def _liveness_loop(self) -> None:
         while True:
             await asyncio.sleep(min(1.0, self.settings.heartbeat_suspect_s / 2))
+            if not self.state_ready.is_set():
+                # Heartbeats wait in the bus while the store is down: silence meanwhile is ours, not the nodes'.
+                self._watching_since = self.clock().timestamp()
+                continue
             try:
                 self._suspects = (await self.check_liveness()).suspect
             except Exception as exc:
@@ -155,3 +200,5 @@ class FailoverMixin:
     _mass_silence_logged: bool = False
     _suspects: frozenset[str] = frozenset()
     _fenced: dict[tuple[str, str], datetime]
+    _heard: dict[str, float]
+    _reconciled: dict[str, datetime]

@@ -6,7 +6,7 @@ import math
 import uuid
 from typing import TYPE_CHECKING, Literal
 
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -103,6 +103,14 @@ def _masked(job: JobRecord) -> JobRecord:
 
 
 def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
+    def whole_state() -> None:
+        # The leader answers 503 with the reason while its store is down or being rebuilt, never
+        # from partial state; a standby serves reads from whatever the leader keeps.
+        if svc.leadership is not None and svc.leadership.is_leader:
+            svc.require_state()
+
+    state = Depends(whole_state)
+
     @app.post("/v1/size", tags=["sizing"])
     def size(body: SizingRequest) -> SizingReport:
         """Memory, time and GPU options for serving or fine-tuning an LLM; bad input gets 422/400 naming the field."""
@@ -128,7 +136,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
             "token": token,
         }
 
-    @app.get("/v1/jobs", tags=["jobs"])
+    @app.get("/v1/jobs", tags=["jobs"], dependencies=[state])
     async def list_jobs(limit: int = Query(100, ge=1, le=1000), state: JobStateName | None = None) -> list[JobRecord]:
         """Jobs, newest first (environment values masked)."""
         jobs: list[JobRecord] = []
@@ -142,7 +150,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
             jobs += [found[i] for i in ids if i in found and (state is None or found[i].state == state)]
         return [_masked(j) for j in jobs[:limit]]
 
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"], dependencies=[state])
     async def get_job(job_id: str) -> JobRecord:
         """One job (environment values masked)."""
         job = await svc.store.job(job_id)
@@ -150,7 +158,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
             raise HTTPException(404, f"job {job_id!r} not found")
         return _masked(job)
 
-    @app.get("/v1/jobs/{job_id}/why", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}/why", tags=["jobs"], dependencies=[state])
     async def job_why(job_id: str) -> dict:
         """Why the job waits (what it needs, the largest free block, jobs ahead), or where and why it runs."""
         job = await svc.store.job(job_id)
@@ -158,7 +166,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
             raise HTTPException(404, f"job {job_id!r} not found")
         return {"job_id": job_id, "state": job.state, "attempt": job.attempt, "why": why(job)}
 
-    @app.post("/v1/jobs", tags=["jobs"], status_code=202, dependencies=[admin])
+    @app.post("/v1/jobs", tags=["jobs"], status_code=202, dependencies=[admin, state])
     async def submit(body: SubmitRequest) -> dict:
         """Submit a job (publishes job.submitted); needs the bearer token. 422 with the reason if it can never run."""
         base = uuid.uuid4().hex[:12]
@@ -172,7 +180,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
             await svc.bus.publish(subjects.JOB_SUBMITTED, data, subject=data.job_id, correlation_id=data.job_id)
         return {"job_id": jobs[0].job_id, "job_ids": [j.job_id for j in jobs]}
 
-    @app.get("/v1/nodes", tags=["nodes"])
+    @app.get("/v1/nodes", tags=["nodes"], dependencies=[state])
     async def nodes() -> list[dict]:
         """Registered nodes: model, GPUs, free GPUs and status (healthy, suspect, lost, draining)."""
         regs = await svc.store.registrations()
@@ -202,7 +210,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
     class DrainBody(BaseModel):
         reason: str = Field("drained by an operator", min_length=1, max_length=500)
 
-    @app.post("/v1/nodes/{node}/drain", tags=["nodes"], status_code=202, dependencies=[admin])
+    @app.post("/v1/nodes/{node}/drain", tags=["nodes"], status_code=202, dependencies=[admin, state])
     async def drain(node: str, body: DrainBody | None = None) -> dict:
         """Publish node.drain_requested: no new work on the node, its jobs stopped and requeued."""
         reg = (await svc.store.registrations())[await _node_key(node)]
@@ -211,7 +219,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
         await svc.bus.publish(subjects.node_drain_requested(reg.cluster, reg.node), data, subject=reg.node)
         return {"node": reg.node, "draining": True}
 
-    @app.post("/v1/nodes/{node}/undrain", tags=["nodes"], dependencies=[admin])
+    @app.post("/v1/nodes/{node}/undrain", tags=["nodes"], dependencies=[admin, state])
     async def undrain(node: str) -> dict:
         """Let a drained node take work again."""
         return {"node": node, "undrained": await svc.undrain(await _node_key(node))}

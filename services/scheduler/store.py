@@ -8,7 +8,7 @@ neither loses nor doubles it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 
 from redis.asyncio import Redis
@@ -26,8 +26,10 @@ from whaleflux.shared.events import (
     make_envelope,
 )
 from whaleflux.shared.outbox import Outbox
+from whaleflux.shared.service import StateUnavailable
 
 from .gang import parts_of
+from .history import back_to_queue
 from .leadership import Leadership, NotLeader
 from .placement import Placement
 from .records import JobPart, JobRecord, NodeCondition
@@ -39,12 +41,16 @@ def part_event_id(kind: str, job_id: str, attempt: int, rank: int) -> str:
 
 
 class SchedulerStore:
-    def __init__(self, redis: Redis, prefix: str, outbox: Outbox, source: str, leadership: Leadership):
+    def __init__(self, redis: Redis, prefix: str, outbox: Outbox, source: str, leadership: Leadership,
+                 epoch: Callable[[], str | None]):
         self.redis = redis
         self.prefix = prefix
         self.outbox = outbox
         self.source = source
         self.leadership = leadership
+        # The state generation this process works on (ServiceBase's epoch marker): a write
+        # onto a store that was wiped or replaced since is refused, never made on partial state.
+        self.epoch = epoch
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Pipeline]:
@@ -57,8 +63,10 @@ class SchedulerStore:
         if token is None:
             raise NotLeader("this scheduler replica is a standby")
         async with self.redis.pipeline(transaction=True) as pipe:
-            await pipe.watch(self.leadership.token_key)
-            current = await pipe.get(self.leadership.token_key)
+            await pipe.watch(self.leadership.token_key, self.epoch_key)
+            current, epoch = await pipe.mget(self.leadership.token_key, self.epoch_key)
+            if epoch is None or epoch != self.epoch():
+                raise StateUnavailable("scheduler state lost (the store was wiped or replaced); rebuilding")
             if current is None or int(current) != token:
                 raise NotLeader(f"fencing token {token} is stale (current {current})")
             pipe.multi()
@@ -68,6 +76,10 @@ class SchedulerStore:
                 raise NotLeader(f"another replica took the lease (token {token} is stale)") from exc
 
     # ------------------------------------------------------------ keys
+
+    @property
+    def epoch_key(self) -> str:
+        return f"{self.prefix}:state-epoch"
 
     def job_key(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"
@@ -230,17 +242,12 @@ class SchedulerStore:
         parts = [(p.rank, p.cluster, p.node) for p in job.parts] or [(0, cluster, node)]
         gang = [p.node for p in job.parts] or None
         where = f"{node}" if not gang else f"{', '.join(gang)} (gang)"
-        job.requeues.append(f"attempt {attempt} on {where}: {reason}")
-        job.state, job.reason = "pending", f"requeued: {reason}"
-        job.held_until = hold_until
+        back_to_queue(job, f"attempt {attempt} on {where}: {reason}", reason, "" if moved else cause, hold_until)
         if hold_until is not None:
             job.reason += f"; placed again once attempt {attempt} has stopped on {where}"
         if moved:
             job.migrations += 1
             job.reason = f"moved: {job.reason.removeprefix('requeued: ')}"
-        elif cause == "preempted":
-            job.preemptions += 1
-        job.gpu_uuids, job.expected_end = [], None
         requeued = JobRequeued(job_id=job.job_id, attempt=attempt, cluster=cluster, node=node, reason=reason, cause=cause,
                                gang_nodes=gang)
         async with self.transaction() as pipe:

@@ -1,0 +1,84 @@
+"""Reconcile what a node says it runs with what the scheduler thinks runs there. Pure (no I/O).
+
+Every heartbeat lists the node's attempts: those running under their
+supervisors, and those that ended recently with the exit their supervisor
+recorded. Both ways:
+- an attempt we think active there that the node lists as ended is ended with
+  the recorded status (as if its job.finished had arrived; it may still be on
+  its way, and ending twice changes nothing);
+- one the node does not list at all is lost: its process is gone with no exit
+  recorded (the node rebooted, or never got the placement);
+- one the node runs that is not the job's current attempt there is stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from whaleflux.shared.events import AttemptReport, JobFinished, NodeHeartbeat
+
+from .records import ACTIVE, JobRecord
+
+# A started attempt missing from a heartbeat the node sent this much later than its start is lost
+# (the node adds an attempt to its list before it reports the start; both times are the node's clock).
+STARTED_SLACK_S = 2.0
+
+
+@dataclass
+class Plan:
+    ended: list[JobFinished] = field(default_factory=list)
+    lost: list[tuple[JobRecord, str]] = field(default_factory=list)
+    stop: list[AttemptReport] = field(default_factory=list)
+
+
+def _rank_here(job: JobRecord, cluster: str, node: str) -> tuple[bool, int | None]:
+    """Whether the current attempt still has a live part on the node, and that part's rank (None: one node)."""
+    if not job.parts:
+        return job.cluster == cluster and job.node == node, None
+    for part in job.parts:
+        if part.cluster == cluster and part.node == node:
+            return part.state != "exited", part.rank
+    return False, None
+
+
+def reconcile(hb: NodeHeartbeat, sent_at: datetime, ours: list[JobRecord], others: dict[str, JobRecord],
+              now: datetime, placement_report_s: float) -> Plan:
+    """What to do about one heartbeat (`sent_at`: its envelope time, the node's clock). `ours`: jobs we think
+    active on the node; `others`: the records of the other jobs it lists."""
+    plan = Plan()
+    listed = {(a.job_id, a.attempt, a.rank or 0): a for a in hb.attempts or []}
+    for job in ours:
+        live, rank = _rank_here(job, hb.cluster, hb.node)
+        if job.state not in ACTIVE or not live:
+            continue
+        report = listed.get((job.job_id, job.attempt, rank or 0))
+        if report is not None and report.state == "exited":
+            plan.ended.append(JobFinished(
+                job_id=job.job_id, attempt=job.attempt, cluster=hb.cluster, node=hb.node,
+                exit_code=report.exit_code if report.exit_code is not None else -1,
+                started_at=report.started_at or job.started_at or report.finished_at or sent_at,
+                finished_at=report.finished_at or sent_at, rank=rank, interrupted=report.interrupted,
+            ))
+            continue
+        if report is not None:
+            continue
+        part = next((p for p in job.parts if p.rank == rank), None) if job.parts else None
+        started_at = part.started_at if part is not None else job.started_at
+        if started_at is not None:
+            if (sent_at - started_at).total_seconds() > STARTED_SLACK_S:
+                plan.lost.append((job, f"node {hb.node} no longer runs attempt {job.attempt} and recorded no exit"))
+        elif job.placed_at is not None and (now - job.placed_at).total_seconds() > placement_report_s:
+            plan.lost.append((job, f"node {hb.node} never started attempt {job.attempt} ({placement_report_s:g} s after placement)"))
+    mine = {j.job_id: j for j in ours}
+    for a in hb.attempts or []:
+        if a.state != "running":
+            continue
+        job = mine.get(a.job_id) or others.get(a.job_id)
+        if job is None:
+            continue  # not ours to judge (another deployment's, or older than the history kept)
+        live, rank = _rank_here(job, hb.cluster, hb.node)
+        if job.state in ACTIVE and job.attempt == a.attempt and live and (rank or 0) == (a.rank or 0):
+            continue
+        plan.stop.append(a)
+    return plan

@@ -1,0 +1,171 @@
+"""A job's whole history folded into its record: what a rebuild decides from. Pure (no I/O, no clock).
+
+The JOBS stream holds every fact about a job: its submission, each placement
+(one job.placed per node of a gang), what the nodes reported (started,
+finished, failed), and the scheduler's own requeues and rejections. Folding
+them in stream order gives the record the live scheduler would have kept, so
+after a lost store a finished job stays finished (never dispatched again), a
+job whose attempt still runs stays placed or running on that node (re-adopted,
+not restarted), and only the truly pending wait in the queue. Folding the same
+events twice gives the same records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from whaleflux.shared.events import (
+    Envelope,
+    EventData,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobRejected,
+    JobRequeued,
+    JobStarted,
+    JobSubmitted,
+)
+
+from .gang import on_part_report
+from .records import ACTIVE, JobPart, JobRecord
+
+
+@dataclass(frozen=True)
+class EndDecision:
+    """What an attempt's end means for the job: `requeue` (with `cause`, `reason`) or `terminal`."""
+
+    requeue: bool
+    cause: str = ""
+    reason: str = ""
+
+
+def after_end(job: JobRecord, report: JobFinished | JobFailed, max_restarts: int) -> EndDecision:
+    """The current attempt of a job on one node ended: requeue it, or is the job done?
+
+    A planned stop by the node (its agent or `up` shut down) is not the job's
+    failure: the job is requeued to resume, whatever the exit code the stop caused.
+    """
+    if isinstance(report, JobFinished) and report.interrupted:
+        return EndDecision(True, "interrupted", f"interrupted: {report.interrupted}")
+    ok = isinstance(report, JobFinished) and report.exit_code == 0
+    if not ok and job.spec.restart_on_failure and len(job.requeues) < max_restarts:
+        why = report.reason if isinstance(report, JobFailed) else f"exit code {report.exit_code}"
+        return EndDecision(True, "restart_on_failure", f"failed ({why}), restarting")
+    return EndDecision(False)
+
+
+def record_end(job: JobRecord, report: JobFinished | JobFailed) -> None:
+    """The job's terminal state from its current attempt's end (one node)."""
+    if isinstance(report, JobFinished):
+        job.state = "succeeded" if report.exit_code == 0 else "failed"
+        job.exit_code, job.finished_at = report.exit_code, report.finished_at
+        job.started_at = job.started_at or report.started_at
+    else:
+        job.state, job.reason, job.exit_code, job.finished_at = "failed", report.reason, report.exit_code, report.failed_at
+
+
+def back_to_queue(job: JobRecord, line: str, reason: str, cause: str, hold_until: datetime | None) -> None:
+    """The current attempt is over without ending the job: pending again, GPUs released."""
+    job.requeues.append(line)
+    job.state, job.reason = "pending", f"requeued: {reason}"
+    if cause == "preempted":
+        job.preemptions += 1
+    job.gpu_uuids, job.parts, job.expected_end = [], [], None
+    job.held_until = hold_until
+
+
+class Fold:
+    """Jobs built up event by event; `hold_s`: how long a stopped attempt may take to end (as the live
+    scheduler's `stop_hold`), `max_restarts`: as the live setting."""
+
+    def __init__(self, hold_s: float, max_restarts: int):
+        self.hold_s = hold_s
+        self.max_restarts = max_restarts
+        self.jobs: dict[str, JobRecord] = {}
+        # Attempts whose end was reported (a stop order's hold is over once it is).
+        self._ended: set[tuple[str, int]] = set()
+
+    def apply(self, env: Envelope, data: EventData) -> None:
+        if isinstance(data, JobSubmitted):
+            self.jobs.setdefault(data.job_id, JobRecord(job_id=data.job_id, spec=data, submitted_at=env.time))
+            return
+        job = self.jobs.get(getattr(data, "job_id", ""))
+        if job is None:
+            return  # its submission is older than the stream keeps: nothing to decide about it
+        if isinstance(data, JobRejected):
+            if job.state == "pending":
+                job.state, job.reason = "rejected", data.reason
+        elif isinstance(data, JobPlaced):
+            self._placed(job, env, data)
+        elif isinstance(data, (JobStarted, JobFinished, JobFailed)):
+            self._report(job, data)
+        elif isinstance(data, JobRequeued):
+            self._requeued(job, env, data)
+
+    def _placed(self, job: JobRecord, env: Envelope, p: JobPlaced) -> None:
+        if p.attempt < job.attempt or job.state in ("succeeded", "rejected"):
+            return
+        if p.attempt > job.attempt:
+            job.attempt, job.state, job.reason, job.placed_at = p.attempt, "placed", None, env.time
+            job.parts, job.gpu_uuids = [], []
+            job.started_at = job.finished_at = job.exit_code = job.held_until = None
+            job.cluster, job.node = p.cluster, (p.gang_nodes or [p.node])[0]
+        if p.gang_nodes:
+            if any(part.rank == p.part for part in job.parts):
+                return  # redelivered
+            job.parts.append(JobPart(rank=p.part, cluster=p.cluster, node=p.node, gpu_model=p.gpu_model,
+                                     gpu_uuids=list(p.gpu_uuids), gpu_indices=list(p.gpu_indices)))
+            job.parts.sort(key=lambda part: part.rank)
+            job.gpu_uuids = [u for part in job.parts for u in part.gpu_uuids]
+            job.gpu_model = job.parts[0].gpu_model
+        else:
+            job.gpu_uuids, job.gpu_model = list(p.gpu_uuids), p.gpu_model
+
+    def _report(self, job: JobRecord, r: JobStarted | JobFinished | JobFailed) -> None:
+        if not isinstance(r, JobStarted):
+            self._ended.add((job.job_id, r.attempt))
+            if job.state == "pending" and r.attempt == job.attempt:
+                job.held_until = None  # the stopped attempt ended: free to be placed again
+        if r.attempt != job.attempt or job.state not in ACTIVE:
+            return
+        if job.parts:
+            if isinstance(r, JobFinished) and r.interrupted:
+                return  # a planned stop of one part: the requeue that follows moves the whole gang
+            step = on_part_report(job, r)
+            if step.action == "failed":
+                if job.spec.restart_on_failure and len(job.requeues) < self.max_restarts:
+                    return  # the requeue that follows says where it went
+                failed = next(p for p in job.parts if p.rank == (r.rank or 0))
+                job.state, job.reason, job.exit_code, job.finished_at = "failed", step.reason, failed.exit_code, failed.finished_at
+            return
+        if isinstance(r, JobStarted):
+            job.state, job.started_at = "running", r.started_at
+            return
+        decision = after_end(job, r, self.max_restarts)
+        if decision.requeue:
+            where = job.node or "?"
+            back_to_queue(job, f"attempt {job.attempt} on {where}: {decision.reason}", decision.reason, decision.cause, None)
+        else:
+            record_end(job, r)
+
+    def _requeued(self, job: JobRecord, env: Envelope, q: JobRequeued) -> None:
+        if q.attempt != job.attempt:
+            return
+        line = f"attempt {q.attempt} on {', '.join(q.gang_nodes or [q.node])}: {q.reason}"
+        if job.state == "pending":
+            return  # already folded from the attempt's own end (interrupted, restart)
+        if job.state not in ACTIVE and q.cause != "restart_on_failure":
+            return
+        stopped = q.cause in ("preempted", "node_drained", "node_lost") and (job.job_id, q.attempt) not in self._ended
+        hold = env.time + timedelta(seconds=self.hold_s) if stopped else None
+        back_to_queue(job, line, q.reason, q.cause, hold)
+
+
+def fold(events: Iterable[tuple[Envelope, EventData]], hold_s: float, max_restarts: int) -> dict[str, JobRecord]:
+    """Every job's record from its events in stream order."""
+    f = Fold(hold_s, max_restarts)
+    for env, data in events:
+        f.apply(env, data)
+    return f.jobs

@@ -1,0 +1,136 @@
+"""Rebuild the scheduler's Redis state from JetStream after it was lost (the shell around `history.fold`).
+
+Reads the JOBS stream once up to its last sequence (the scheduler decides
+nothing meanwhile), folds every job's history, writes the records, the queue
+and the GPU allocations in a few pipelines, and moves the `scheduler-jobs`
+consumer to just after what was folded, so nothing is applied twice and
+nothing is missed. Nodes come back from their latest registration (one per
+node, not the whole NODES stream) and the drains still asked for.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import nats.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from redis.asyncio import Redis
+
+from whaleflux.shared import subjects as s
+from whaleflux.shared.bus import Bus
+from whaleflux.shared.events import Envelope, EventData, InvalidEvent, NodeDrainRequested, NodeRegistered, decode_typed
+from whaleflux.shared.streams import CONSUMERS
+
+from .history import Fold
+from .records import ACTIVE, NodeCondition
+from .store import SchedulerStore
+
+# What a job's history is made of (stop orders, job.preempted, change nothing in a record).
+JOB_HISTORY = [s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, s.JOB_REQUEUED,
+               s.JOB_REJECTED]
+FETCH = 2000
+WRITE_CHUNK = 2000
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    jobs: int
+    events: int
+    pending: int
+    active: int
+    nodes: int
+    last_seq: int
+
+
+async def read_stream(bus: Bus, stream: str, filters: list[str], upto: int | None = None,
+                      deliver: DeliverPolicy = DeliverPolicy.ALL) -> AsyncIterator[tuple[int, Envelope, EventData]]:
+    """Every valid event of `stream` matching `filters`, in order, with its sequence: up to sequence `upto`,
+    or until none is left."""
+    info = await bus.js.stream_info(stream)
+    last = info.state.last_seq if upto is None else upto
+    if info.state.messages == 0:
+        return
+    name = f"rebuild-{secrets.token_hex(4)}"
+    config = ConsumerConfig(
+        name=name, deliver_policy=deliver, ack_policy=AckPolicy.NONE, inactive_threshold=60.0,
+        filter_subject=filters[0] if len(filters) == 1 else None,
+        filter_subjects=filters if len(filters) > 1 else None,
+    )
+    await bus.js.add_consumer(stream, config)
+    sub = await bus.js.pull_subscribe_bind(name, stream=stream)
+    try:
+        while True:
+            pending = (await bus.js.consumer_info(stream, name)).num_pending
+            if pending == 0:
+                return
+            try:
+                msgs = await sub.fetch(min(FETCH, pending), timeout=5.0)
+            except nats.errors.TimeoutError:
+                continue
+            for msg in msgs:
+                seq = msg.metadata.sequence.stream
+                if seq > last:
+                    return
+                try:
+                    env, data = decode_typed(msg.data)
+                except InvalidEvent:
+                    continue  # dead-lettered when it first arrived
+                yield seq, env, data
+            if msgs and msgs[-1].metadata.sequence.stream >= last:
+                return
+    finally:
+        await sub.unsubscribe()
+        try:
+            await bus.js.delete_consumer(stream, name)
+        except nats.errors.Error:
+            pass
+
+
+async def rebuild(bus: Bus, redis: Redis, store: SchedulerStore, hold_s: float, max_restarts: int, now) -> Rebuilt:
+    """Fold the JOBS stream and the nodes' latest registrations into a fresh scheduler state."""
+    fold = Fold(hold_s, max_restarts)
+    events, last_jobs = 0, (await bus.js.stream_info("WHALEFLUX_JOBS")).state.last_seq
+    async for _seq, env, data in read_stream(bus, "WHALEFLUX_JOBS", JOB_HISTORY, last_jobs):
+        fold.apply(env, data)
+        events += 1
+    registrations: dict[str, NodeRegistered] = {}
+    drains: dict[str, NodeDrainRequested] = {}
+    last_nodes = (await bus.js.stream_info("WHALEFLUX_NODES")).state.last_seq
+    latest = [f"{s.NODE_REGISTERED}.>", f"{s.NODE_DRAIN_REQUESTED}.>"]
+    async for _seq, _env, data in read_stream(bus, "WHALEFLUX_NODES", latest, deliver=DeliverPolicy.LAST_PER_SUBJECT):
+        if isinstance(data, NodeRegistered):
+            registrations[f"{data.cluster}/{data.node}"] = data
+        elif isinstance(data, NodeDrainRequested):
+            drains[f"{data.cluster}/{data.node}"] = data
+
+    jobs = fold.jobs
+    for job in jobs.values():
+        if job.state in ACTIVE and job.expected_end is None and job.spec.expected_runtime_s and job.placed_at:
+            job.expected_end = job.placed_at.timestamp() + job.spec.expected_runtime_s
+    pending = {j.job_id: j.submitted_at.timestamp() for j in jobs.values() if j.state == "pending"}
+    alloc = {gpu: j.job_id for j in jobs.values() if j.state in ACTIVE for gpu in j.gpu_uuids}
+    await redis.delete(f"{store.prefix}:jobs", store.pending_key, store.alloc_key, store.nodes_key, store.conditions_key)
+    records = list(jobs.values())
+    for i in range(0, len(records), WRITE_CHUNK):
+        chunk = records[i:i + WRITE_CHUNK]
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.mset({store.job_key(j.job_id): j.model_dump_json() for j in chunk})
+            pipe.zadd(f"{store.prefix}:jobs", {j.job_id: j.submitted_at.timestamp() for j in chunk})
+            await pipe.execute()
+    async with redis.pipeline(transaction=False) as pipe:
+        if pending:
+            pipe.zadd(store.pending_key, pending)
+        if alloc:
+            pipe.hset(store.alloc_key, mapping=alloc)
+        if registrations:
+            pipe.hset(store.nodes_key, mapping={k: r.model_dump_json() for k, r in registrations.items()})
+        # A drain asked for stays in force (its jobs moved when it was asked; the fold knows where to).
+        for key, d in drains.items():
+            pipe.hset(store.conditions_key, key, NodeCondition(state="draining", reason=d.reason, since=now).model_dump_json())
+        await pipe.execute()
+    await bus.reposition_consumer(CONSUMERS["scheduler-jobs"], last_jobs + 1)
+    await bus.reposition_consumer(CONSUMERS["scheduler-nodes"], last_nodes + 1)
+    active = sum(1 for j in jobs.values() if j.state in ACTIVE)
+    return Rebuilt(len(jobs), events, len(pending), active, len(registrations), last_jobs)

@@ -1,0 +1,185 @@
+"""Harness for the lifecycle fault tests: servers this test owns (so it can stop, wipe and restart them),
+jobs that write their own start and end marks, and the checks every fault must pass."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shlex
+import subprocess
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+from redis.asyncio import Redis
+
+from whaleflux.servers import LocalServers, _wait_port, redis_server_binary
+
+from .conftest import Servers
+from .processes import ADMIN_TOKEN, Cluster, make_cluster, wait_until
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@dataclass
+class OwnServers:
+    """A nats-server and a redis-server owned by one test: they can be stopped, wiped and restarted."""
+
+    local: LocalServers
+
+    @property
+    def servers(self) -> Servers:
+        s = self.local
+        return Servers(s.nats_url, s.redis_url, s.nats_user, s.nats_password, s.redis_password, "own")
+
+    def _proc(self, binary: str) -> subprocess.Popen:
+        return next(p for p in self.local.procs if Path(str(p.args[0])).name.startswith(binary))
+
+    def stop_redis(self) -> None:
+        proc = self._proc("redis-server")
+        proc.terminate()
+        proc.wait(15)
+        self.local.procs.remove(proc)
+
+    def start_redis(self) -> None:
+        conf = self.local.state_dir / "redis.conf"
+        proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        self.local.procs.append(proc)
+        _wait_port(self.local.redis_port, proc, "redis-server", self.local.state_dir / "redis-server.log")
+
+    def flushall(self) -> None:
+        async def flush():
+            redis = Redis.from_url(self.local.redis_url, password=self.local.redis_password)
+            await redis.flushall()
+            await redis.aclose()
+        asyncio.run(flush())
+
+    def restart_nats(self) -> None:
+        proc = self._proc("nats-server")
+        proc.terminate()
+        proc.wait(15)
+        self.local.procs.remove(proc)
+        self.local._start_nats(self.local.nats_port)
+
+
+def own_servers(tmp_path: Path) -> OwnServers:
+    return OwnServers(LocalServers(tmp_path / "servers", "whaleflux", secrets.token_urlsafe(16), secrets.token_urlsafe(16)).start())
+
+
+def checkpointing_command(marks: Path, steps: int, step_s: float = 0.25) -> list[str]:
+    """A job that counts `steps` steps, writing its step to its checkpoint dir atomically after each, and
+    resumes from it; its marks are `start <attempt> <t> <first step> <WHALEFLUX_RESUME>`, `end`, `term`."""
+    f = shlex.quote(str(marks)) + '/"$WHALEFLUX_JOB_ID"'
+    ck = '"$WHALEFLUX_CHECKPOINT_DIR"'
+    script = (
+        f"""trap 'echo "term $WHALEFLUX_ATTEMPT $(date +%s.%N)" >> {f}; exit 143' TERM; """
+        f"""s=0; [ "$WHALEFLUX_RESUME" = 1 ] && [ -f {ck}/step ] && s=$(cat {ck}/step); """
+        f"""echo "start $WHALEFLUX_ATTEMPT $(date +%s.%N) $s $WHALEFLUX_RESUME" >> {f}; """
+        f"""while [ "$s" -lt {steps} ]; do sleep {step_s} & wait $!; s=$((s+1)); """
+        f"""echo "$s" > {ck}/step.tmp; mv {ck}/step.tmp {ck}/step; done; """
+        f"""echo "end $WHALEFLUX_ATTEMPT $(date +%s.%N)" >> {f}"""
+    )
+    return ["sh", "-c", script]
+
+
+def first_steps(marks: Path, job_id: str) -> list[tuple[int, int, str]]:
+    """(attempt, first step, WHALEFLUX_RESUME) of each run of a checkpointing job."""
+    path = marks / job_id
+    return [(int(p[1]), int(p[3]), p[4]) for p in (line.split() for line in path.read_text().splitlines()) if p[0] == "start"]
+
+
+def marked_command(marks: Path, seconds: float) -> list[str]:
+    """A job that appends `start <attempt> <t>` and `end <attempt> <t>` to its own mark file (one short
+    append each, atomic), and `term <attempt> <t>` if it is stopped."""
+    f = shlex.quote(str(marks)) + '/"$WHALEFLUX_JOB_ID"'
+    mark = lambda what: f'echo "{what} $WHALEFLUX_ATTEMPT $(date +%s.%N)" >> {f}'  # noqa: E731
+    script = (f"trap '{mark('term')}; exit 143' TERM; {mark('start')}; sleep {seconds} & wait $!; {mark('end')}")
+    return ["sh", "-c", script]
+
+
+@dataclass
+class Run:
+    attempt: int
+    start: float
+    end: float | None  # None: stopped (a `term` mark) or never ended
+    stopped: bool = False
+
+
+def runs(marks: Path, job_id: str) -> list[Run]:
+    """The job's runs as it recorded them itself."""
+    path = marks / job_id
+    out: list[Run] = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        what, attempt, t = line.split()[:3]
+        if what == "start":
+            out.append(Run(int(attempt), float(t), None))
+        elif out and out[-1].attempt == int(attempt):
+            out[-1].end, out[-1].stopped = float(t), what == "term"
+    return out
+
+
+def submit(scheduler_url: str, marks: Path, seconds: float, n: int, **spec) -> list[str]:
+    ids = []
+    for i in range(n):
+        body = {"name": f"marked-{i}", "team": "faults", "command": marked_command(marks, seconds), **spec}
+        r = httpx.post(scheduler_url + "/v1/jobs", json=body, headers=AUTH, timeout=10)
+        assert r.status_code == 202, r.text
+        ids.append(r.json()["job_id"])
+    return ids
+
+
+def jobs(scheduler_url: str) -> dict[str, dict]:
+    return {j["job_id"]: j for j in httpx.get(scheduler_url + "/v1/jobs", params={"limit": 1000}, timeout=10).json()}
+
+
+def wait_all_ended(scheduler_url: str, ids: list[str], timeout: float = 120) -> dict[str, dict]:
+    def ended():
+        r = httpx.get(scheduler_url + "/v1/jobs", params={"limit": 1000}, timeout=10)
+        if r.status_code != 200:
+            return None
+        now = {j["job_id"]: j for j in r.json()}
+        return all(now.get(i, {}).get("state") in ("succeeded", "failed", "rejected") for i in ids) and now
+    return wait_until(ended, timeout=timeout, what="every job ended")
+
+
+def assert_ran_once_each(marks: Path, ids: list[str], records: dict[str, dict]) -> None:
+    """No finished job ran again, no two attempts of a job overlapped, every job succeeded."""
+    for job_id in ids:
+        mine = runs(marks, job_id)
+        assert records[job_id]["state"] == "succeeded", (job_id, records[job_id], mine)
+        completed = [r for r in mine if r.end is not None and not r.stopped]
+        assert len(completed) == 1, f"{job_id} ran to its end {len(completed)} times: {mine}"
+        for a, b in zip(mine, mine[1:]):
+            assert a.end is not None and a.end <= b.start, f"{job_id}: attempt {b.attempt} started while {a.attempt} ran: {mine}"
+
+
+def billed_gpu_seconds(billing_url: str, job_id: str) -> Decimal:
+    usage = httpx.get(f"{billing_url}/v1/costs/jobs/{job_id}", timeout=10).json()
+    return sum((Decimal(u["gpu_seconds"]) for u in usage), Decimal(0))
+
+
+def assert_billed_what_ran(billing_url: str, marks: Path, ids: list[str]) -> None:
+    """Billed GPU-seconds equal what the jobs' own marks say ran, within 1% (one GPU each)."""
+    ran = {j: sum(r.end - r.start for r in runs(marks, j) if r.end is not None) for j in ids}
+
+    def billed():
+        got = {j: float(billed_gpu_seconds(billing_url, j)) for j in ids}
+        return all(got[j] > 0 for j in ids) and got
+    got = wait_until(billed, timeout=60, what="every job charged")
+    total_ran, total_billed = sum(ran.values()), sum(got.values())
+    assert abs(total_billed - total_ran) <= 0.01 * total_ran, (total_billed, total_ran, got, ran)
+    for j in ids:
+        assert abs(got[j] - ran[j]) <= 0.01 * ran[j] + 0.1, (j, got[j], ran[j])
+
+
+def start_stack(servers: Servers, tmp_path: Path, *nodes: str) -> tuple[Cluster, object, object]:
+    cluster = make_cluster(servers, tmp_path)
+    scheduler = cluster.service("scheduler")
+    billing = cluster.service("billing")
+    cluster.agent(*nodes)
+    scheduler.wait_ready()
+    billing.wait_ready()
+    wait_until(lambda: len(httpx.get(scheduler.url + "/v1/nodes").json()) == len(nodes), what="nodes registered")
+    return cluster, scheduler, billing

@@ -1,28 +1,28 @@
 #!/usr/bin/env python3
 """Benchmark: the Philly workload (seed 1) on mixed-256 under fifo, backfill and whaleflux.
 
-Prepares the workload with the shared tool at time scales 2 (the benchmark
-workload), 1.5 and 3, replays each through the simulator and prints the
-policies side by side, then the figures against the issue's targets.
+Prepares the workload as `whaleflux trace prepare` does (whaleflux/traces.py;
+default trace: the bundled shared/data/traces/philly.csv.xz) at time scales 2
+(the benchmark workload), 1.5 and 3, replays each through the simulator and
+prints the policies side by side, then the figures against the issue's targets.
 
-    python bench/scheduler_trace.py [--trace PATH] [--fleet PATH] [--scales 2,1.5,3] [--seed 1]
+    python bench/scheduler_trace.py [--trace PATH] [--format philly|generic] [--fleet PATH] [--scales 2,1.5,3] [--seed 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from whaleflux import traces
 from whaleflux.scheduler.simulator.metrics import side_by_side
 from whaleflux.scheduler.simulator.run import simulate_files
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path("/work/shared")
 POLICIES = ["fifo", "backfill", "whaleflux"]
 
 
@@ -35,25 +35,22 @@ def _run(args: tuple[str, str, str]):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", default=str(SHARED / "data/traces/philly.csv"))
-    ap.add_argument("--tool", default=str(SHARED / "tools/prepare_trace.py"))
+    ap.add_argument("--trace", type=Path, default=traces.PHILLY)
+    ap.add_argument("--format", choices=traces.FORMATS, default="philly")
     ap.add_argument("--fleet", default=str(ROOT / "shared/data/fleets/mixed-256.yaml"))
     ap.add_argument("--scales", default="2,1.5,3")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
 
+    trace = list(traces.read_trace(args.trace, args.format))
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.workers) as pool:
         for scale in args.scales.split(","):
-            jobs = Path(tmp) / f"philly-s{args.seed}-x{scale}.csv"
-            subprocess.run(
-                [sys.executable, args.tool, "--format", "philly", args.trace, "-o", str(jobs),
-                 "--seed", str(args.seed), "--time-scale", scale],
-                check=True, capture_output=True,
-            )
+            jobs = Path(tmp) / f"{args.trace.name.split('.')[0]}-s{args.seed}-x{scale}.csv"
+            traces.write_csv(traces.prepare(trace, args.seed, float(scale)), jobs)
             results = list(pool.map(_run, [(str(jobs), args.fleet, p) for p in POLICIES]))
             reports = [r for r, _ in results]
-            print(f"\n## Philly seed {args.seed}, time scale {scale}, {Path(args.fleet).stem}")
+            print(f"\n## {args.trace.name} seed {args.seed}, time scale {scale}, {Path(args.fleet).stem}")
             rows = side_by_side(reports) + [["simulation wall time (s)", *(f"{s:.1f}" for _, s in results)]]
             widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
             for row in rows:

@@ -22,7 +22,8 @@ from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import GpuSample, GpuTelemetry, JobFailed
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "alertmanager"
+# Payloads a real Alertmanager 0.25 sent (tests/data/README.md): a missing file fails the test, never skips the check.
+SAMPLES = Path(__file__).parent / "data" / "alertmanager"
 
 
 def sample(**kw) -> GpuSample:
@@ -334,10 +335,8 @@ def test_slack_blocks_and_teams_adaptive_card_shapes():
 
 def test_webhook_group_payload_matches_alertmanager_v4_keys():
     ours = webhook.build(notification(), receiver="default", external_url="http://wf")
-    sample_file = SAMPLES / "alertmanager-0.25-webhook-grouped.json"
-    if sample_file.exists():
-        ref = json.loads(sample_file.read_text())
-        assert set(ours) == set(ref) and set(ours["alerts"][0]) == set(ref["alerts"][0])
+    ref = json.loads((SAMPLES / "alertmanager-0.25-webhook-grouped.json").read_text())
+    assert set(ours) == set(ref) and set(ours["alerts"][0]) == set(ref["alerts"][0])
     assert ours["version"] == "4" and ours["groupLabels"] == {"incident": "i1"}
 
 

@@ -8,6 +8,7 @@ import json
 import random
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ from whaleflux.billing.ownership import GpuTerms, gpu_cost, to_ms
 from whaleflux.billing.pricebook import PriceBookError, parse_pricebook, reference_book
 from whaleflux.billing.pricing import REFERENCE_RATES
 from whaleflux.billing.tco import TcoInput, tco
-from whaleflux.shared.catalog import DATA_DIR
+
 
 UTC = timezone.utc
 MAR = datetime(2026, 3, 1, tzinfo=UTC)
@@ -274,10 +275,8 @@ def test_a_week_15_percent_over_forecast_alerts():
 
 
 def _focus_spec() -> dict[str, dict]:
-    path = DATA_DIR.parent.parent.parent / "shared" / "data" / "focus" / "focus-1.2-columns.csv"
-    if not path.exists():
-        path = __import__("pathlib").Path("/work/shared/data/focus/focus-1.2-columns.csv")
-    with open(path) as fh:
+    """The FOCUS 1.2 column list (tests/data/README.md); a missing file fails the test."""
+    with open(Path(__file__).parent / "data" / "focus" / "focus-1.2-columns.csv") as fh:
         return {r["ColumnID"]: r for r in csv.DictReader(fh)}
 
 

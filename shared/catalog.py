@@ -9,9 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-DATA_DIR = Path(__file__).parent / "data"
-DEFAULT_FLEET = DATA_DIR / "fleets" / "small-demo.yaml"
-DEFAULT_ASSETS = DATA_DIR / "small-demo-assets.yaml"
+from .datafiles import DATA_DIR, DEFAULT_ASSETS, DEFAULT_FLEET  # noqa: F401  (re-exported)
 
 
 class GpuModel(BaseModel):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
+import enum
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,11 +14,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from whaleflux.shared import subjects
-from whaleflux.shared.catalog import DEFAULT_ASSETS, DEFAULT_FLEET
-from whaleflux.shared.events import JobSubmitted
+from whaleflux.shared.datafiles import DEFAULT_ASSETS, DEFAULT_FLEET
 
-from .client import ClientError, Connection
+from .client import ClientError, Connection, NotFound
+
+# Start-up time is part of the interface: --help and read commands import only typer, rich and (to make a
+# request) httpx. Anything heavier (nats-py, redis, the event models, pydantic models of a service) is imported
+# inside the command that needs it. bench/cli_startup.py measures it; tests/test_cli_startup.py guards it.
 
 app = typer.Typer(help="WhaleFlux: GPU fleet manager.", no_args_is_help=True, pretty_exceptions_enable=False)
 jobs_app = typer.Typer(help="List jobs, or show one.", invoke_without_command=True)
@@ -31,6 +32,35 @@ console = Console(width=None if sys.stdout.isatty() else 200)
 
 SERVICE_NAMES = ("telemetry", "scheduler", "alerting", "billing", "inventory")
 TERMINAL = {"succeeded", "failed", "rejected"}
+
+
+# The job contract's choices (shared/events.py JobSubmitted; tests/test_cli_errors.py keeps them equal), as
+# enums so that the command line lists them and takes any case without importing the event models.
+class Workload(str, enum.Enum):
+    llm_train = "llm-train"
+    finetune = "finetune"
+    inference = "inference"
+    small = "small"
+
+
+class Priority(str, enum.Enum):
+    high = "high"
+    normal = "normal"
+    low = "low"
+
+
+# The job contract's fields as the user wrote them: a validation error names the flag, not the field.
+SUBMIT_FLAGS = {
+    "job_id": "job id", "name": "--name", "team": "--team", "project": "--project", "command": "the command",
+    "env": "--env", "workdir": "--workdir", "gpus": "--gpus", "gpu_models": "--model", "min_memory_mib": "--min-memory-gb",
+    "expected_runtime_s": "--expected-hours", "workload_class": "--workload", "priority": "--priority",
+    "checkpoint_dir": "--checkpoint-dir", "labels": "--label", "service": "--service",
+}
+
+
+def _print_table(table: Table, empty: str) -> None:
+    """The table, or a line saying there is nothing to show (an empty table prints nothing at all)."""
+    console.print(table if table.row_count else empty)
 
 
 def _fail(message: str) -> None:
@@ -113,7 +143,7 @@ def sim_inject(
 
 @app.command()
 def submit(
-    command: Annotated[list[str], typer.Argument(help="the command to run, after --")],
+    command: Annotated[list[str], typer.Argument(metavar="COMMAND", help="the command to run, after --")],
     gpus: Annotated[int, typer.Option(min=1, help="number of GPUs")] = 1,
     model: Annotated[Optional[list[str]], typer.Option(help="allowed GPU model(s), e.g. H100; default any")] = None,
     min_memory_gb: Annotated[float, typer.Option(min=0, help="minimum memory per GPU, GB")] = 0,
@@ -123,8 +153,8 @@ def submit(
     project: str = "default",
     env: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE for the job's environment")] = None,
     workdir: Annotated[Optional[str], typer.Option(help="working directory of the command on the node")] = None,
-    workload: Annotated[str, typer.Option(help="llm-train | finetune | inference | small (picks the fastest GPU model)")] = "small",
-    priority: Annotated[str, typer.Option(help="high | normal | low")] = "normal",
+    workload: Annotated[Workload, typer.Option(case_sensitive=False, help="what kind of work (picks the GPU model that runs it fastest)")] = Workload.small,
+    priority: Annotated[Priority, typer.Option(case_sensitive=False, help="higher runs first and may preempt lower")] = Priority.normal,
     preemptible: Annotated[bool, typer.Option(help="may be stopped for higher-priority work, then resumed")] = False,
     checkpoint_dir: Annotated[Optional[str], typer.Option(help="WHALEFLUX_CHECKPOINT_DIR; default per job under the agent's home")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="after a preemption or failover start over instead of resuming")] = False,
@@ -136,6 +166,15 @@ def submit(
     wait: Annotated[bool, typer.Option(help="wait until the job ends and show its cost")] = False,
 ) -> None:
     """Submit a job:  whaleflux submit --gpus 1 -- python train.py"""
+    import asyncio
+    import uuid
+
+    from pydantic import ValidationError
+
+    from whaleflux.shared import subjects
+    from whaleflux.shared.events import JobSubmitted
+
+    models = [_gpu_model(m) for m in model or []]
     environment = {}
     for item in env or []:
         key, sep, value = item.partition("=")
@@ -162,12 +201,12 @@ def submit(
                 env=environment,
                 workdir=workdir,
                 gpus=gpus,
-                gpu_models=model or [],
+                gpu_models=models,
                 min_memory_mib=min_memory_gb * 1024,
                 expected_runtime_s=expected_hours * 3600 if expected_hours else None,
                 submitted_by="cli",
-                workload_class=workload,
-                priority=priority,
+                workload_class=workload.value,
+                priority=priority.value,
                 preemptible=preemptible,
                 checkpoint_dir=checkpoint_dir,
                 resume="restart" if restart else "checkpoint",
@@ -178,8 +217,8 @@ def submit(
             )
             for one in ids
         ]
-    except ValueError as exc:
-        _fail(str(exc))
+    except ValidationError as exc:
+        _fail(_flag_error(exc))
     data = jobs[0]
     conn = Connection.discover()
 
@@ -199,6 +238,30 @@ def submit(
         console.print(f"submitted job [bold]{one.job_id}[/bold]")
     if wait:
         _wait_for(conn, data.job_id)
+
+
+def _gpu_model(name: str) -> str:
+    """The catalogue key for a model named in any case or by its device name ("h100", "RTX 4090")."""
+    from whaleflux.shared.catalog import gpu_models
+
+    catalogue = gpu_models()
+    wanted = name.strip().lower()
+    for key, spec in catalogue.items():
+        if wanted == key.lower() or wanted in (n.lower() for n in spec.names):
+            return key
+    _fail(f"--model {name}: unknown model {name.upper()} (known: {', '.join(sorted(catalogue))})")
+
+
+def _flag_error(exc) -> str:
+    """A pydantic validation error of the job spec in the command line's words: the flag, the value, the rule."""
+    lines = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        flag = SUBMIT_FLAGS.get(field, field or "job")
+        value = err.get("input")
+        shown = f" {value!r}" if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+        lines.append(f"{flag}{shown}: {err['msg'].removeprefix('Value error, ')}")
+    return "; ".join(lines)
 
 
 def _wait_for(conn: Connection, job_id: str, timeout_s: float = 3600) -> None:
@@ -261,7 +324,7 @@ def jobs(ctx: typer.Context, state: Annotated[Optional[str], typer.Option(help="
             j["job_id"], j["state"], node, str(j["spec"]["gpus"]), j["spec"]["team"],
             j["spec"]["name"], j["submitted_at"][5:19].replace("T", " "), j.get("reason") or "",
         )
-    console.print(table)
+    _print_table(table, "no jobs" + (f" in state {state}" if state else ""))
 
 
 @jobs_app.command("show")
@@ -270,6 +333,8 @@ def jobs_show(job_id: str) -> None:
     conn = Connection.discover()
     try:
         j = conn.get("scheduler", f"/v1/jobs/{job_id}")
+    except NotFound:
+        _fail(f"no job {job_id}")
     except ClientError as exc:
         _fail(str(exc))
     spec = j["spec"]
@@ -297,6 +362,8 @@ def jobs_why(job_id: str) -> None:
     """Why a job waits (what it needs, the largest free block, jobs ahead), or where and why it runs."""
     try:
         answer = Connection.discover().get("scheduler", f"/v1/jobs/{job_id}/why")
+    except NotFound:
+        _fail(f"no job {job_id}")
     except ClientError as exc:
         _fail(str(exc))
     console.print(f"{job_id}: {answer['state']} (attempt {answer['attempt']})")
@@ -318,16 +385,23 @@ def jobs_logs(
 
     conn = Connection.discover()
     record: dict = {}
+    unknown = False
 
     def state() -> tuple[str | None, int | None]:
+        nonlocal unknown
         try:
             job = conn.get("scheduler", f"/v1/jobs/{job_id}")
             record.update(job)
             return job["state"], job["attempt"] or None
+        except NotFound:
+            unknown = True
+            return None, None
         except ClientError:
             return None, None
 
     current, known = state()
+    if unknown and latest_attempt(job_id) is None:
+        _fail(f"no job {job_id}")
     if node is not None:
         ranks = {p["node"]: p["rank"] for p in record.get("parts") or []} or {record.get("node"): 0}
         if node not in ranks:
@@ -349,9 +423,47 @@ from .costs_view import costs_app  # noqa: E402  (grouped with its subcommand `t
 app.add_typer(costs_app, name="costs")
 
 
+trace_app = typer.Typer(help="Job traces: turn a public cluster trace into a workload for `simulate`.",
+                        no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
+
+
+@trace_app.command("prepare")
+def trace_prepare(
+    trace: Annotated[Optional[Path], typer.Argument(help="trace file (.csv, .csv.xz, .csv.gz); default: the bundled Philly trace")] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="generic job CSV to write")] = Path("jobs.csv"),
+    format: Annotated[str, typer.Option("--format", help="philly (timestamp,duration,num_gpus,cluster) or generic (job_id,submission_time,duration,num_gpu)")] = "philly",
+    seed: Annotated[int, typer.Option(help="fills in class, memory, priority and team; same seed, same workload")] = 1,
+    time_scale: Annotated[float, typer.Option(help="multiply the gaps between submissions: above 1 lightens the load, below 1 raises it")] = 1.0,
+    min_duration: Annotated[float, typer.Option(help="drop jobs shorter than this many seconds")] = 60.0,
+    max_gpu_hours: Annotated[float, typer.Option(help="drop jobs above this many GPU-hours")] = 1000.0,
+) -> None:
+    """Write the generic job CSV (job_id,submit_time_s,duration_s,num_gpus,team,class,min_vram_gb,priority,preemptible)."""
+    from . import traces
+
+    fmt = format.lower()
+    if fmt not in traces.FORMATS:
+        _fail(f"--format {format}: choose one of {', '.join(traces.FORMATS)}")
+    if time_scale <= 0:
+        _fail(f"--time-scale {time_scale:g}: must be above 0")
+    path = trace or traces.PHILLY
+    if not path.exists():
+        _fail(f"trace {path} does not exist")
+    try:
+        jobs = traces.prepare(traces.read_trace(path, fmt), seed, time_scale, min_duration, max_gpu_hours)
+    except traces.TraceError as exc:
+        _fail(str(exc))
+    if not jobs:
+        _fail(f"no jobs left in {path} after dropping those under {min_duration:g} s or above {max_gpu_hours:g} GPU-hours")
+    traces.write_csv(jobs, output)
+    span_h = jobs[-1].submit_time_s / 3600
+    console.print(f"{len(jobs):,} jobs over {span_h:,.1f} h of submissions (seed {seed}, time scale {time_scale:g}) -> {output}",
+                  soft_wrap=True)
+
+
 @app.command()
 def simulate(
-    jobs: Annotated[Path, typer.Option(help="generic job CSV (see shared/data/traces/README.md)")],
+    jobs: Annotated[Path, typer.Option(help="generic job CSV, e.g. from `whaleflux trace prepare` (see shared/data/traces/README.md)")],
     fleet: Annotated[Path, typer.Option(help="fleet file")] = DEFAULT_FLEET,
     policy: Annotated[list[str], typer.Option(help="fifo | backfill | whaleflux; repeat to compare")] = ["whaleflux"],
     time_scale: Annotated[float, typer.Option(help="stretch the gaps between submissions by this factor")] = 1.0,
@@ -417,7 +529,7 @@ def alerts(ctx: typer.Context) -> None:
         state = "acked" if a.get("acknowledged") else "silenced" if a.get("silenced_by") else "inhibited" if a.get("inhibited") else ""
         table.add_row(a["starts_at"][:19], a["severity"], a["rule"], escape(a["summary"]), a["fingerprint"],
                       a.get("incident") or "", state)
-    console.print(table)
+    _print_table(table, "no alerts firing")
 
 
 @alerts_app.command("ack")
@@ -440,7 +552,7 @@ def silences(ctx: typer.Context) -> None:
     for s in _alerting_get("/v1/silences"):
         table.add_row(s["id"], s["state"], escape(" ".join(s["matchers"])), s["starts_at"][:19], s["ends_at"][:19],
                       s["created_by"], escape(s["comment"]))
-    console.print(table)
+    _print_table(table, "no silences")
 
 
 @silence_app.command("add")
@@ -469,7 +581,7 @@ def alerts_incidents() -> None:
     for i in _alerting_get("/v1/incidents"):
         table.add_row(i["id"], str(i["opened_at"])[:19], escape(i["title"]), str(i["firing"]), str(i["members"]),
                       "yes" if i["open"] else "no", ", ".join(i["drained_nodes"]))
-    console.print(table)
+    _print_table(table, "no incidents")
 
 
 @alerts_app.command("notifications")
@@ -483,7 +595,7 @@ def alerts_notifications(
     for e in _alerting_get("/v1/notifications", receiver=receiver, status=status, limit=limit):
         table.add_row(str(e.get("finished_at") or e.get("created_at"))[:19], e["receiver"], e["status"],
                       e["notification_status"], str(e["attempts"]), str(e.get("latency_ms", "")), escape(e.get("title", "")))
-    console.print(table)
+    _print_table(table, "no notifications")
 
 
 @app.command()
@@ -502,7 +614,7 @@ def inventory(
     for r in rows:
         util = "" if r["mean_util_allocated"] is None else f"{r['mean_util_allocated']:.1f}%"
         table.add_row(r["key"], str(r["gpus"]), str(r["missing"]), str(r["allocated"]), util)
-    console.print(table)
+    _print_table(table, "no GPUs registered")
 
 
 @app.command()
@@ -522,7 +634,7 @@ def leases() -> None:
             r["contract_id"], r["provider"], r["state"], f"{r['gpu_count']} {'/'.join(r['gpu_models'])}",
             r["ends_at"][:10], f"{r['days_left']:.1f}", notice, f"${r['monthly_cost_usd']}", renewal,
         )
-    console.print(table)
+    _print_table(table, "no leases declared")
 
 
 @app.command()
@@ -535,7 +647,7 @@ def findings() -> None:
     table = Table("kind", "severity", "finding", "at stake / month")
     for f in rows:
         table.add_row(f["kind"], f["severity"], f["summary"], "" if f["monthly_usd"] is None else f"${f['monthly_usd']}")
-    console.print(table)
+    _print_table(table, "no findings")
 
 
 @app.command()
@@ -639,4 +751,14 @@ def size(
 
 
 def main() -> None:
-    app()
+    """The `whaleflux` entry point: the app, with a hint where a usage error has a likely cause."""
+    try:
+        app()
+    except SystemExit as exc:
+        argv = sys.argv[1:]
+        if exc.code == 2 and argv[:1] == ["submit"] and "--" not in argv:
+            # `submit python -c ...`: the job's own options were read as whaleflux's (usage errors exit 2).
+            Console(stderr=True).print("hint: put the job's command after `--`, e.g. "
+                                       "whaleflux submit --gpus 1 -- python -c \"print('hi')\"", soft_wrap=True,
+                                       markup=False, highlight=False)
+        raise

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
+if TYPE_CHECKING:
+    from whaleflux.shared.bus import Bus
 
-from whaleflux.shared import localconfig
-from whaleflux.shared.bus import Bus
+# httpx is imported where a request is made, the config file's model (pydantic) where it is read, and the
+# bus (nats-py, event models) only by `bus()`: `whaleflux --help` starts without any of them.
 
 DEFAULT_PORTS = {"telemetry": 8701, "scheduler": 8702, "alerting": 8703, "billing": 8704, "inventory": 8705, "agent": 8710}
 
 
 class ClientError(Exception):
     """Something the user must fix; the message says what."""
+
+
+class NotFound(ClientError):
+    """The service answered 404: no such job, node, alert..."""
 
 
 @dataclass
@@ -27,6 +33,8 @@ class Connection:
 
     @classmethod
     def discover(cls) -> "Connection":
+        from whaleflux.shared import localconfig
+
         cfg = localconfig.load()
         env = os.environ
         services = {
@@ -43,31 +51,45 @@ class Connection:
             services=services,
         )
 
-    async def bus(self) -> Bus:
+    async def bus(self) -> "Bus":
+        import asyncio
+
+        from whaleflux.shared.bus import Bus
+
         try:
-            return await Bus.connect(
+            # A deadline of our own: nats-py retries a refused first connection without end when it is told
+            # "no reconnects" (max_reconnect_attempts=0 means unlimited there).
+            return await asyncio.wait_for(Bus.connect(
                 self.nats_url, source="whaleflux/cli", user=self.nats_user, password=self.nats_password,
                 connect_timeout=3, reconnect=False,
-            )
-        except Exception as exc:
+            ), timeout=4)
+        except Exception as exc:  # noqa: BLE001 - whatever stops the connection, the user gets one line about it
             raise ClientError(
                 f"cannot reach NATS at {self.nats_url} ({type(exc).__name__}); is `whaleflux up` running?"
             ) from None
 
     def get(self, service: str, path: str, **params) -> object:
+        import httpx
+
         url = self.services[service] + path
         try:
             resp = httpx.get(url, params={k: v for k, v in params.items() if v is not None}, timeout=10)
         except httpx.HTTPError as exc:
             raise ClientError(f"cannot reach the {service} service at {self.services[service]} ({type(exc).__name__})") from None
         if resp.status_code == 404:
-            raise ClientError(resp.json().get("detail", f"not found: {path}"))
+            try:
+                detail = resp.json().get("detail", f"not found: {path}")
+            except ValueError:
+                detail = f"not found: {path}"
+            raise NotFound(detail)
         if resp.status_code >= 400:
             raise ClientError(f"{service} answered {resp.status_code}: {resp.text[:300]}")
         return resp.json()
 
     def post_admin(self, service: str, path: str, body: dict) -> object:
         """POST to an admin endpoint with the admin token; the service's `detail` becomes the error."""
+        import httpx
+
         url = self.services[service] + path
         headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Optional
 
-import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -22,6 +21,8 @@ def _fail(message: str) -> None:
 
 def _get_text(conn: Connection, path: str, params: dict) -> str:
     """GET a non-JSON body (CSV) from billing; the service's message becomes the error."""
+    import httpx  # here, not at the top: `whaleflux --help` does not need it
+
     url = conn.services["billing"] + path
     try:
         resp = httpx.get(url, params={k: v for k, v in params.items() if v is not None}, timeout=60)

@@ -174,9 +174,9 @@ def assert_billed_what_ran(billing_url: str, marks: Path, ids: list[str]) -> Non
         assert abs(got[j] - ran[j]) <= 0.01 * ran[j] + 0.1, (j, got[j], ran[j])
 
 
-def start_stack(servers: Servers, tmp_path: Path, *nodes: str) -> tuple[Cluster, object, object]:
+def start_stack(servers: Servers, tmp_path: Path, *nodes: str, **scheduler_env: str) -> tuple[Cluster, object, object]:
     cluster = make_cluster(servers, tmp_path)
-    scheduler = cluster.service("scheduler")
+    scheduler = cluster.service("scheduler", **scheduler_env)
     billing = cluster.service("billing")
     cluster.agent(*nodes)
     scheduler.wait_ready()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from whaleflux.scheduler.attempts import reconcile
-from whaleflux.scheduler.history import fold
+from whaleflux.scheduler.history import Fold, fold
 from whaleflux.scheduler.records import JobPart, JobRecord
 from whaleflux.shared.events import (
     AttemptReport,
@@ -191,3 +191,30 @@ def test_a_gang_part_is_matched_by_its_rank():
     gang = record(node="n0", parts=parts)
     assert not reconcile(heartbeat(running(rank=1)), at(20), [gang], {}, at(20), 30).lost
     assert reconcile(heartbeat(running(rank=0)), at(20), [gang], {}, at(20), 30).lost
+
+
+def test_a_snapshot_plus_the_tail_folds_to_the_same_records_as_the_whole_history():
+    head = [ev(0, submitted("a")), ev(0.5, placed("a")), ev(1, started("a")),
+            ev(0, submitted("b")), ev(0.5, placed("b", node="n2")), ev(1, started("b", node="n2")),
+            ev(3, requeued("b", node="n2", cause="preempted", reason="p"))]
+    tail = [ev(4, finished("b", node="n2", code=-15)), ev(5, finished("a")), ev(6, submitted("c"))]
+    whole = fold_(*head, *tail)
+    first = Fold(15.0, 3)
+    for e in head:
+        first.apply(*e)
+    resumed, seq = Fold.load(first.dump(seq=len(head)), 15.0, 3)
+    assert seq == len(head)
+    for e in tail:
+        resumed.apply(*e)
+    assert resumed.jobs == whole
+    assert whole["b"].held_until is None, "the end reported after the snapshot still releases the hold"
+
+
+def test_a_snapshot_keeps_live_jobs_and_recent_history_only():
+    f = Fold(15.0, 3)
+    for e in [ev(0, submitted("old")), ev(0.5, placed("old")), ev(1, started("old")), ev(2, finished("old", t1=2)),
+              ev(0, submitted("recent")), ev(0.5, placed("recent")), ev(1, started("recent")), ev(9, finished("recent", t1=9)),
+              ev(0, submitted("waiting")), ev(0, submitted("running")), ev(0.5, placed("running")), ev(1, started("running"))]:
+        f.apply(*e)
+    assert f.forget_finished(before=at(5)) == 1
+    assert sorted(f.jobs) == ["recent", "running", "waiting"]

@@ -66,6 +66,34 @@ def test_redis_flushall_mid_run_reruns_no_finished_job_and_loses_none(own, tmp_p
         cluster.stop()
 
 
+def _log_events(path, event: str) -> list[dict]:
+    return [line for line in map(json.loads, path.read_text().splitlines()) if line.get("event") == event]
+
+
+def test_a_rebuild_from_the_snapshot_and_the_tail_reruns_nothing(own, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cluster, scheduler, billing = start_stack(own.servers, tmp_path, "a100-01", WHALEFLUX_SNAPSHOT_INTERVAL_S="1")
+    log = cluster.procs["scheduler"].log_path
+    try:
+        early = submit(scheduler.url, marks, 0.5, 4)
+        wait_all_ended(scheduler.url, early)
+        wait_until(lambda: any(e["jobs"] >= 4 for e in _log_events(log, "history.snapshot")), timeout=30,
+                   what="a snapshot holding the finished jobs")
+        late = submit(scheduler.url, marks, 2.0, 6)
+        wait_until(lambda: _some_running(marks, late, 3), timeout=60, what="late jobs running")
+        own.flushall()
+        records = wait_all_ended(scheduler.url, early + late)
+        assert_ran_once_each(marks, early + late, records)
+        folded = _log_events(log, "state.folded")[-1]
+        assert folded["jobs"] == len(early + late)
+        history = asyncio.run(_job_history(own.servers))
+        assert folded["events"] < len(history), "the rebuild read the tail after the snapshot, not the whole stream"
+        assert_billed_what_ran(billing.url, marks, early + late)
+    finally:
+        cluster.stop()
+
+
 def test_redis_down_for_10_s_loses_no_node_and_reruns_nothing(own, tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()

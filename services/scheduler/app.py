@@ -34,7 +34,7 @@ from .queueing import POLICIES, PendingQueue, PolicyConfig, ScheduleRequest, Tea
 from .records import ACTIVE, JobRecord
 from .routes import SubmitRequest, add_routes  # noqa: F401 (SubmitRequest: part of this module's API)
 from .schedule_request import NodeView, held, node_state, pending_job, running_job, waiting_reasons
-from .rebuild import rebuild
+from .rebuild import rebuild, snapshot
 from .store import SchedulerStore
 
 
@@ -64,6 +64,10 @@ class SchedulerSettings(CommonSettings):
     max_restarts: int = Field(3, ge=0)
     # A placed attempt its node still does not list after this long never reached it: requeued.
     placement_report_s: float = Field(30.0, gt=0)
+    # The job history is folded into a snapshot this often, keeping jobs that ended within
+    # `keep_finished_days`: a rebuild after a lost store reads the snapshot and the stream's tail only.
+    snapshot_interval_s: float = Field(300.0, gt=0)
+    keep_finished_days: float = Field(7.0, gt=0)
     # The policy's moves of running checkpointable jobs (to faster GPUs, out of a blocked job's way).
     migration: bool = True
     # Active/standby replicas: the leader's lease lives this long unless renewed
@@ -307,8 +311,7 @@ class SchedulerService(FailoverMixin, ServiceBase):
     async def rebuild_state(self) -> None:
         """Fold the job history in JetStream into a fresh state (see rebuild.py), deciding nothing meanwhile."""
         async with self._lock:
-            done = await rebuild(self.bus, self.redis, self.store, self.settings.preemption_grace_s + self.settings.heartbeat_lost_s,
-                                 self.settings.max_restarts, self.clock())
+            done = await rebuild(self.bus, self.redis, self.store, self._hold_s, self.settings.max_restarts, self.clock())
             # Nodes get a fresh chance to be heard: a gap in heartbeats while we rebuilt is ours.
             self._watching_since = self.clock().timestamp()
         self.log.warning("state.folded", jobs=done.jobs, events=done.events, pending=done.pending, active=done.active,
@@ -341,8 +344,23 @@ class SchedulerService(FailoverMixin, ServiceBase):
                 self.log.warning("leader.release_failed", error=repr(exc))
         await super().stop()
 
+    @property
+    def _hold_s(self) -> float:
+        """How long a stopped attempt may take to end (as `stop_hold`)."""
+        return self.settings.preemption_grace_s + self.settings.heartbeat_lost_s
+
     def background(self):
-        return [self._placement_loop, self._liveness_loop]
+        return [self._placement_loop, self._liveness_loop, self._snapshot_loop]
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.snapshot_interval_s)
+            try:
+                seq, jobs = await snapshot(self.bus, self._hold_s, self.settings.max_restarts, self.clock(),
+                                           self.settings.keep_finished_days * 86400)
+                self.log.info("history.snapshot", seq=seq, jobs=jobs)
+            except Exception as exc:  # the next tick tries again; a rebuild without it reads more of the stream
+                self.log.warning("history.snapshot_failed", error=repr(exc))
 
     async def _placement_loop(self) -> None:
         while True:

@@ -12,9 +12,13 @@ events twice gives the same records.
 
 from __future__ import annotations
 
+import json
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+from pydantic import TypeAdapter
 
 from whaleflux.shared.events import (
     Envelope,
@@ -29,7 +33,9 @@ from whaleflux.shared.events import (
 )
 
 from .gang import on_part_report
-from .records import ACTIVE, JobPart, JobRecord
+from .records import ACTIVE, TERMINAL, JobPart, JobRecord
+
+_RECORDS = TypeAdapter(list[JobRecord])
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,33 @@ class Fold:
         stopped = q.cause in ("preempted", "node_drained", "node_lost") and (job.job_id, q.attempt) not in self._ended
         hold = env.time + timedelta(seconds=self.hold_s) if stopped else None
         back_to_queue(job, line, q.reason, q.cause, hold)
+
+
+    # ------------------------------------------------------------ snapshots
+
+    def forget_finished(self, before: datetime) -> int:
+        """Drop jobs that ended before `before` (a snapshot keeps the live state and recent history, so a
+        rebuild's time grows with those, not with every job ever); returns how many were dropped."""
+        old = [j.job_id for j in self.jobs.values() if j.state in TERMINAL and (j.finished_at or j.submitted_at) < before]
+        for job_id in old:
+            del self.jobs[job_id]
+        self._ended = {(j, a) for j, a in self._ended if j in self.jobs}
+        return len(old)
+
+    def dump(self, seq: int) -> bytes:
+        """The fold as of stream sequence `seq`, compressed."""
+        head = json.dumps({"seq": seq, "ended": sorted(self._ended)}).encode()
+        return zlib.compress(head + b"\n" + _RECORDS.dump_json(list(self.jobs.values())), 3)
+
+    @classmethod
+    def load(cls, blob: bytes, hold_s: float, max_restarts: int) -> tuple["Fold", int]:
+        """A fold from `dump`, and the stream sequence it is as of."""
+        head, _, body = zlib.decompress(blob).partition(b"\n")
+        meta = json.loads(head)
+        f = cls(hold_s, max_restarts)
+        f.jobs = {j.job_id: j for j in _RECORDS.validate_json(body)}
+        f._ended = {(j, a) for j, a in meta["ended"]}
+        return f, int(meta["seq"])
 
 
 def fold(events: Iterable[tuple[Envelope, EventData]], hold_s: float, max_restarts: int) -> dict[str, JobRecord]:

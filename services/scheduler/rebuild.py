@@ -1,11 +1,17 @@
-"""Rebuild the scheduler's Redis state from JetStream after it was lost (the shell around `history.fold`).
+"""Rebuild the scheduler's Redis state from JetStream after it was lost (the shell around `history.Fold`).
 
-Reads the JOBS stream once up to its last sequence (the scheduler decides
-nothing meanwhile), folds every job's history, writes the records, the queue
-and the GPU allocations in a few pipelines, and moves the `scheduler-jobs`
-consumer to just after what was folded, so nothing is applied twice and
-nothing is missed. Nodes come back from their latest registration (one per
-node, not the whole NODES stream) and the drains still asked for.
+Starts from the latest snapshot (a fold of the JOBS stream up to some
+sequence, kept in a JetStream object store), folds the stream's tail after it
+up to its last sequence (the scheduler decides nothing meanwhile), writes the
+records, the queue and the GPU allocations in a few pipelines, and moves the
+`scheduler-jobs` consumer to just after what was folded, so nothing is applied
+twice and nothing is missed. Nodes come back from their latest registration
+(one per node, not the whole NODES stream) and the drains still asked for.
+
+The leader refreshes the snapshot in the background (`snapshot`): the last
+one plus the tail since, less the jobs that ended more than `keep_finished_s`
+ago, so a rebuild's time grows with the live state and recent history, not
+with every job ever run.
 """
 
 from __future__ import annotations
@@ -13,9 +19,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import BucketNotFoundError, ObjectNotFoundError
+from nats.js.object_store import ObjectStore
 from redis.asyncio import Redis
 
 from whaleflux.shared import subjects as s
@@ -31,6 +40,8 @@ from .store import SchedulerStore
 JOB_HISTORY = [s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, s.JOB_REQUEUED,
                s.JOB_REJECTED]
 FETCH = 2000
+SNAPSHOT_BUCKET = "WHALEFLUX_SCHEDULER_SNAPSHOTS"
+SNAPSHOT_NAME = "jobs"
 WRITE_CHUNK = 2000
 
 
@@ -45,16 +56,19 @@ class Rebuilt:
 
 
 async def read_stream(bus: Bus, stream: str, filters: list[str], upto: int | None = None,
-                      deliver: DeliverPolicy = DeliverPolicy.ALL) -> AsyncIterator[tuple[int, Envelope, EventData]]:
-    """Every valid event of `stream` matching `filters`, in order, with its sequence: up to sequence `upto`,
-    or until none is left."""
+                      deliver: DeliverPolicy = DeliverPolicy.ALL, after: int = 0) -> AsyncIterator[tuple[int, Envelope, EventData]]:
+    """Every valid event of `stream` matching `filters`, in order, with its sequence: after sequence `after`,
+    up to sequence `upto`, or until none is left."""
     info = await bus.js.stream_info(stream)
     last = info.state.last_seq if upto is None else upto
-    if info.state.messages == 0:
+    if info.state.messages == 0 or last <= after:
         return
+    if after:
+        deliver = DeliverPolicy.BY_START_SEQUENCE
     name = f"rebuild-{secrets.token_hex(4)}"
     config = ConsumerConfig(
-        name=name, deliver_policy=deliver, ack_policy=AckPolicy.NONE, inactive_threshold=60.0,
+        name=name, deliver_policy=deliver, opt_start_seq=after + 1 if after else None, ack_policy=AckPolicy.NONE,
+        inactive_threshold=60.0,
         filter_subject=filters[0] if len(filters) == 1 else None,
         filter_subjects=filters if len(filters) > 1 else None,
     )
@@ -88,13 +102,46 @@ async def read_stream(bus: Bus, stream: str, filters: list[str], upto: int | Non
             pass
 
 
-async def rebuild(bus: Bus, redis: Redis, store: SchedulerStore, hold_s: float, max_restarts: int, now) -> Rebuilt:
-    """Fold the JOBS stream and the nodes' latest registrations into a fresh scheduler state."""
-    fold = Fold(hold_s, max_restarts)
-    events, last_jobs = 0, (await bus.js.stream_info("WHALEFLUX_JOBS")).state.last_seq
-    async for _seq, env, data in read_stream(bus, "WHALEFLUX_JOBS", JOB_HISTORY, last_jobs):
+async def snapshot_store(bus: Bus) -> ObjectStore:
+    try:
+        return await bus.js.object_store(SNAPSHOT_BUCKET)
+    except BucketNotFoundError:
+        return await bus.js.create_object_store(SNAPSHOT_BUCKET, description="scheduler: job history folded up to a sequence")
+
+
+async def folded(bus: Bus, hold_s: float, max_restarts: int, upto: int) -> tuple[Fold, int]:
+    """The latest snapshot plus the JOBS stream's tail after it, up to `upto`; and how many events the tail had."""
+    fold, seq = Fold(hold_s, max_restarts), 0
+    try:
+        blob = (await (await snapshot_store(bus)).get(SNAPSHOT_NAME)).data
+        fold, seq = Fold.load(blob, hold_s, max_restarts)
+    except ObjectNotFoundError:
+        pass
+    first = (await bus.js.stream_info("WHALEFLUX_JOBS")).state.first_seq
+    if seq and seq + 1 < first:
+        # The stream no longer holds what followed the snapshot (aged out): the snapshot is all there is of it.
+        seq = first - 1
+    events = 0
+    async for _seq, env, data in read_stream(bus, "WHALEFLUX_JOBS", JOB_HISTORY, upto, after=seq):
         fold.apply(env, data)
         events += 1
+    return fold, events
+
+
+async def snapshot(bus: Bus, hold_s: float, max_restarts: int, now: datetime, keep_finished_s: float) -> tuple[int, int]:
+    """Refresh the snapshot: the last one plus the tail since, less jobs ended more than `keep_finished_s` ago.
+    Returns (sequence it is as of, jobs in it)."""
+    upto = (await bus.js.stream_info("WHALEFLUX_JOBS")).state.last_seq
+    fold, _ = await folded(bus, hold_s, max_restarts, upto)
+    fold.forget_finished(now - timedelta(seconds=keep_finished_s))
+    await (await snapshot_store(bus)).put(SNAPSHOT_NAME, fold.dump(upto))
+    return upto, len(fold.jobs)
+
+
+async def rebuild(bus: Bus, redis: Redis, store: SchedulerStore, hold_s: float, max_restarts: int, now) -> Rebuilt:
+    """The latest snapshot, the JOBS stream's tail and the nodes' latest registrations, as a fresh scheduler state."""
+    last_jobs = (await bus.js.stream_info("WHALEFLUX_JOBS")).state.last_seq
+    fold, events = await folded(bus, hold_s, max_restarts, last_jobs)
     registrations: dict[str, NodeRegistered] = {}
     drains: dict[str, NodeDrainRequested] = {}
     last_nodes = (await bus.js.stream_info("WHALEFLUX_NODES")).state.last_seq

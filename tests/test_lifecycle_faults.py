@@ -183,7 +183,8 @@ def test_ctrl_c_of_up_interrupts_the_job_and_it_resumes_from_its_checkpoint_when
     try:
         services = _ready_up(home)
         token = {"Authorization": f"Bearer {json.loads((home / 'config.json').read_text())['admin_token']}"}
-        body = {"name": "ckpt", "command": checkpointing_command(marks, steps=24), "gpu_models": ["A100"]}
+        # 15 s of steps: the job's own marks miss its process start and exit (tens of ms per attempt), well within 1% of that.
+        body = {"name": "ckpt", "command": checkpointing_command(marks, steps=60), "gpu_models": ["A100"]}
         job_id = httpx.post(services["scheduler"] + "/v1/jobs", json=body, headers=token, timeout=10).json()["job_id"]
         wait_until(lambda: (home / "checkpoints" / job_id / "step").exists()
                    and int((home / "checkpoints" / job_id / "step").read_text()) >= 4, timeout=60, what="job past step 4")
@@ -207,6 +208,7 @@ def test_ctrl_c_of_up_interrupts_the_job_and_it_resumes_from_its_checkpoint_when
         assert starts[1][1] == stopped_at > 0, "the second attempt resumed from the checkpoint the first one wrote"
         runs_ = runs(marks, job_id)
         assert runs_[0].end <= runs_[1].start
+        assert_billed_what_ran(services["billing"], marks, [job_id])  # both attempts, the interrupted one included
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGTERM)

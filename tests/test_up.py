@@ -65,8 +65,19 @@ def test_up_starts_everything_ready_and_sigterm_leaves_no_process(tmp_path):
         # The CLI finds everything through the config file: no flags.
         cli = [sys.executable, "-m", "whaleflux"]
         done = subprocess.run([*cli, "submit", "--wait", "--", "python", "-c", "print('hi')"], env=env,
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "succeeded" in done.stdout, done.stdout + done.stderr
+        assert "exit code 0" in done.stdout and "charged:" in done.stdout, done.stdout
+        # Any end ends the wait, with how it ended: a failure with its exit code and its charge...
+        failed = subprocess.run([*cli, "submit", "--wait", "--", "python", "-c", "import sys; sys.exit(3)"], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert failed.returncode == 1 and ": failed" in failed.stdout and "exit code 3" in failed.stdout, failed.stdout
+        assert "charged:" in failed.stdout
+        # ...and a job no node could ever hold, with the reason and no charge to wait for.
+        never = subprocess.run([*cli, "submit", "--wait", "--gpus", "512", "--nvlink", "--", "true"], env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert never.returncode == 1 and ": rejected" in never.stdout and "reason:" in never.stdout, never.stdout
+        assert "not charged: it never ran" in never.stdout
         long = subprocess.run([*cli, "submit", "--", "sleep", "300"], env=env, capture_output=True, text=True, timeout=30)
         job_id = long.stdout.split("submitted job ")[1].split()[0]
         scheduler = secrets["services"]["scheduler"]

@@ -264,41 +264,95 @@ def _flag_error(exc) -> str:
     return "; ".join(lines)
 
 
-def _wait_for(conn: Connection, job_id: str, timeout_s: float = 3600) -> None:
-    deadline = time.monotonic() + timeout_s
+POLL_S = 0.25  # how often `submit --wait` asks the scheduler: the wait ends within this of the job's end
+BILLING_GRACE_S = 5.0  # how long an ended job's charge may take to appear (billing meters from the same events)
+
+
+def _wait_for(conn: Connection, job_id: str) -> None:
+    """Print each state the job passes through; when it ends (any end), how it ended and what it cost."""
     last = None
-    while time.monotonic() < deadline:
-        try:
-            job = conn.get("scheduler", f"/v1/jobs/{job_id}")
-        except ClientError:
-            job = None
-        state = job["state"] if job else "submitted"
-        if state != last:
-            where = f" on {job['node']} GPU {','.join(job['gpu_uuids'])}" if job and job.get("node") else ""
-            if job and len(job.get("parts") or []) > 1:
-                where = " on " + ", ".join(f"{p['node']} ({len(p['gpu_uuids'])} GPUs)" for p in job["parts"])
-            console.print(f"{job_id}: {state}{where}")
-            last = state
-        if state in TERMINAL:
-            if job.get("reason"):
-                console.print(f"reason: {job['reason']}")
-            _show_cost(conn, job_id)
-            raise typer.Exit(0 if state == "succeeded" else 1)
-        time.sleep(0.5)
-    _fail(f"gave up waiting for {job_id}")
+    try:
+        while True:
+            try:
+                job = conn.get("scheduler", f"/v1/jobs/{job_id}")
+            except NotFound:
+                job = None  # not yet seen by the scheduler
+            except ClientError as exc:
+                _fail(f"{exc}; the job goes on: `whaleflux jobs show {job_id}` later")
+            state = job["state"] if job else "submitted"
+            if state != last:
+                where = f" on {job['node']} GPU {','.join(job['gpu_uuids'])}" if job and job.get("node") else ""
+                if job and len(job.get("parts") or []) > 1:
+                    where = " on " + ", ".join(f"{p['node']} ({len(p['gpu_uuids'])} GPUs)" for p in job["parts"])
+                console.print(f"{job_id}: {state}{where}", soft_wrap=True)
+                last = state
+            if state in TERMINAL:
+                _print_end(job)
+                _show_cost(conn, job, BILLING_GRACE_S)
+                raise typer.Exit(0 if state == "succeeded" else 1)
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        console.print(f"stopped waiting; job {job_id} goes on (`whaleflux jobs show {job_id}`)")
+        raise typer.Exit(130) from None
 
 
-def _show_cost(conn: Connection, job_id: str) -> None:
-    for _ in range(20):  # billing may lag the scheduler by a moment
+def exit_status(code: int | None) -> str | None:
+    """An exit code in words: "exit code 3", "killed by SIGKILL", "exit code 143 (128 + SIGTERM)"."""
+    import signal
+
+    def name(n: int) -> str:
         try:
-            for rec in conn.get("billing", f"/v1/costs/jobs/{job_id}"):
+            return signal.Signals(n).name
+        except ValueError:
+            return f"signal {n}"
+
+    if code is None:
+        return None
+    if code < 0:
+        return f"killed by {name(-code)}"
+    if code > 128 and code - 128 < signal.NSIG:
+        return f"exit code {code} (128 + {name(code - 128)})"
+    return f"exit code {code}"
+
+
+def _print_end(job: dict) -> None:
+    status = exit_status(job.get("exit_code"))
+    if status:
+        console.print(status)
+    for p in job.get("parts") or []:
+        if len(job["parts"]) > 1 and p.get("exit_code") is not None:
+            console.print(f"  rank {p['rank']} on {p['node']}: {exit_status(p['exit_code'])}")
+    if job.get("reason"):
+        console.print(f"reason: {escape(job['reason'])}", soft_wrap=True)
+
+
+def _show_cost(conn: Connection, job: dict, wait_s: float = 0.0) -> None:
+    """What billing charged for the job: waits up to `wait_s` for an ended job's charge, never for one that never ran."""
+    job_id = job["job_id"]
+    if not job.get("started_at") and (job.get("attempt") or 0) <= 1:
+        console.print("not charged: it never ran")
+        return
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            recs = conn.get("billing", f"/v1/costs/jobs/{job_id}")
+        except NotFound:
+            recs = []
+        except ClientError as exc:
+            console.print(f"charge: not known ({exc})", soft_wrap=True)
+            return
+        if recs and all(r.get("ended_at") for r in recs):
+            for rec in recs:
                 console.print(
                     f"charged: {rec['gpu_seconds']} GPU-s on {rec['gpus']}x {rec['gpu_model']} "
                     f"at ${rec['usd_per_gpu_hour']}/GPU-h = ${rec['cost_usd']}"
+                    + (f" (attempt {rec['attempt']})" if len(recs) > 1 else ""), soft_wrap=True
                 )
             return
-        except ClientError:
-            time.sleep(0.5)
+        if time.monotonic() >= deadline:
+            console.print(f"charge: not recorded yet; see `whaleflux costs --by job` or `whaleflux jobs show {job_id}`")
+            return
+        time.sleep(0.2)
 
 
 @jobs_app.callback()
@@ -354,7 +408,7 @@ def jobs_show(job_id: str) -> None:
         table.add_row(key, value)
     console.print(table)
     if j["state"] in TERMINAL:
-        _show_cost(conn, job_id)
+        _show_cost(conn, j)
 
 
 @jobs_app.command("why")

@@ -47,6 +47,7 @@ def costs(
     to: Annotated[Optional[str], typer.Option(help="end, ISO 8601 (default: now)")] = None,
     share_idle: Annotated[bool, typer.Option(help="share idle cost back in proportion to use")] = False,
     export: Annotated[Optional[str], typer.Option(help="focus | csv | json: print the export instead of tables")] = None,
+    running: Annotated[bool, typer.Option(help="include jobs still running, at their cost up to now (marked)")] = True,
 ) -> None:
     """Cost per job, team, project or model over a window, the idle line per pool and model, and the fleet total."""
     if ctx.invoked_subcommand:
@@ -61,18 +62,28 @@ def costs(
         if export:
             sys.stdout.write(_get_text(conn, "/v1/costs/export", {"format": export, "by": by, **window}))
             return
-        report = conn.get("billing", "/v1/costs", by=by, share_idle=str(share_idle).lower(), **window)
+        report = conn.get("billing", "/v1/costs", by=by, share_idle=str(share_idle).lower(),
+                          running=str(running).lower(), **window)
     except ClientError as exc:
         _fail(str(exc))
+    live = _running_jobs(conn) if running else None
     table = Table(title=f"Cost by {by}, {report['from'][:16]} to {report['to'][:16]} UTC")
-    for col in (by, "jobs", "GPU-hours", "cost (USD)", *(["idle share", "total"] if share_idle else []), "GPU util"):
+    # `jobs` counts distinct jobs in a row: one per row when the rows are jobs, so not shown then.
+    columns = [by, *([] if by == "job" else ["jobs"]), "GPU-hours", "cost (USD)",
+               *(["idle share", "total"] if share_idle else []), "GPU util while allocated"]
+    for col in columns:
         table.add_column(col, justify="left" if col == by else "right")
     for r in report["rows"]:
-        cells = [escape(r["key"]), str(r["jobs"]), r["gpu_hours"], f"${r['cost_usd']}"]
+        key = escape(r["key"]) + (" [yellow](running)[/yellow]" if by == "job" and live and r["key"] in live else "")
+        cells = [key, *([] if by == "job" else [str(r["jobs"])]), r["gpu_hours"], f"${r['cost_usd']}"]
         if share_idle:
             cells += [f"${r['idle_share_usd']}", f"${r['total_usd']}"]
         table.add_row(*cells, _eff(report["efficiency_pct"].get(r["key"])))
-    console.print(table)
+    console.print(table if table.row_count else "no GPU time charged in this window")
+    if live and by != "job":
+        console.print(f"includes {len(live)} job(s) still running, at their cost up to now")
+    elif not running and report["totals"].get("running_usd") not in (None, "0", "0.00"):
+        console.print(f"jobs still running, not in the rows: ${report['totals']['running_usd']} so far (--running shows them)")
     idle = Table(title="Fleet and idle per pool and model")
     for col in ("pool", "model", "ownership", "GPUs", "fleet", "allocated", "idle", "idle %"):
         idle.add_column(col, justify="left" if col in ("pool", "model", "ownership") else "right")
@@ -87,8 +98,37 @@ def costs(
                   + (f" + idle ${t['unshared_idle_usd']} (rest shared back)" if share_idle else f" + idle ${t['idle_usd']}"))
     pricing = report["pricing"]
     console.print(f"prices: {escape(pricing['inventory']['basis'])}; price book: {escape(pricing['pricebook'])}")
-    for note in pricing["notes"][:10]:
-        console.print(f"[yellow]note:[/yellow] {escape(note)}")
+    for note in group_notes(pricing["notes"]):
+        console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
+
+
+def _running_jobs(conn: Connection) -> set[str] | None:
+    """Ids of the jobs running now (the scheduler knows), to mark them; None when the scheduler does not answer."""
+    try:
+        return {j["job_id"] for j in conn.get("scheduler", "/v1/jobs", state="running", limit=1000)}
+    except ClientError:
+        return None
+
+
+def group_notes(notes: list[str]) -> list[str]:
+    """One line per distinct note: "GPU-…: no owned A100 price book entry …" on 8 GPUs becomes one line with the count."""
+    import re
+
+    gpu_note = re.compile(r"^(GPU-[0-9A-Fa-f-]+): (.+)$")
+    counts: dict[str, list[str]] = {}
+    for note in notes:
+        m = gpu_note.match(note)
+        what, who = (m.group(2), m.group(1)) if m else (note, "")
+        counts.setdefault(what, []).append(who)
+    out = []
+    for what, who in counts.items():
+        gpus = [w for w in who if w]
+        if gpus:
+            out.append(f"{what} ({len(gpus)} GPU{'s' if len(gpus) > 1 else ''}: {', '.join(g[:12] + '…' for g in gpus[:3])}"
+                       + (f" and {len(gpus) - 3} more" if len(gpus) > 3 else "") + ")")
+        else:
+            out.append(what + (f" ({len(who)} times)" if len(who) > 1 else ""))
+    return out
 
 def _utc(value: str | None) -> str | None:
     """Dates without a time or zone are read as UTC."""

@@ -9,6 +9,7 @@ Extra arguments go to `whaleflux up` or to pytest.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -17,18 +18,36 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".venv"
+VENV = Path(os.environ.get("WHALEFLUX_VENV", ROOT / ".venv"))
 BIN = VENV / "bin"
+STAMP = VENV / ".whaleflux-installed"
+
+
+def wanted_stamp() -> str:
+    """What the install depends on: the dependency list and package layout (pyproject.toml), this Python, this
+    checkout. The install is editable, so changes to the code itself need no reinstall."""
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+    digest.update(f"{sys.version}|{ROOT}".encode())
+    return digest.hexdigest()
 
 
 def install() -> None:
     if sys.version_info < (3, 11):
         sys.exit(f"WhaleFlux needs Python 3.11 or newer; this is {sys.version.split()[0]}")
+    stamp = wanted_stamp()
+    if (BIN / "python").exists() and STAMP.exists() and STAMP.read_text() == stamp:
+        print(f"{VENV} is up to date with pyproject.toml (delete {STAMP.name} in it to reinstall)", flush=True)
+        return
     if not (BIN / "python").exists():
         print(f"creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    subprocess.run([BIN / "python", "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
-    subprocess.run([BIN / "python", "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"], check=True)
+    print("installing WhaleFlux and its pinned dependencies (the first time takes a minute or two)", flush=True)
+    # pip's own progress (what it collects, downloads and installs) is shown, not hidden with -q.
+    subprocess.run([BIN / "python", "-m", "pip", "install", "--disable-pip-version-check", "--upgrade", "pip"],
+                   check=True)
+    subprocess.run([BIN / "python", "-m", "pip", "install", "--disable-pip-version-check", "-e", f"{ROOT}[test]"],
+                   check=True)
+    STAMP.write_text(stamp)
 
 
 def main() -> int:

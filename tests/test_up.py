@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from .processes import wait_until
 
@@ -97,3 +99,68 @@ def test_up_starts_everything_ready_and_sigterm_leaves_no_process(tmp_path):
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+def test_up_holds_each_port_itself_so_nobody_takes_it_and_a_restarted_service_keeps_it(tmp_path):
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))}
+    env["WHALEFLUX_HOME"] = str(home)
+    with open(tmp_path / "up.out", "wb") as out_file:
+        up = subprocess.Popen([sys.executable, "-m", "whaleflux", "up"], env=env, stdout=out_file,
+                              stderr=subprocess.STDOUT)
+    try:
+        config = home / "config.json"
+
+        def all_ready():
+            services = json.loads(config.read_text())["services"]
+            return set(SERVICES) <= set(services) and all(httpx.get(services[s] + "/readyz", timeout=1).status_code == 200 for s in SERVICES)
+
+        wait_until(all_ready, timeout=180, what="all five services ready")
+        services = json.loads(config.read_text())["services"]
+        scheduler_port = int(services["scheduler"].rsplit(":", 1)[1])
+        [scheduler_pid] = [pid for pid in _pids_with(b"service\0scheduler") if str(home).encode() in
+                           Path(f"/proc/{pid}/environ").read_bytes()]
+        os.kill(scheduler_pid, signal.SIGKILL)
+        # While it is down, the port stays `up`'s: another process cannot bind it.
+        with socket.socket() as intruder:
+            with pytest.raises(OSError):
+                intruder.bind(("127.0.0.1", scheduler_port))
+        # `up` restarts it on the same socket: the same address answers, the config file is unchanged.
+        wait_until(lambda: not _alive(scheduler_pid), what="scheduler gone")
+        wait_until(lambda: httpx.get(services["scheduler"] + "/readyz", timeout=1).status_code == 200, timeout=120,
+                   what="scheduler ready again at the same address")
+        assert json.loads(config.read_text())["services"] == services
+        assert "scheduler exited" in (tmp_path / "up.out").read_text()
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+
+
+def test_local_servers_never_settle_on_a_port_someone_else_took(tmp_path, monkeypatch):
+    """A port found free and taken by another process before nats-server or redis-server binds it is not used."""
+    import secrets
+
+    import whaleflux.servers as servers
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    held = taken.getsockname()[1]
+    real, calls = servers.free_port, []
+
+    def racy(preferred=None):  # the first answer of each server's search is a port someone takes at once
+        calls.append(preferred)
+        return held if len(calls) in (1, 3) else real(preferred)
+
+    monkeypatch.setattr(servers, "free_port", racy)
+    local = servers.LocalServers(tmp_path / "s", "wf", secrets.token_urlsafe(8), secrets.token_urlsafe(8)).start()
+    try:
+        assert held not in (local.nats_port, local.redis_port)
+        assert len(calls) >= 4  # each server was offered the taken port once, and moved on
+    finally:
+        local.stop()
+        taken.close()

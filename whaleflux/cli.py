@@ -91,7 +91,30 @@ def service(name: Annotated[str, typer.Argument(help="telemetry | scheduler | al
         _fail(f"unknown service {name!r}; choose one of {', '.join(SERVICE_NAMES)}")
     import importlib
 
+    _serve_on_handed_socket()
     importlib.import_module(f"whaleflux.{name}.app").main()
+
+
+def _serve_on_handed_socket() -> None:
+    """Serve HTTP on the listening socket `whaleflux up` bound and handed over (WHALEFLUX_HTTP_FD), if any.
+
+    `up` binds each port itself and passes the socket to the process it starts: no moment in which another
+    process can take the port, and a restarted service keeps its port. uvicorn serves an inherited socket
+    with `fd=`; the service shell has no setting for it, so this makes it uvicorn's default, in this process.
+    """
+    fd = os.environ.get("WHALEFLUX_HTTP_FD")
+    if not fd:
+        return
+    import uvicorn.config
+
+    init = uvicorn.config.Config.__init__
+
+    def with_fd(self, *args, **kwargs):
+        if kwargs.get("fd") is None:  # uvicorn.run passes fd=None explicitly
+            kwargs["fd"] = int(fd)
+        init(self, *args, **kwargs)
+
+    uvicorn.config.Config.__init__ = with_fd
 
 
 @app.command()
@@ -105,6 +128,7 @@ def agent(
 
     if not nvml and not simulate.exists():
         _fail(f"fleet file {simulate} does not exist")
+    _serve_on_handed_socket()
     agent_main(simulate, node, nvml)
 
 

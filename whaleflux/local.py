@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from whaleflux.shared import localconfig
 from whaleflux.shared.localconfig import SERVICES, LocalConfig
 
 from .client import DEFAULT_PORTS
-from .servers import LocalServers, free_port
+from .servers import LocalServers
 
 console = Console()
 READY_TIMEOUT_S = 60.0
@@ -40,15 +41,36 @@ class Child:
     proc: subprocess.Popen | None = None
     restarts: int = 0
     next_restart: float = 0.0
+    # Its HTTP port, bound and listening here for as long as `up` runs, handed to each start of the child.
+    listener: socket.socket | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
+        fds: tuple[int, ...] = ()
+        env = self.env
+        if self.listener is not None:
+            fds = (self.listener.fileno(),)
+            env = {**env, "WHALEFLUX_HTTP_FD": str(self.listener.fileno())}
         # Its own session: a Ctrl-C in the terminal reaches `up` alone, which stops the children in order
         # (the agent first, while the bus still takes its jobs' reports).
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, pass_fds=fds)
         log.close()
+
+
+def listen(preferred: int) -> socket.socket:
+    """A listening socket on `preferred`, else on a free port: bound here, so nobody can take it before the child
+    serves on it (probing a port and binding it later leaves a window for another process)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", preferred))
+    except OSError:
+        sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
 
 
 @dataclass
@@ -87,16 +109,20 @@ class Stack:
             self.cfg.redis_password = os.environ.get("WHALEFLUX_REDIS_PASSWORD", "")
             console.print(f"Using NATS at {self.cfg.nats_url} and Redis at {self.cfg.redis_url} from the environment")
             return
+        console.print("starting nats-server (JetStream) and redis-server…")
+        began = time.monotonic()
         self.servers = LocalServers(
             self.state_dir / "servers", self.cfg.nats_user, self.cfg.nats_password, self.cfg.redis_password
         ).start(nats_port=14222, redis_port=16379)
         self.cfg.nats_url, self.cfg.redis_url = self.servers.nats_url, self.servers.redis_url
+        console.print(f"  NATS at {self.cfg.nats_url}, Redis at {self.cfg.redis_url} ({time.monotonic() - began:.1f} s)")
 
     def start_children(self) -> None:
         env = self.base_env()
         logs = self.state_dir / "logs"
         for name in SERVICES:
-            port = free_port(DEFAULT_PORTS[name])
+            listener = listen(DEFAULT_PORTS[name])
+            port = listener.getsockname()[1]
             self.cfg.services[name] = f"http://127.0.0.1:{port}"
             child_env = {**env, "WHALEFLUX_HTTP_PORT": str(port)}
             if name == "alerting":
@@ -104,25 +130,30 @@ class Stack:
             if name == "inventory" and self.assets:
                 child_env["WHALEFLUX_ASSETS_FILE"] = str(self.assets.resolve())
             self.children.append(
-                Child(name, [sys.executable, "-m", "whaleflux", "service", name], child_env, logs / f"{name}.log")
+                Child(name, [sys.executable, "-m", "whaleflux", "service", name], child_env, logs / f"{name}.log",
+                      listener=listener)
             )
         # Billing asks inventory for ownership terms, alerting for its findings (cost guardians), wherever `up` put it.
         for child in self.children:
             if child.name in ("billing", "alerting"):
                 child.env["WHALEFLUX_INVENTORY_URL"] = self.cfg.services["inventory"]
         # The agent's HTTP port serves fault injection (`whaleflux sim inject`).
-        agent_port = free_port(DEFAULT_PORTS["agent"])
+        agent_listener = listen(DEFAULT_PORTS["agent"])
+        agent_port = agent_listener.getsockname()[1]
         self.cfg.services["agent"] = f"http://127.0.0.1:{agent_port}"
         self.children.append(
             Child("agent", [sys.executable, "-m", "whaleflux", "agent", "--simulate", str(self.fleet)],
-                  {**env, "WHALEFLUX_HTTP_PORT": str(agent_port)}, logs / "agent.log")
+                  {**env, "WHALEFLUX_HTTP_PORT": str(agent_port)}, logs / "agent.log", listener=agent_listener)
         )
         self.cfg.save()
+        console.print(f"starting {', '.join(SERVICES)} and the simulated fleet ({self.fleet.name}); "
+                      f"logs in {logs}")
         for child in self.children:
             child.start()
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool:
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         pending = set(SERVICES)
         with httpx.Client(timeout=1.0) as http:
             while pending and not self.stopping and time.monotonic() < deadline:
@@ -130,6 +161,8 @@ class Stack:
                     try:
                         if http.get(self.cfg.services[name] + "/readyz").status_code == 200:
                             pending.discard(name)
+                            console.print(f"  {name} ready at {self.cfg.services[name]} "
+                                          f"({time.monotonic() - began:.1f} s)")
                     except httpx.HTTPError:
                         pass
                 self.supervise()

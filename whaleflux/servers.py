@@ -8,6 +8,7 @@ into config files with mode 0600, never onto the command line.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -74,6 +75,55 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout:
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout}s")
 
 
+def _answers_as_ours(port: int, hello: bytes, expect: bytes, first_line: bool) -> bool:
+    """Whether what listens on `port` is the server we started: it greets (or answers `hello`) with `expect`."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+            if hello:
+                sock.sendall(hello)
+            got = b""
+            while expect not in got and len(got) < 65536:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+                if first_line and b"\n" in got:
+                    break
+            return expect in got
+    except OSError:
+        return False
+
+
+def _start_owned(start, owned, what: str, log: Path, preferred: int | None, tries: int = 5,
+                 timeout: float = 20.0) -> int:
+    """Start a server on `preferred` (else a free port) and make sure the port is its, not another process's.
+
+    A port found free can be taken by someone else before the server binds it: then the server exits
+    (address in use) or, worse, something else answers there. Only a server that proves to be ours (`owned`)
+    counts; otherwise it starts again on another port.
+    """
+    port = free_port(preferred)
+    for attempt in range(tries):
+        proc = start(port)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break  # it could not bind (or failed otherwise): try another port
+            if owned(port):
+                return port
+            time.sleep(0.05)
+        else:
+            proc.kill()
+            proc.wait()
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{what} did not answer on 127.0.0.1:{port} within {timeout}s:\n{tail}")
+        taken = port
+        port = free_port()
+        print(f"{what}: port {taken} was taken (exit {proc.returncode}); trying {port}", file=sys.stderr, flush=True)
+    tail = log.read_text()[-2000:] if log.exists() else ""
+    raise RuntimeError(f"{what} could not start after {tries} tries:\n{tail}")
+
+
 @dataclass
 class LocalServers:
     """A nats-server and a redis-server owned by this process."""
@@ -97,48 +147,61 @@ class LocalServers:
     def start(self, nats_port: int | None = None, redis_port: int | None = None) -> "LocalServers":
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._start_nats(free_port(nats_port))
-            self._start_redis(free_port(redis_port))
+            self._start_nats(nats_port)
+            self._start_redis(redis_port)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _start_nats(self, port: int) -> None:
-        self.nats_port = port
+    def _start_nats(self, preferred: int | None) -> None:
         store = self.state_dir / "nats"
         conf = self.state_dir / "nats.conf"
-        _write_private(
-            conf,
-            f"listen: 127.0.0.1:{port}\n"
-            f"jetstream {{ store_dir: {str(store)!r} }}\n"
-            f"authorization {{ user: {self.nats_user!r}, password: {self.nats_password!r} }}\n",
-        )
         log = self.state_dir / "nats-server.log"
-        proc = subprocess.Popen(
-            [nats_server_binary(), "-c", str(conf), "-l", str(log)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # stopped by its owner, after the processes that still use it
-        )
-        self.procs.append(proc)
-        _wait_port(port, proc, "nats-server", log)
+        # A name only this server has: its INFO greeting tells it apart from any other NATS on the port.
+        name = f"whaleflux-{secrets.token_hex(6)}"
 
-    def _start_redis(self, port: int) -> None:
-        self.redis_port = port
+        def start(port: int) -> subprocess.Popen:
+            _write_private(
+                conf,
+                f"server_name: {name}\nlisten: 127.0.0.1:{port}\n"
+                f"jetstream {{ store_dir: {str(store)!r} }}\n"
+                f"authorization {{ user: {self.nats_user!r}, password: {self.nats_password!r} }}\n",
+            )
+            proc = subprocess.Popen(
+                [nats_server_binary(), "-c", str(conf), "-l", str(log)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # stopped by its owner, after the processes that still use it
+            )
+            self.procs.append(proc)
+            return proc
+
+        self.nats_port = _start_owned(
+            start, lambda port: _answers_as_ours(port, b"", f'"server_name":"{name}"'.encode(), first_line=True),
+            "nats-server", log, preferred)
+
+    def _start_redis(self, preferred: int | None) -> None:
         data = self.state_dir / "redis"
         data.mkdir(parents=True, exist_ok=True)
         conf = self.state_dir / "redis.conf"
         log = self.state_dir / "redis-server.log"
-        _write_private(
-            conf,
-            f"port {port}\nbind 127.0.0.1\nprotected-mode yes\nrequirepass {self.redis_password}\n"
-            f'dir "{data}"\nappendonly yes\nappendfsync everysec\nlogfile "{log}"\ndaemonize no\n',
-        )
-        proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-        self.procs.append(proc)
-        _wait_port(port, proc, "redis-server", log)
+
+        def start(port: int) -> subprocess.Popen:
+            _write_private(
+                conf,
+                f"port {port}\nbind 127.0.0.1\nprotected-mode yes\nrequirepass {self.redis_password}\n"
+                f'dir "{data}"\nappendonly yes\nappendfsync everysec\nlogfile "{log}"\ndaemonize no\n',
+            )
+            proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            self.procs.append(proc)
+            return proc
+
+        # Ours answers our password; another Redis on the port would refuse it.
+        hello = f"AUTH {self.redis_password}\r\nPING\r\n".encode()
+        self.redis_port = _start_owned(start, lambda port: _answers_as_ours(port, hello, b"+PONG", first_line=False),
+                                       "redis-server", log, preferred)
 
     def stop(self, timeout: float = 10.0) -> None:
         for proc in self.procs:

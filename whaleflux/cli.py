@@ -552,13 +552,14 @@ def simulate(
     import json
 
     from whaleflux.scheduler.simulator.metrics import side_by_side, team_rows
-    from whaleflux.scheduler.simulator.run import simulate_files
+
+    from .simulate_view import LITERAL_NOTE, simulate_with_progress
 
     for path in (jobs, fleet):
         if not path.exists():
             _fail(f"{path} does not exist")
     try:
-        reports = simulate_files(jobs, fleet, policy, time_scale)
+        reports = simulate_with_progress(jobs, fleet, [p.lower() for p in policy], time_scale, Console(stderr=True))
     except ValueError as exc:
         _fail(str(exc))
     if json_out:
@@ -569,6 +570,7 @@ def simulate(
     for row in rows[1:]:
         table.add_row(*row)
     console.print(table)
+    console.print(LITERAL_NOTE, soft_wrap=True)
     for r in reports:
         teams = Table("team", "jobs", "GPU-s share", "mean slowdown", title=f"{r.policy}: per team")
         for row in team_rows(r):
@@ -730,12 +732,17 @@ def findings() -> None:
 
 @app.command()
 def schemas(
-    out: Annotated[Path, typer.Option(help="folder to write to")] = Path("docs/events"),
+    out: Annotated[Optional[Path], typer.Option(help="folder to write to; default the checkout's docs/events, wherever you are")] = None,
     check: Annotated[bool, typer.Option(help="only report stale files; exit 1 if any")] = False,
 ) -> None:
     """Write the JSON Schema of every event (docs/events/)."""
     from whaleflux.shared import schemas as event_schemas
 
+    if out is None:
+        # The checkout this CLI runs from (an editable install), not the current folder.
+        out = Path(__file__).resolve().parent.parent / "docs" / "events"
+        if not out.parent.is_dir():
+            _fail(f"no docs/ folder beside this installation ({out.parent.parent}); name one with --out")
     if check:
         stale = event_schemas.stale(out)
         if stale:

@@ -1,0 +1,96 @@
+"""The console process: wiring only (settings, the upstream client, the live hub, pages, static files)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from whaleflux.shared.apidocs import mount_api_docs
+from whaleflux.shared.logs import configure_logging
+
+from .auth import Signer
+from .formatting import FILTERS
+from .live import LiveHub
+from .pages import alerts, costs, fleet, inventory, jobs, login, sizing
+from .settings import ConsoleSettings
+from .upstream import Upstream, UpstreamError
+from .web import HERE, BadCsrf, Console, NotLoggedIn, login_url, page, templates
+
+templates.env.filters.update(FILTERS)
+
+
+def create_app(settings: ConsoleSettings) -> FastAPI:
+    hub = LiveHub(settings.live_interval_s)
+    upstream = Upstream(settings.service_urls(), settings.secret("admin_token") or "", settings.upstream_timeout_s)
+    tasks: list[asyncio.Task] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks.append(asyncio.create_task(hub.connect(settings.nats_url, settings.nats_user,
+                                                     settings.secret("nats_password")), name="bus"))
+        tasks.append(asyncio.create_task(hub.run(), name="live"))
+        yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await hub.close()
+        await upstream.close()
+
+    app = FastAPI(title="WhaleFlux console", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.console = Console(settings, upstream, hub, Signer(settings.secret("admin_token") or ""))
+    mount_api_docs(app)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    for module in (login, fleet, jobs, alerts, costs, inventory, sizing):
+        app.include_router(module.router)
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict:
+        return {"status": "ok", "service": "console"}
+
+    @app.get("/readyz", tags=["ops"])
+    async def readyz() -> Response:
+        """Ready once it hears the bus (live updates); the pages themselves work without it."""
+        checks = {"nats": hub.connected}
+        return JSONResponse({"ready": all(checks.values()), "checks": checks}, status_code=200 if all(checks.values()) else 503)
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics() -> Response:
+        watchers = sum(len(v.queues) for v in hub.views.values())
+        body = ("# TYPE whaleflux_console_view_builds_total counter\n"
+                f"whaleflux_console_view_builds_total {hub.renders}\n"
+                "# TYPE whaleflux_console_live_views gauge\n"
+                f"whaleflux_console_live_views {len(hub.views)}\n"
+                "# TYPE whaleflux_console_live_streams gauge\n"
+                f"whaleflux_console_live_streams {watchers}\n")
+        return Response(body, media_type="text/plain; version=0.0.4")
+
+    @app.exception_handler(NotLoggedIn)
+    async def not_logged_in(request: Request, exc: NotLoggedIn) -> Response:
+        if request.headers.get("HX-Request") or request.url.path.startswith("/live/"):
+            return JSONResponse({"detail": "log in first"}, status_code=401, headers={"HX-Redirect": "/login"})
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(login_url(target), status_code=303)
+
+    @app.exception_handler(BadCsrf)
+    async def bad_csrf(request: Request, exc: BadCsrf) -> Response:
+        return HTMLResponse("This form expired or did not come from the console; reload the page.", status_code=403)
+
+    @app.exception_handler(UpstreamError)
+    async def upstream_error(request: Request, exc: UpstreamError) -> Response:
+        status = exc.status if exc.status in (404, 422) else 502
+        return page(request, "error.html", None, status_code=status, error=exc)
+
+    return app
+
+
+def main() -> None:
+    settings = ConsoleSettings()
+    configure_logging("console", settings.log_level)
+    uvicorn.run(create_app(settings), host=settings.http_host, port=settings.http_port, log_config=None,
+                access_log=True, lifespan="on")

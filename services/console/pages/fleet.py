@@ -1,0 +1,117 @@
+"""Fleet: every node and GPU live, the heat map, a node's GPUs, a GPU's history charts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from ..charts import WINDOWS_S, series
+from ..heatmap import QUARANTINED, heat_json
+from ..live import Frames
+from ..models import FleetSummary, GpuHistory, GpuRow, NodeStatus, NodeTelemetry
+from ..upstream import fetch_all
+from ..web import Console, ConsoleDep, SessionDep, fragment, page, sse
+
+router = APIRouter()
+# Above this many GPUs the fleet page lists nodes only (the heat map still shows every GPU).
+GPU_TABLE_MAX = 256
+
+
+@dataclass
+class FleetView:
+    summary: FleetSummary | None
+    nodes: list[NodeTelemetry]
+    statuses: dict[str, NodeStatus]
+    gpus: list[GpuRow]
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def quarantined(self) -> list[NodeStatus]:
+        return [s for s in self.statuses.values() if s.status in QUARANTINED]
+
+
+async def fleet_view(c: Console, node: str | None = None) -> FleetView:
+    up = c.upstream
+    values, errors = await fetch_all({
+        "summary": up.get_as(FleetSummary, "telemetry", "/v1/fleet"),
+        "nodes": up.get_as(list[NodeTelemetry], "telemetry", "/v1/nodes"),
+        "statuses": up.get_as(list[NodeStatus], "scheduler", "/v1/nodes"),
+        "gpus": up.get_as(list[GpuRow], "telemetry", "/v1/gpus", node=node),
+    })
+    statuses = {s.node: s for s in values["statuses"] or []}
+    return FleetView(values["summary"], values["nodes"] or [], statuses, values["gpus"] or [], errors)
+
+
+def fleet_frames(view: FleetView) -> Frames:
+    return [("fleet", fragment("_fleet_live.html", v=view, gpu_table_max=GPU_TABLE_MAX)),
+            ("heat", heat_json(view.gpus, view.statuses))]
+
+
+@router.get("/", include_in_schema=False)
+async def home(_: SessionDep) -> Response:
+    return RedirectResponse("/fleet", status_code=303)
+
+
+@router.get("/fleet", response_class=HTMLResponse)
+async def fleet(request: Request, c: ConsoleDep, _: SessionDep) -> Response:
+    view = await fleet_view(c)
+    frames = dict(fleet_frames(view))
+    return page(request, "fleet.html", "fleet", live=frames["fleet"], heat=frames["heat"], v=view)
+
+
+@router.get("/live/fleet")
+async def fleet_live(c: ConsoleDep, _: SessionDep) -> Response:
+    async def render() -> Frames:
+        return fleet_frames(await fleet_view(c))
+
+    return sse(c.hub.stream("fleet", {"gpu", "node"}, render))
+
+
+@router.get("/fleet/nodes/{node}", response_class=HTMLResponse)
+async def node_page(request: Request, node: str, c: ConsoleDep, _: SessionDep) -> Response:
+    view = await fleet_view(c, node)
+    if not view.gpus and not view.errors:
+        raise HTTPException(404, f"no node {node!r} in telemetry")
+    return page(request, "node.html", "fleet", node=node, live=fragment("_node_live.html", v=view, node=node))
+
+
+@router.get("/live/nodes/{node}")
+async def node_live(node: str, c: ConsoleDep, _: SessionDep) -> Response:
+    async def render() -> Frames:
+        return [("node", fragment("_node_live.html", v=await fleet_view(c, node), node=node))]
+
+    return sse(c.hub.stream(f"node:{node}", {"gpu", "node"}, render))
+
+
+@router.get("/fleet/gpus/{uuid}", response_class=HTMLResponse)
+async def gpu_page(request: Request, uuid: str, c: ConsoleDep, _: SessionDep, window: str = "15m") -> Response:
+    if window not in WINDOWS_S:
+        window = "15m"
+    row = await c.upstream.get_as(GpuRow, "telemetry", f"/v1/gpus/{uuid}")
+    return page(request, "gpu.html", "fleet", row=row, window=window, windows=list(WINDOWS_S),
+                live=fragment("_gpu_live.html", row=row))
+
+
+@router.get("/fleet/gpus/{uuid}/history.json")
+async def gpu_history(uuid: str, c: ConsoleDep, _: SessionDep, window: str = "15m") -> JSONResponse:
+    """The chart's columns; the browser asks once per page load, then appends the live points."""
+    now = datetime.now(timezone.utc).timestamp()
+    hist = await c.upstream.get_as(GpuHistory, "telemetry", f"/v1/gpus/{uuid}/history",
+                                   since=now - WINDOWS_S.get(window, 900), until=now)
+    return JSONResponse({"resolution": hist.resolution, **series(hist.points, hist.resolution)})
+
+
+@router.get("/live/gpus/{uuid}")
+async def gpu_live(uuid: str, c: ConsoleDep, _: SessionDep) -> Response:
+    async def render() -> Frames:
+        row = await c.upstream.get_as(GpuRow, "telemetry", f"/v1/gpus/{uuid}")
+        point = {"t": row.sample_time.timestamp(), "util": row.gpu.utilization_gpu_pct, "temp": row.gpu.temperature_c,
+                 "power": row.gpu.power_w, "mem_gib": round(row.gpu.memory_used_mib / 1024, 2)}
+        return [("gpu", fragment("_gpu_live.html", row=row)), ("point", json.dumps(point))]
+
+    return sse(c.hub.stream(f"gpu:{uuid}", {"gpu"}, render))
+

@@ -1,0 +1,184 @@
+"""Jobs: the list with filters, the submit form (with a sizing estimate beside it), a job's page.
+
+Cancel is not offered: the scheduler has no cancel endpoint and the agent does not handle `job.cancel` yet.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Literal
+import shlex
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import BaseModel, Field, ValidationError
+
+from whaleflux.shared.catalog import gpu_models
+from whaleflux.shared.localconfig import home
+
+from ..joblog import log_tail
+from ..live import Frames
+from ..models import AttemptCost, JobRecord, JobWhy
+from ..upstream import UpstreamError, fetch_all
+from ..web import Console, ConsoleDep, CsrfDep, SessionDep, fragment, page, sse
+
+router = APIRouter()
+STATES = ["pending", "placed", "running", "succeeded", "failed", "rejected", "interrupted", "preempted"]
+ENDED = {"succeeded", "failed", "rejected", "cancelled"}
+LIST_LIMIT = 500
+
+
+class JobFilters(BaseModel):
+    state: str = ""
+    team: str = ""
+    project: str = ""
+    model: str = ""
+
+    def keep(self, job: JobRecord) -> bool:
+        return ((not self.team or job.spec.team == self.team) and (not self.project or job.spec.project == self.project)
+                and (not self.model or job.gpu_model == self.model or self.model in job.spec.gpu_models))
+
+    def key(self) -> str:
+        return urlencode({k: v for k, v in self.model_dump().items() if v})
+
+
+class SubmitForm(BaseModel):
+    """The submit form's fields; becomes the body of the scheduler's POST /v1/jobs."""
+
+    command: str = Field(min_length=1)
+    name: str = ""
+    gpus: int = Field(1, ge=1, le=1024)
+    model: str = ""
+    min_memory_gb: float = Field(0, ge=0)
+    workload_class: Literal["llm-train", "finetune", "inference", "small"] = "small"
+    priority: Literal["high", "normal", "low"] = "normal"
+    team: str = "default"
+    project: str = "default"
+    preemptible: bool = False
+    checkpoint_dir: str = ""
+    labels: str = ""
+    size_model: str = ""
+    size_task: str = "serve"
+    size_context: int = Field(4096, ge=1)
+    use_sizing: bool = False
+
+    def body(self) -> dict:
+        argv = shlex.split(self.command)
+        labels = dict(part.split("=", 1) for part in self.labels.replace(",", " ").split() if "=" in part)
+        body = {
+            "name": (self.name or " ".join(argv))[:128], "command": argv, "gpus": self.gpus,
+            "gpu_models": [self.model] if self.model else [], "workload_class": self.workload_class,
+            "priority": self.priority, "team": self.team or "default", "project": self.project or "default",
+            "preemptible": self.preemptible, "labels": labels,
+        }
+        if self.checkpoint_dir:
+            body["checkpoint_dir"] = self.checkpoint_dir
+        if self.use_sizing and self.size_model:
+            body["sizing"] = {"model": self.size_model, "task": self.size_task, "context": self.size_context}
+        elif self.min_memory_gb:
+            body["min_memory_mib"] = self.min_memory_gb * 1024
+        return body
+
+
+async def job_list(c: Console, filters: JobFilters) -> tuple[list[JobRecord], str | None]:
+    try:
+        jobs = await c.upstream.get_as(list[JobRecord], "scheduler", "/v1/jobs", limit=LIST_LIMIT,
+                                       state=filters.state or None)
+    except UpstreamError as exc:
+        return [], str(exc)
+    return [j for j in jobs if filters.keep(j)], None
+
+
+def form_context(form: SubmitForm | None = None, error: str | None = None) -> dict:
+    from whaleflux.shared.sizing.architectures import catalogue_names
+
+    return {"form": form or SubmitForm(command="python -c \"print('hi')\""), "error": error,
+            "gpu_model_names": sorted(gpu_models()), "size_models": catalogue_names(),
+            "classes": ["small", "inference", "finetune", "llm-train"], "priorities": ["high", "normal", "low"]}
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+async def jobs(request: Request, c: ConsoleDep, _: SessionDep, state: str = "", team: str = "", project: str = "",
+               model: str = "") -> Response:
+    filters = JobFilters(state=state, team=team, project=project, model=model)
+    rows, error = await job_list(c, filters)
+    return page(request, "jobs.html", "jobs", f=filters, states=STATES, models=sorted(gpu_models()),
+                live=fragment("_jobs_table.html", jobs=rows, error=error), live_key=filters.key(), **form_context())
+
+
+@router.get("/live/jobs")
+async def jobs_live(c: ConsoleDep, _: SessionDep, state: str = "", team: str = "", project: str = "",
+                    model: str = "") -> Response:
+    filters = JobFilters(state=state, team=team, project=project, model=model)
+
+    async def render() -> Frames:
+        rows, error = await job_list(c, filters)
+        return [("jobs", fragment("_jobs_table.html", jobs=rows, error=error))]
+
+    return sse(c.hub.stream(f"jobs?{filters.key()}", {"job"}, render))
+
+
+@router.post("/jobs")
+async def submit(request: Request, c: ConsoleDep, sess: CsrfDep) -> Response:
+    raw = {k: v for k, v in (await request.form()).items() if k != "csrf"}
+    for box in ("preemptible", "use_sizing"):
+        raw[box] = box in raw
+    try:
+        form = SubmitForm.model_validate(raw)
+        body = form.body()
+    except (ValidationError, ValueError) as exc:
+        return _form_error(request, SubmitForm.model_construct(**raw), _words(exc))
+    try:
+        done = await c.upstream.post("scheduler", "/v1/jobs", body, admin=True)
+    except UpstreamError as exc:
+        return _form_error(request, form, exc.detail)
+    c.hub.mark("job")
+    return RedirectResponse(f"/jobs/{done['job_id']}", status_code=303)
+
+
+def _form_error(request: Request, form: SubmitForm, error: str) -> Response:
+    return page(request, "submit.html", "jobs", status_code=422, **form_context(form, error))
+
+
+def _words(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+    return str(exc)
+
+
+@router.get("/jobs/new", response_class=HTMLResponse)
+async def submit_form(request: Request, _: SessionDep) -> Response:
+    return page(request, "submit.html", "jobs", **form_context())
+
+
+async def job_view(c: Console, job_id: str) -> dict:
+    values, errors = await fetch_all({
+        "job": c.upstream.get_as(JobRecord, "scheduler", f"/v1/jobs/{job_id}"),
+        "why": c.upstream.get_as(JobWhy, "scheduler", f"/v1/jobs/{job_id}/why"),
+        "costs": c.upstream.get_as(list[AttemptCost], "billing", f"/v1/costs/jobs/{job_id}"),
+    })
+    job: JobRecord | None = values["job"]
+    # No charge yet is billing's 404, and a job just submitted is not recorded yet (scheduler 404): neither is
+    # an error worth showing; the live view fills in as they arrive.
+    errors = [e for e in errors if not e.startswith(("billing: 404", "scheduler: 404"))]
+    tail = log_tail(home(), job_id, job.attempt) if job and job.attempt else None
+    total = sum((Decimal(a.cost_usd) for a in values["costs"] or []), Decimal(0))
+    return {"job": job, "why": values["why"], "costs": values["costs"] or [], "cost_total": total, "log": tail,
+            "errors": errors, "job_id": job_id, "ended": bool(job and job.state in ENDED)}
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+async def job_page(request: Request, job_id: str, c: ConsoleDep, _: SessionDep) -> Response:
+    view = await job_view(c, job_id)
+    return page(request, "job.html", "jobs", job_id=job_id,
+                live=fragment("_job_live.html", **view))
+
+
+@router.get("/live/jobs/{job_id}")
+async def job_live(job_id: str, c: ConsoleDep, _: SessionDep) -> Response:
+    async def render() -> Frames:
+        return [("job", fragment("_job_live.html", **await job_view(c, job_id)))]
+
+    # Telemetry ticks every second: while a job runs, its log tail follows at that pace.
+    return sse(c.hub.stream(f"job:{job_id}", {"job", "gpu"}, render))

@@ -1,0 +1,35 @@
+"""The console's settings: where the other services listen, and how its session cookie behaves."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from whaleflux.shared.settings import CommonSettings
+
+
+class ConsoleSettings(CommonSettings):
+    # The console keeps no Redis state, and talks to NATS only to hear that something changed.
+    required_secrets: ClassVar[tuple[str, ...]] = ("admin_token", "nats_password")
+
+    http_port: int = Field(8706, ge=0, le=65535)
+    telemetry_url: str = "http://127.0.0.1:8701"
+    scheduler_url: str = "http://127.0.0.1:8702"
+    alerting_url: str = "http://127.0.0.1:8703"
+    billing_url: str = "http://127.0.0.1:8704"
+    inventory_url: str = "http://127.0.0.1:8705"
+    # Set behind TLS so browsers send the session cookie over HTTPS only.
+    cookie_secure: bool = False
+    session_hours: float = Field(12.0, gt=0, le=24 * 30)
+    # At most one refresh of a live view per this many seconds, however many events arrive.
+    live_interval_s: float = Field(1.0, ge=0.2, le=60)
+    # Job logs live under <home>/jobs on the agent's machine: readable here for `whaleflux up` only.
+    home: str | None = None
+    upstream_timeout_s: float = Field(5.0, gt=0, le=60)
+
+    def service_urls(self) -> dict[str, str]:
+        return {
+            "telemetry": self.telemetry_url, "scheduler": self.scheduler_url, "alerting": self.alerting_url,
+            "billing": self.billing_url, "inventory": self.inventory_url,
+        }

@@ -30,6 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .apidocs import mount_api_docs
 from .bus import Bus, BusMetrics, Handler, Retry, batch_handler, is_batch_handler
 from .logs import configure_logging
 from .outbox import Outbox
@@ -319,7 +320,10 @@ class ServiceBase:
             yield
             await self.stop()
 
-        app = FastAPI(title=f"WhaleFlux {self.name}", version=self.version, lifespan=lifespan)
+        # /docs and /redoc from vendored assets (apidocs.py): FastAPI's defaults need a CDN.
+        app = FastAPI(title=f"WhaleFlux {self.name}", version=self.version, lifespan=lifespan,
+                      docs_url=None, redoc_url=None)
+        mount_api_docs(app)
         admin = self.require_admin()
         AdminDep = Depends(admin)
 

@@ -30,6 +30,7 @@ from .servers import LocalServers
 
 console = Console()
 READY_TIMEOUT_S = 60.0
+CONSOLE_PORT = 8706
 
 
 @dataclass
@@ -137,6 +138,16 @@ class Stack:
         for child in self.children:
             if child.name in ("billing", "alerting"):
                 child.env["WHALEFLUX_INVENTORY_URL"] = self.cfg.services["inventory"]
+        # The console: web pages over the services' APIs (it reads job logs from WHALEFLUX_HOME, as the CLI does).
+        console_listener = listen(CONSOLE_PORT)
+        console_port = console_listener.getsockname()[1]
+        self.cfg.services["console"] = f"http://127.0.0.1:{console_port}"
+        self.children.append(
+            Child("console", [sys.executable, "-m", "whaleflux.console"],
+                  {**env, "WHALEFLUX_HTTP_PORT": str(console_port),
+                   **{f"WHALEFLUX_{name.upper()}_URL": self.cfg.services[name] for name in SERVICES}},
+                  logs / "console.log", listener=console_listener)
+        )
         # The agent's HTTP port serves fault injection (`whaleflux sim inject`).
         agent_listener = listen(DEFAULT_PORTS["agent"])
         agent_port = agent_listener.getsockname()[1]
@@ -194,6 +205,8 @@ class Stack:
         table.add_row("Redis", self.cfg.redis_url or "")
         for name in SERVICES:
             table.add_row(name, f"{self.cfg.services[name]}  (docs: {self.cfg.services[name]}/docs)")
+        if "console" in self.cfg.services:
+            table.add_row("console (web)", f"{self.cfg.services['console']}  (log in with admin_token from the config file)")
         table.add_row("simulated fleet", str(self.fleet))
         if self.assets:
             table.add_row("declared assets", str(self.assets))

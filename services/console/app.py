@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 
 import uvicorn
@@ -92,5 +93,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 def main() -> None:
     settings = ConsoleSettings()
     configure_logging("console", settings.log_level)
-    uvicorn.run(create_app(settings), host=settings.http_host, port=settings.http_port, log_config=None,
-                access_log=True, lifespan="on")
+    # `whaleflux up` binds the port itself and hands the listening socket over (no race for the port).
+    fd = os.environ.get("WHALEFLUX_HTTP_FD")
+    uvicorn.run(create_app(settings), host=settings.http_host, port=settings.http_port, fd=int(fd) if fd else None,
+                log_config=None, access_log=True, lifespan="on")

@@ -1,0 +1,104 @@
+"""The console's pure parts: sessions and CSRF, the heat map's cells, coalesced live views, no CDN anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from whaleflux.console.auth import Signer, safe_next
+from whaleflux.console.heatmap import BUSY, ERROR, STALE, heat_cells
+from whaleflux.console.live import LiveHub, encode
+from whaleflux.console.models import GpuRow, NodeStatus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_session_cookie_is_accepted_until_it_expires_and_only_with_its_own_signature():
+    signer = Signer("admin-token-0123456789")
+    session, cookie = signer.new_session(3600, now=1000.0)
+    assert signer.session(cookie, now=2000.0) == session
+    assert signer.session(cookie, now=5000.0) is None  # expired
+    sid, expires, mac = cookie.split(".")
+    assert signer.session(f"{sid}.{int(expires) + 9999}.{mac}", now=2000.0) is None  # lifetime extended by hand
+    assert Signer("another-token-0123456789").session(cookie, now=2000.0) is None  # token rotated: sessions end
+    assert "admin-token" not in cookie
+
+
+def test_csrf_tokens_are_bound_to_their_session():
+    signer = Signer("admin-token-0123456789")
+    mine, _ = signer.new_session(3600)
+    theirs, _ = signer.new_session(3600)
+    assert signer.csrf_ok(mine, mine.csrf(signer.key))
+    assert not signer.csrf_ok(mine, theirs.csrf(signer.key))
+    assert not signer.csrf_ok(mine, None) and not signer.csrf_ok(mine, "")
+
+
+def test_after_login_only_local_paths_are_followed():
+    assert safe_next("/jobs?state=running") == "/jobs?state=running"
+    for bad in ("https://evil.example/", "//evil.example/x", "/\\evil.example", "", None):
+        assert safe_next(bad) == "/"
+
+
+def _row(node: str, index: int, util: float, temp: float, flags: list[str], job: bool = False) -> GpuRow:
+    return GpuRow.model_validate({
+        "cluster": "c", "node": node, "sample_time": datetime.now(timezone.utc).isoformat(), "age_s": 0.5,
+        "stale": "stale" in flags, "flags": flags, "job": {"job_id": "j1"} if job else None,
+        "gpu": {"uuid": f"GPU-{node}-{index}", "index": index, "model": "H100", "utilization_gpu_pct": util,
+                "memory_used_mib": 1024, "memory_total_mib": 81559, "temperature_c": temp, "slowdown_temperature_c": 90},
+    })
+
+
+def test_heat_map_cells_are_grouped_by_node_in_index_order_with_their_flags():
+    rows = [_row("b", 1, 50, 45, ["ecc"]), _row("a", 0, 99.6, 90, [], job=True), _row("b", 0, 0, 30, ["stale"])]
+    statuses = {"b": NodeStatus(node="b", cluster="c", gpus=2, free=2, status="draining")}
+    cells = heat_cells(rows, statuses)
+    assert cells["gpus"] == 3
+    assert cells["nodes"] == [["a", "unknown", [[100, 100, BUSY]]], ["b", "draining", [[0, 33, STALE], [50, 50, ERROR]]]]
+
+
+def test_fifty_browsers_on_one_view_cost_one_build_per_tick():
+    async def scenario() -> tuple[int, list[int]]:
+        hub = LiveHub(interval_s=0.2)
+        builds = 0
+
+        async def render():
+            nonlocal builds
+            builds += 1
+            return [("fleet", f"<p>build {builds}</p>")]
+
+        streams = [hub.stream("fleet", {"gpu"}, render) for _ in range(50)]
+        for s in streams:
+            assert await s.__anext__() == ": connected\n\n"
+        runner = asyncio.create_task(hub.run())
+        got = await asyncio.gather(*(s.__anext__() for s in streams))  # the first build reaches everyone
+        for _ in range(3):  # a burst of events between ticks is one more build
+            hub.mark("gpu")
+        await asyncio.gather(*(s.__anext__() for s in streams))
+        runner.cancel()
+        for s in streams:
+            await s.aclose()
+        assert not hub.views  # nobody watches: the view is gone
+        return builds, [len(set(got))]
+
+    builds, distinct = asyncio.run(scenario())
+    assert builds == 2 and distinct == [1]
+
+
+def test_server_sent_events_put_every_line_in_its_own_data_field():
+    assert encode("jobs", "<tr>\n<td>1</td>\n</tr>") == "event: jobs\ndata: <tr>\ndata: <td>1</td>\ndata: </tr>\n\n"
+
+
+def test_no_page_script_or_style_comes_from_another_host():
+    """Air-gapped: every script, style sheet and font is served by the console itself."""
+    console = ROOT / "services" / "console"
+    external = re.compile(r"""(src|href)=["'](https?:)?//""")
+    for path in [*console.glob("templates/*.html"), *console.glob("static/*.js"), *console.glob("static/*.css")]:
+        assert not external.search(path.read_text()), f"{path.name} loads something from another host"
+        assert "fonts.googleapis" not in path.read_text()
+    vendored = (console / "static" / "vendor" / "VENDORED.md").read_text()
+    for name in ("htmx-2.0.11.min.js", "htmx-ext-sse-2.2.4.js", "uPlot-1.6.32.iife.min.js"):
+        assert (console / "static" / "vendor" / name).exists() and name in vendored
+    for licence in ("htmx.LICENSE", "htmx-ext-sse.LICENSE", "uPlot.LICENSE"):
+        assert (console / "static" / "vendor" / licence).stat().st_size > 100

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 from redis.asyncio import Redis
 
-from whaleflux.servers import LocalServers, _wait_port, redis_server_binary
+from whaleflux.servers import LocalServers, _wait_port, nats_server_binary, redis_server_binary
 
 from .conftest import Servers
 from .processes import ADMIN_TOKEN, Cluster, make_cluster, wait_until
@@ -61,7 +61,12 @@ class OwnServers:
         proc.terminate()
         proc.wait(15)
         self.local.procs.remove(proc)
-        self.local._start_nats(self.local.nats_port)
+        # The same config (port, store, credentials): the clients reconnect to where it was.
+        state = self.local.state_dir
+        proc = subprocess.Popen([nats_server_binary(), "-c", str(state / "nats.conf"), "-l", str(state / "nats-server.log")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.local.procs.append(proc)
+        _wait_port(self.local.nats_port, proc, "nats-server", state / "nats-server.log")
 
 
 def own_servers(tmp_path: Path) -> OwnServers:

@@ -91,13 +91,13 @@ class Cluster:
         return proc
 
     def agent(self, *nodes: str, interval_s: float = 1.0, name: str = "agent", http: bool = False,
-              fleet: Path | None = None) -> Proc:
+              fleet: Path | None = None, **extra_env: str) -> Proc:
         """An agent process for the nodes; `name` tells several apart, `http` gives it a port (fault injection),
-        `fleet` a fleet file other than the default one."""
+        `fleet` a fleet file other than the default one, `extra_env` its settings."""
         argv = [sys.executable, "-m", "whaleflux", "agent"] + (["--simulate", str(fleet)] if fleet else [])
         for node in nodes:
             argv += ["--node", node]
-        env = {**self.base_env, "WHALEFLUX_INTERVAL_S": str(interval_s)}
+        env = {**self.base_env, "WHALEFLUX_INTERVAL_S": str(interval_s), **extra_env}
         port = free_port() if http else None
         if port:
             env["WHALEFLUX_HTTP_PORT"] = str(port)

@@ -53,11 +53,12 @@ print(f"done at {step}", flush=True)
 """
 
 
-def _start(clean_servers, tmp_path: Path):
+def _start(clean_servers, tmp_path: Path, fence_after_s: float = 10.0):
     cluster = make_cluster(clean_servers, tmp_path)
     try:
         scheduler = cluster.service("scheduler", **FAST_FAILOVER)
-        h100 = cluster.agent("h100-01", interval_s=0.3, name="agent-h100", http=True)
+        h100 = cluster.agent("h100-01", interval_s=0.3, name="agent-h100", http=True,
+                             WHALEFLUX_FENCE_AFTER_S=str(fence_after_s))
         a100 = cluster.agent("a100-01", interval_s=0.3, name="agent-a100", http=True)
         scheduler.wait_ready()
 
@@ -139,13 +140,18 @@ def test_silent_node_mid_job_is_declared_lost_and_the_job_resumes_on_another_nod
         cluster.stop()
 
 
-def test_agent_killed_9_mid_job_moves_the_job_to_another_node(clean_servers, tmp_path):
-    cluster, scheduler, h100, a100, script = _start(clean_servers, tmp_path)
+def test_agent_killed_9_for_good_mid_job_moves_the_job_to_another_node_once_its_supervisor_stopped_it(
+        clean_servers, tmp_path):
+    cluster, scheduler, h100, a100, script = _start(clean_servers, tmp_path, fence_after_s=1.0)
     try:
-        job_id = _submit(scheduler, script, steps=40)
+        job_id = _submit(scheduler, script, steps=60)
         wait_until(lambda: _running_on(scheduler, job_id, "h100-01", 1), what="running on the H100 node")
         wait_until(lambda: _checkpoint(tmp_path, job_id) >= 3, what="some progress checkpointed")
-        h100.kill9()
+        h100.kill9()  # and it never comes back
+        # The job outlives its agent under its supervisor, which stops it once the agent has been silent
+        # for WHALEFLUX_FENCE_AFTER_S: before the scheduler, holding the job that long, places it again.
+        log1 = tmp_path / "home" / "jobs" / f"{job_id}.1.log"
+        wait_until(lambda: "sigterm at" in log1.read_text(), timeout=30, what="attempt 1 stopped by its supervisor")
         wait_until(lambda: _running_on(scheduler, job_id, "a100-01", 2), timeout=60, what="resumed on the A100 node")
         done = wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded" and _job(scheduler, job_id), timeout=90,
                           what="job succeeded")

@@ -85,7 +85,7 @@ def test_a_lost_attempt_holds_the_job_until_its_end_is_reported():
     events = [ev(0, submitted()), ev(0.5, placed()), ev(1, started()), ev(20, requeued(cause="node_lost"))]
     job = fold_(*events)["j1"]
     assert job.state == "pending" and job.held_until == at(35) and job.gpu_uuids == []
-    job = fold_(*events, ev(22, finished(code=-15, t1=21)))["j1"]
+    job = fold_(*events, ev(22, finished(code=-15, t1=21, interrupted="stopped by the scheduler: node lost")))["j1"]
     assert job.state == "pending" and job.held_until is None
 
 
@@ -218,3 +218,15 @@ def test_a_snapshot_keeps_live_jobs_and_recent_history_only():
         f.apply(*e)
     assert f.forget_finished(before=at(5)) == 1
     assert sorted(f.jobs) == ["recent", "running", "waiting"]
+
+
+def test_a_lost_attempt_that_reports_its_own_end_after_all_ends_the_job_instead_of_running_it_again():
+    events = [ev(0, submitted()), ev(0.5, placed()), ev(1, started()), ev(20, requeued(cause="node_lost")),
+              ev(24, finished(code=0, t1=19))]
+    job = fold_(*events)["j1"]
+    assert job.state == "succeeded" and job.finished_at == at(19) and job.lost_attempt is None
+    # A stop it was told to make, or one it made itself, keeps it queued to resume.
+    fenced = fold_(*events[:4], ev(24, finished(code=-15, interrupted="agent silent for 10 s")))["j1"]
+    assert fenced.state == "pending" and fenced.held_until is None
+    preempted = fold_(*events[:3], ev(20, requeued(cause="preempted", reason="p")), ev(24, finished(code=0)))["j1"]
+    assert preempted.state == "pending", "a preempted job that saves and exits 0 on SIGTERM is not done"

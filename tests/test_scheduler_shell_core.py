@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from whaleflux.scheduler.app import SchedulerSettings
-from whaleflux.scheduler.liveness import LivenessPolicy, assess
+from whaleflux.scheduler.liveness import LivenessPolicy, assess, watch_start
 from whaleflux.scheduler.placement import FIRST_FIT, ClusterState, ModelFacts, Profile
 from whaleflux.scheduler.queueing import PendingQueue, ScheduleRequest, schedule
 from whaleflux.scheduler.records import JobPart, JobRecord, NodeCondition
@@ -21,7 +21,6 @@ from whaleflux.scheduler.schedule_request import (
     node_state,
     pending_job,
     running_job,
-    waiting_reasons,
 )
 from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import GpuIdentity, JobSubmitted, NodeRegistered
@@ -52,6 +51,23 @@ def test_a_restarted_scheduler_does_not_blame_nodes_for_its_own_downtime():
     assert assess(seen, now=100.0, since=95.0, policy=POLICY).lost == set()
     assert assess(seen, now=100.0, since=89.0, policy=POLICY).mass_silence  # all silent since it came back
     assert assess({"a": 10.0, "b": 99.0, "c": 99.0}, now=100.0, since=89.0, policy=POLICY).lost == {"a"}
+
+
+def test_nodes_still_silent_when_a_mass_silence_ends_get_a_grace_period_before_any_is_lost():
+    # Three of four nodes silent: a storm, nothing lost. Then one speaks again: two of four silent is
+    # no longer "most", but they were silent for the same reason and are not lost at once.
+    since, in_storm = 0.0, False
+    live = assess({"a": 100.0, "b": 80.0, "c": 80.0, "d": 80.0}, now=100.0, since=since, policy=POLICY)
+    assert live.mass_silence and not live.lost
+    since, in_storm = watch_start(in_storm, live, since, 100.0), live.mass_silence
+    seen = {"a": 101.0, "b": 101.0, "c": 80.0, "d": 80.0}
+    live = assess(seen, now=101.0, since=since, policy=POLICY)
+    assert not live.mass_silence and live.lost == {"c", "d"}, "without memory they would be lost at once"
+    since = watch_start(in_storm, live, since, 101.0)
+    assert assess(seen, now=101.0, since=since, policy=POLICY).lost == set()
+    talking = {**seen, "a": 111.0, "b": 111.0}
+    assert assess(talking, now=110.5, since=since, policy=POLICY).lost == set()
+    assert assess(talking, now=111.5, since=since, policy=POLICY).lost == {"c", "d"}, "still silent after the grace: lost"
 
 
 def _reg(node: str, model: str = "H100", gpus: int = 8, interconnect: str = "nvlink", pool: str = "onprem") -> NodeRegistered:
@@ -96,15 +112,6 @@ def test_infeasible_jobs_are_named_at_submission_and_unknown_fleets_judge_nothin
     only_pcie = [_reg("r4090-01", "RTX4090", 4, "pcie", "dev")]
     assert "not NVLink" in infeasible_reason(only_pcie, job_request("f", _spec(gpus=2, nvlink=True)), profile)
     assert infeasible_reason([], job_request("g", _spec(gpus=999)), profile) is None
-
-
-def test_waiting_reasons_say_how_many_jobs_are_ahead():
-    reasons = waiting_reasons({"b": "needs 4 GPUs", "a": "needs 1 GPU"}, ["a", "b", "c"], "no GPU free")
-    assert reasons == {
-        "b": "needs 4 GPUs; first in line",
-        "a": "needs 1 GPU; 1 job(s) ahead",
-        "c": "no GPU free; 2 job(s) ahead",
-    }
 
 
 def test_why_tells_where_a_job_runs_and_each_requeue():

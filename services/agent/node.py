@@ -239,7 +239,8 @@ class NodeAgent:
         """
         for key, job in list(self.jobs.items()):
             if key[0] == order.job_id and key[1] <= order.attempt:
-                self._stop_in_background(key, job, order.grace_s)
+                # Recorded as the attempt's `interrupted`: a stop we were told to make is never the job's own failure.
+                self._stop_in_background(key, job, order.grace_s, f"stopped by the scheduler: {order.reason}")
                 log.info("job.preempting", job_id=order.job_id, attempt=key[1], reason=order.reason, grace_s=order.grace_s)
 
     def _stop_in_background(self, key: tuple[str, int], job: runner.RunningJob, grace_s: float,
@@ -262,7 +263,8 @@ class NodeAgent:
         wanted = set(placed.gpu_uuids)
         holders = [(k, j) for k, j in self.jobs.items() if k != key and wanted & set(j.placed.gpu_uuids)]
         if holders:
-            await asyncio.gather(*(self._stop_in_background(k, j, 5.0) for k, j in holders), return_exceptions=True)
+            stops = (self._stop_in_background(k, j, 5.0, "its GPUs were given to another job") for k, j in holders)
+            await asyncio.gather(*stops, return_exceptions=True)
             # Let their waiters hand the GPUs back to the backend before the new job takes them.
             for _ in range(200):
                 if not any(k in self.jobs for k, _ in holders):

@@ -27,13 +27,13 @@ from whaleflux.shared.settings import CommonSettings
 
 from .failover import FailoverMixin
 from .gang import on_part_report
-from .history import after_end, record_end
+from .history import after_end, late_end, record_end
 from .leadership import Leadership
 from .placement import ClusterState, ModelFacts, explain_wait
 from .queueing import POLICIES, PendingQueue, PolicyConfig, ScheduleRequest, TeamPolicy, schedule
 from .records import ACTIVE, JobRecord
 from .routes import SubmitRequest, add_routes  # noqa: F401 (SubmitRequest: part of this module's API)
-from .schedule_request import NodeView, held, node_state, pending_job, running_job, waiting_reasons
+from .schedule_request import NodeView, held, node_state, pending_job, running_job
 from .rebuild import rebuild, snapshot
 from .store import SchedulerStore
 
@@ -116,6 +116,7 @@ class SchedulerService(FailoverMixin, ServiceBase):
         self._lock = asyncio.Lock()
         self._fenced = {}
         self._heard = {}
+        self._waiting: dict[str, str] = {}  # the reasons last stored, so a pass writes only what changed
         self._reconciled = {}
 
     async def get_job(self, job_id: str) -> JobRecord | None:
@@ -155,6 +156,9 @@ class SchedulerService(FailoverMixin, ServiceBase):
 
     async def _on_progress(self, data: JobStarted | JobFinished | JobFailed) -> None:
         job = await self.store.job(data.job_id)
+        if job is not None and late_end(job, data):
+            await self._on_late_end(job, data)
+            return
         if (job is not None and job.state == "pending" and job.held_until is not None and data.attempt == job.attempt
                 and isinstance(data, (JobFinished, JobFailed))):
             # The stopped attempt of a preempted, moved or drained job ended (its checkpoint is written): place it again.
@@ -177,6 +181,23 @@ class SchedulerService(FailoverMixin, ServiceBase):
                 await self.store.save(job)
             return
         await self.end_attempt(job, data)
+
+    async def _on_late_end(self, job: JobRecord, data: JobFinished | JobFailed) -> None:
+        """The attempt we gave up on (its node went silent) ended on its own after all, before another was placed:
+        its end is the job's end (or, per the job's policy, it runs again at once), never a second full run."""
+        decision = after_end(job, data, self.settings.max_restarts)
+        job.held_until = job.lost_attempt = None
+        if decision.requeue:
+            await self.store.save(job)
+        else:
+            record_end(job, data)
+            async with self.store.transaction() as pipe:
+                pipe.set(self.store.job_key(job.job_id), job.model_dump_json())
+                pipe.zrem(self.store.pending_key, job.job_id)
+                await pipe.execute()
+        self.log.warning("job.lost_attempt_ended", job_id=job.job_id, attempt=data.attempt, state=job.state,
+                         exit_code=getattr(data, "exit_code", None))
+        self._dirty.set()
 
     async def end_attempt(self, job: JobRecord, data: JobFinished | JobFailed) -> None:
         """The current attempt of a job on one node ended (reported, or read off the node's heartbeat)."""
@@ -251,7 +272,8 @@ class SchedulerService(FailoverMixin, ServiceBase):
                     queue.add(pending_job(records[job_id], seq))
             running = {j: running_job(records[j], cluster)
                        for j in active_ids if j in records and records[j].state in ACTIVE}
-            reply = schedule(ScheduleRequest(now.timestamp(), cluster, queue, running, self.policy, self.teams))
+            # In a thread: a long pass must not starve the event loop (lease renewal, HTTP) of the GIL for its length.
+            reply = await asyncio.to_thread(schedule, ScheduleRequest(now.timestamp(), cluster, queue, running, self.policy, self.teams))
 
             # Victims first: their stop orders go out before placements reuse their GPUs. A stopped job
             # waits for its old attempt to end before it is placed again (never two copies).
@@ -266,9 +288,9 @@ class SchedulerService(FailoverMixin, ServiceBase):
                 await self.store.requeue(records[m.job_id], "preempted", m.reason, now, grace, hold_until=hold, moved=True)
                 self.log.info("job.migrated", job_id=m.job_id, to=m.placement.node, model=m.placement.model,
                               reason=m.reason)
+            await self.store.commit_placements([(records[s.job.job_id], s.placement, s.expected_end) for s in reply.started], now)
             for s in reply.started:
                 job = records[s.job.job_id]
-                await self.store.commit_placement(job, s.placement, now, s.expected_end)
                 self.log.info("job.placed", job_id=job.job_id, node=job.node, gpus=list(s.placement.gpu_indices),
                               attempt=job.attempt, backfilled=s.backfilled, gang=job.nodes if job.parts else None)
             for job_id, reason in reply.infeasible.items():
@@ -279,12 +301,13 @@ class SchedulerService(FailoverMixin, ServiceBase):
             for job_id in [j for j in pending_ids if j in queue and j not in waiting][:EXPLAIN_UNEXAMINED]:
                 waiting[job_id] = explain_wait(cluster, queue.get(job_id).request, self.policy.profile, now.timestamp())
             not_reached = "no GPU free" if cluster.total_free == 0 else "not reached in this pass"
-            reasons = waiting_reasons(waiting, [j for j in pending_ids if j in queue], not_reached)
-            for job_id, why in reasons.items():
-                job = records[job_id]
-                if job.reason != why:
-                    job.reason = why
-                    await self.store.save(job)
+            reasons = {j: waiting.get(j, not_reached) for j in pending_ids if j in queue}
+        # Outside the lock, and only what changed: a reason is not a decision, and rewriting every
+        # pending job each pass made the pass cost the queue's length in round trips.
+        changed = {j: why for j, why in reasons.items() if self._waiting.get(j) != why}
+        gone = [j for j in self._waiting if j not in reasons]
+        await self.store.set_waiting(changed, gone)
+        self._waiting = reasons
         if reply.started or reply.preempted or reply.migrated or reply.infeasible:
             await self.publish_staged()
         return len(reply.started)
@@ -314,6 +337,7 @@ class SchedulerService(FailoverMixin, ServiceBase):
             done = await rebuild(self.bus, self.redis, self.store, self._hold_s, self.settings.max_restarts, self.clock())
             # Nodes get a fresh chance to be heard: a gap in heartbeats while we rebuilt is ours.
             self._watching_since = self.clock().timestamp()
+            self._waiting = {}
         self.log.warning("state.folded", jobs=done.jobs, events=done.events, pending=done.pending, active=done.active,
                          nodes=done.nodes, last_seq=done.last_seq)
         self._dirty.set()

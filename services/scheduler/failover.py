@@ -13,7 +13,7 @@ from whaleflux.shared import subjects
 from whaleflux.shared.events import Envelope, JobPreempted, NodeDrainRequested, NodeHeartbeat, NodeRegistered, make_envelope
 
 from . import attempts
-from .liveness import Liveness, LivenessPolicy, assess
+from .liveness import Liveness, LivenessPolicy, assess, watch_start
 from .records import NodeCondition
 
 
@@ -160,6 +160,12 @@ class FailoverMixin:
         """Declare silent nodes lost and requeue their jobs, unless most of the fleet went silent."""
         async with self._lock:
             live = await self.liveness()
+            since = watch_start(self._mass_silence_logged, live, self._watching_since, self.clock().timestamp())
+            if since != self._watching_since:
+                self.log.warning("nodes.mass_silence_over", still_silent=sorted(live.silent_ages),
+                                 note=f"they get {self.settings.heartbeat_lost_s:g} s afresh")
+                self._watching_since = since
+                live = await self.liveness()
             if live.mass_silence:
                 if not self._mass_silence_logged:
                     self.log.error("nodes.mass_silence", silent=sorted(live.held_back), note="rescheduling nothing")

@@ -36,6 +36,8 @@ from .gang import on_part_report
 from .records import ACTIVE, TERMINAL, JobPart, JobRecord
 
 _RECORDS = TypeAdapter(list[JobRecord])
+# Requeue causes that give an attempt up without stopping it: it may still end on its own.
+LOST = ("node_lost", "attempt_lost")
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,17 @@ def record_end(job: JobRecord, report: JobFinished | JobFailed) -> None:
         job.state, job.reason, job.exit_code, job.finished_at = "failed", report.reason, report.exit_code, report.failed_at
 
 
+def late_end(job: JobRecord, report: EventData) -> bool:
+    """A lost attempt of a job on one node reported its own end after all (not a stop): that end decides the job,
+    as if it had arrived in time, instead of running the job again."""
+    if not isinstance(report, (JobFinished, JobFailed)) or (isinstance(report, JobFinished) and report.interrupted):
+        return False
+    return job.state == "pending" and not job.parts and job.lost_attempt == report.attempt == job.attempt
+
+
 def back_to_queue(job: JobRecord, line: str, reason: str, cause: str, hold_until: datetime | None) -> None:
     """The current attempt is over without ending the job: pending again, GPUs released."""
+    job.lost_attempt = job.attempt if cause in LOST else None
     job.requeues.append(line)
     job.state, job.reason = "pending", f"requeued: {reason}"
     if cause == "preempted":
@@ -130,6 +141,11 @@ class Fold:
             job.gpu_uuids, job.gpu_model = list(p.gpu_uuids), p.gpu_model
 
     def _report(self, job: JobRecord, r: JobStarted | JobFinished | JobFailed) -> None:
+        if late_end(job, r):
+            decision = after_end(job, r, self.max_restarts)
+            job.held_until = job.lost_attempt = None
+            if not decision.requeue:
+                record_end(job, r)
         if not isinstance(r, JobStarted):
             self._ended.add((job.job_id, r.attempt))
             if job.state == "pending" and r.attempt == job.attempt:

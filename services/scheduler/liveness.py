@@ -5,7 +5,10 @@ brief blip is not a failure). Silent for `lost_after_s` it is lost and its jobs
 move elsewhere, unless most nodes went silent together: then the fault is far
 more likely on the scheduler's side (bus, network, its own pause) than on the
 nodes, and moving every job would cause a storm: nothing is declared lost or
-suspect, and placement goes on as if all were well.
+suspect, and placement goes on as if all were well. The guard remembers: when
+such an episode ends (fewer are silent), the nodes still silent get
+`lost_after_s` afresh before any is declared lost — they were silent for the
+same reason as the rest, and are likely a moment from speaking again.
 """
 
 from __future__ import annotations
@@ -47,3 +50,8 @@ def assess(last_seen: Mapping[str, float], now: float, since: float, policy: Liv
     if ages and len(silent) > policy.mass_silence_fraction * len(ages):
         return Liveness(mass_silence=True, held_back=frozenset(silent), silent_ages=silent)
     return Liveness(frozenset(silent) - over, over, silent_ages=silent)
+
+
+def watch_start(in_storm: bool, live: Liveness, since: float, now: float) -> float:
+    """When ages count from after this check: from now if a mass silence just ended, else as before."""
+    return now if in_storm and not live.mass_silence else since

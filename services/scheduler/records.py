@@ -56,6 +56,9 @@ class JobRecord(BaseModel):
     # A moved job is not placed again while its stopped attempt may still run (and write its
     # checkpoint): until the agent reports that attempt's end, or until this time at the latest.
     held_until: datetime | None = None
+    # The attempt given up on because its node went silent or stopped listing it. If it reports its
+    # own end after all (the agent was only partitioned or restarting), that end is the job's.
+    lost_attempt: int | None = None
     # A gang spanning nodes: one part per node of the current attempt, rank 0 first (`node`,
     # `gpu_model` are rank 0's, `gpu_uuids` all of the gang's). Empty for a job on one node.
     parts: list[JobPart] = Field(default_factory=list)

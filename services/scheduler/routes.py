@@ -148,7 +148,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
             start += page
             found = await svc.store.jobs(ids)
             jobs += [found[i] for i in ids if i in found and (state is None or found[i].state == state)]
-        return [_masked(j) for j in jobs[:limit]]
+        return [_masked(j) for j in await svc.store.with_waiting(jobs[:limit])]
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"], dependencies=[state])
     async def get_job(job_id: str) -> JobRecord:
@@ -156,7 +156,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
         job = await svc.store.job(job_id)
         if job is None:
             raise HTTPException(404, f"job {job_id!r} not found")
-        return _masked(job)
+        return _masked((await svc.store.with_waiting([job]))[0])
 
     @app.get("/v1/jobs/{job_id}/why", tags=["jobs"], dependencies=[state])
     async def job_why(job_id: str) -> dict:
@@ -164,6 +164,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
         job = await svc.store.job(job_id)
         if job is None:
             raise HTTPException(404, f"job {job_id!r} not found")
+        [job] = await svc.store.with_waiting([job])
         return {"job_id": job_id, "state": job.state, "attempt": job.attempt, "why": why(job)}
 
     @app.post("/v1/jobs", tags=["jobs"], status_code=202, dependencies=[admin, state])

@@ -139,16 +139,6 @@ def running_job(job: JobRecord, cluster: ClusterState | None = None) -> RunningJ
     )
 
 
-def waiting_reasons(waiting: Mapping[str, str], queue_order: Iterable[str], not_examined: str) -> dict[str, str]:
-    """Each waiting job's reason with its place in line; jobs the pass did not reach get `not_examined`."""
-    order = list(waiting) + [j for j in queue_order if j not in waiting]
-    out = {}
-    for i, job_id in enumerate(order):
-        why = waiting.get(job_id, not_examined)
-        out[job_id] = f"{why}; {'first in line' if i == 0 else f'{i} job(s) ahead'}"
-    return out
-
-
 def infeasible_reason(registrations: Iterable[NodeRegistered], req: JobRequest, profile: Profile) -> str | None:
     """Why the job could never run on these nodes (all free, all healthy), or None; None too when no node is known."""
     nodes = [node_state(NodeView(reg), {}) for reg in registrations]

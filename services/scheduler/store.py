@@ -89,6 +89,11 @@ class SchedulerStore:
         return f"{self.prefix}:pending"
 
     @property
+    def waiting_key(self) -> str:
+        """Why each pending job waits, as of the last pass that changed it (job -> reason)."""
+        return f"{self.prefix}:waiting"
+
+    @property
     def alloc_key(self) -> str:
         return f"{self.prefix}:alloc"
 
@@ -115,6 +120,33 @@ class SchedulerStore:
             return {}
         raws = await self.redis.mget([self.job_key(j) for j in job_ids])
         return {j: JobRecord.model_validate_json(r) for j, r in zip(job_ids, raws) if r}
+
+    async def with_waiting(self, jobs: list[JobRecord]) -> list[JobRecord]:
+        """Pending jobs with the last pass's reason and their place in line (by submission), for reading."""
+        pending = [j for j in jobs if j.state == "pending"]
+        if not pending:
+            return jobs
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self.waiting_key, [j.job_id for j in pending])
+            for j in pending:
+                pipe.zrank(self.pending_key, j.job_id)
+            reasons, *ranks = await pipe.execute()
+        for job, why, rank in zip(pending, reasons, ranks):
+            if why:
+                ahead = "first in line" if not rank else f"{rank} job(s) submitted before it still wait"
+                job.reason = f"{why}; {ahead}"
+        return jobs
+
+    async def set_waiting(self, changed: dict[str, str], gone: list[str]) -> None:
+        """Store only the reasons that changed since the last pass, in one round trip."""
+        if not changed and not gone:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if changed:
+                pipe.hset(self.waiting_key, mapping=changed)
+            if gone:
+                pipe.hdel(self.waiting_key, *gone)
+            await pipe.execute()
 
     async def registrations(self) -> dict[str, NodeRegistered]:
         """`cluster/node` -> its registration."""
@@ -150,8 +182,8 @@ class SchedulerStore:
     def _envelope(self, data: EventData, event_id: str, job_id: str, time: datetime | None = None):
         return make_envelope(data, source=self.source, subject=job_id, event_id=event_id, correlation_id=job_id, time=time)
 
-    async def commit_placement(self, job: JobRecord, p: Placement, now: datetime, expected_end: float | None) -> None:
-        """Job placed, its GPUs held and job.placed staged (one per node of a gang): all or nothing."""
+    def _placed(self, job: JobRecord, p: Placement, now: datetime, expected_end: float | None) -> list[tuple[str, object]]:
+        """The job's record as placed (changed in place) and its job.placed events (one per node of a gang)."""
         job.attempt += 1
         job.state, job.reason, job.placed_at = "placed", None, now
         job.parts = parts_of(p)
@@ -185,14 +217,26 @@ class SchedulerStore:
             )
             event_id = part_event_id("placed", job.job_id, job.attempt, rank)
             events.append((subjects.job_placed(share.cluster, share.node), self._envelope(event, event_id, job.job_id, now)))
+        return events
+
+    async def commit_placements(self, placements: list[tuple[JobRecord, Placement, float | None]], now: datetime) -> None:
+        """Every placement of a pass in one MULTI: each job placed, its GPUs held and its job.placed staged."""
+        if not placements:
+            return
         async with self.transaction() as pipe:
-            pipe.set(self.job_key(job.job_id), job.model_dump_json())
-            pipe.zrem(self.pending_key, job.job_id)
-            for gpu in job.gpu_uuids:
-                pipe.hset(self.alloc_key, gpu, job.job_id)
-            for subject, env in events:
-                self.outbox.stage(pipe, subject, env)
+            for job, p, expected_end in placements:
+                events = self._placed(job, p, now, expected_end)
+                pipe.set(self.job_key(job.job_id), job.model_dump_json())
+                pipe.zrem(self.pending_key, job.job_id)
+                for gpu in job.gpu_uuids:
+                    pipe.hset(self.alloc_key, gpu, job.job_id)
+                for subject, env in events:
+                    self.outbox.stage(pipe, subject, env)
             await pipe.execute()
+
+    async def commit_placement(self, job: JobRecord, p: Placement, now: datetime, expected_end: float | None) -> None:
+        """One job placed, its GPUs held and job.placed staged (one per node of a gang): all or nothing."""
+        await self.commit_placements([(job, p, expected_end)], now)
 
     def _stop_orders(self, pipe: Pipeline, job: JobRecord, parts: list[tuple[int, str, str]], reason: str,
                      grace_s: float, now: datetime, kind: str = "preempted") -> None:

@@ -102,3 +102,16 @@ def test_no_page_script_or_style_comes_from_another_host():
         assert (console / "static" / "vendor" / name).exists() and name in vendored
     for licence in ("htmx.LICENSE", "htmx-ext-sse.LICENSE", "uPlot.LICENSE"):
         assert (console / "static" / "vendor" / licence).stat().st_size > 100
+
+
+def test_the_agents_api_docs_load_vendored_assets_not_a_cdn(monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from whaleflux.agent.app import AgentSettings, create_app
+
+    monkeypatch.setenv("WHALEFLUX_ENVIRONMENT", "development")
+    client = TestClient(create_app([], AgentSettings()))
+    for path, asset in (("/docs", "/_apidocs/swagger-ui/swagger-ui-bundle.js"), ("/redoc", "/_apidocs/redoc/redoc.standalone.js")):
+        html = client.get(path).text
+        assert asset in html and "cdn.jsdelivr" not in html and "fonts.googleapis" not in html
+        assert client.get(asset).status_code == 200

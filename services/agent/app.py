@@ -22,6 +22,7 @@ from fastapi import Depends, FastAPI, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field, model_validator
 
+from whaleflux.shared.apidocs import mount_api_docs
 from whaleflux.shared.bus import Bus
 from whaleflux.shared.catalog import DEFAULT_FLEET, FleetNode, gpu_models, load_fleet
 from whaleflux.shared.localconfig import home
@@ -112,7 +113,9 @@ def nvml_agent(bus: Bus, settings: AgentSettings) -> NodeAgent:
 
 def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
     """The agent's HTTP API: health, its nodes, fault injection (admin)."""
-    app = FastAPI(title="WhaleFlux agent")
+    # /docs and /redoc from vendored assets, like the services: FastAPI's defaults need a CDN.
+    app = FastAPI(title="WhaleFlux agent", docs_url=None, redoc_url=None)
+    mount_api_docs(app)
     by_name = {a.node.name: a for a in agents}
     expected = (settings.secret("admin_token") or secrets.token_urlsafe(32)).encode()
 

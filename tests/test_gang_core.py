@@ -155,3 +155,18 @@ def test_a_gang_is_charged_once_for_every_gpu_on_every_node():
     [open_] = merge_parts([_usage(0, "n1", 0, 50), _usage(1, "n2", 0, None)])
     assert open_.ended_at is None and open_.state == "running"
     assert intervals([_usage(1, "n2", 0, None), _usage(0, "n1", 0, 50)], T0 + timedelta(seconds=60))[1]["g1:1"].running
+
+
+def test_a_gang_stays_within_one_cluster_and_pool_and_says_so_when_none_is_large_enough():
+    def reg(node, model, cluster, pool):
+        ids = [GpuIdentity(uuid=f"{node}-{i}", index=i, model=model, name=model, memory_total_mib=143771) for i in range(8)]
+        return NodeRegistered(cluster=cluster, node=node, pool=pool, interconnect="nvlink", agent_version="t", gpus=ids)
+
+    regs = [reg("h200-01", "H200", "cloud-a", "cloud"), reg("h100-01", "H100", "onprem", "onprem"),
+            reg("a100-01", "A100", "onprem", "onprem")]
+    cluster = ClusterState([node_state(NodeView(r), {}) for r in regs])
+    p = place_on(cluster, job_request("g", _spec(gpus=12, workload_class="llm-train")), PROFILE, 0.0)
+    assert isinstance(p, Placement) and sorted(s.node for s in p.shares) == ["a100-01", "h100-01"], p
+    assert "onprem/onprem" in p.explanation
+    too_big = infeasible_reason(regs, job_request("g", _spec(gpus=20)), PROFILE)
+    assert too_big and "one cluster and pool" in too_big and "16 GPUs" in too_big

@@ -442,3 +442,36 @@ def test_moves_never_delay_the_reserved_start_of_the_head_over_random_states():
         after = reserve(w.cluster, w.queue.get(res.job_id), w.running, MIGRATING.profile, 50.0)
         assert after.start is not None and after.start <= res.start, (trial, res, after)
     assert moved > 0
+
+
+def test_a_large_head_job_reserves_only_nodes_that_could_ever_hold_it():
+    # The 8-GPU head job waits for a full 8-GPU node; the 4-GPU node can never hold it, so small jobs use it.
+    w = World(BACKFILL, nodes(8, 4))
+    w.start_running(job("busy", gpus=6), end=1000)
+    w.submit(job("head", gpus=8, t=1), job("small", gpus=2, t=2, runtime=5000))
+    reply = w.step()
+    assert started(reply) == ["small"] and reply.reservation.job_id == "head"
+    assert [s.node for s in reply.started[0].placement.shares] == ["n1"], "on the node the head can never use"
+    assert set(reply.reservation.spare) == {"n0"}
+
+
+def test_running_jobs_without_an_estimate_do_not_block_the_fleet():
+    # Two 8-GPU nodes, each partly held by a job with no estimate (the CLI default); the head needs 8.
+    w = World(BACKFILL, nodes(8, 8, 4))
+    w.start_running(job("a", gpus=6), end=None)  # on n0
+    w.start_running(job("b", gpus=3), end=None)  # on n1
+    w.submit(job("head", gpus=8, t=1), *[job(f"s{i}", gpus=1, t=2 + i, runtime=36) for i in range(6)])
+    reply = w.step()
+    # The head holds the one node nearest to holding it (n1, 5 free); the jobs that fit elsewhere start at once.
+    assert reply.reservation.spare == {"n1": 0} and reply.reservation.start is None
+    assert len(started(reply)) == 6, reply.waiting
+    assert all(s.placement.shares[0].node in ("n0", "n2") for s in reply.started)
+
+
+def test_an_assumed_end_lets_backfill_plan_around_a_job_without_an_estimate():
+    w = World(BACKFILL, nodes(8))
+    w.start_running(job("old", gpus=4), end=None)
+    w.running["old"] = replace(w.running["old"], assumed_end=1000.0)
+    w.submit(job("head", gpus=8, t=1), job("short", gpus=2, t=2, runtime=500), job("long", gpus=2, t=3, runtime=5000))
+    reply = w.step()
+    assert reply.reservation.start == 1000.0 and started(reply) == ["short"]

@@ -14,6 +14,7 @@ from whaleflux.scheduler.records import JobPart, JobRecord, NodeCondition
 from whaleflux.scheduler.routes import why
 from whaleflux.scheduler.schedule_request import (
     NodeView,
+    assumed_end,
     held,
     infeasible_reason,
     job_request,
@@ -208,3 +209,14 @@ def test_the_service_policy_moves_a_checkpointable_job_out_of_the_way_of_a_block
     assert move.job_id == "mover" and move.placement.node == "h100-01" and "make room for head" in move.reason
     [started] = reply.started
     assert started.job.job_id == "head" and started.placement.node == "a100-01"
+
+
+def test_a_running_job_without_an_estimate_is_assumed_to_end_by_its_workload_class():
+    t0 = T0.timestamp()
+    train = JobRecord(job_id="t", spec=_spec(workload_class="llm-train"), submitted_at=T0, state="running", started_at=T0)
+    assert assumed_end(train, now=t0 + 60) == t0 + 24 * 3600
+    assert assumed_end(train, now=t0 + 30 * 3600) == t0 + 30 * 3600 + 300, "past it: assumed to end soon"
+    service = JobRecord(job_id="s", spec=_spec(workload_class="inference"), submitted_at=T0, state="running", started_at=T0)
+    assert assumed_end(service, now=t0) is None, "a service may run indefinitely"
+    estimated = train.model_copy(update={"expected_end": t0 + 100})
+    assert assumed_end(estimated, now=t0) is None and running_job(estimated).expected_end == t0 + 100

@@ -270,7 +270,7 @@ class SchedulerService(FailoverMixin, ServiceBase):
                 # A moved job waits out its old attempt's stop (never two copies): not in this pass.
                 if job_id not in stale and not held(records[job_id], now):
                     queue.add(pending_job(records[job_id], seq))
-            running = {j: running_job(records[j], cluster)
+            running = {j: running_job(records[j], cluster, now.timestamp())
                        for j in active_ids if j in records and records[j].state in ACTIVE}
             # In a thread: a long pass must not starve the event loop (lease renewal, HTTP) of the GIL for its length.
             reply = await asyncio.to_thread(schedule, ScheduleRequest(now.timestamp(), cluster, queue, running, self.policy, self.teams))

@@ -114,7 +114,22 @@ def held(job: JobRecord, now: datetime) -> bool:
     return job.held_until is not None and now < job.held_until
 
 
-def running_job(job: JobRecord, cluster: ClusterState | None = None) -> RunningJob:
+# How long a job that gave no runtime is assumed to run, by workload class, for backfill reservations
+# only (None: indefinitely, e.g. an inference service); one already past it is assumed to end soon.
+ASSUMED_RUNTIME_S = {"small": 3600.0, "finetune": 6 * 3600.0, "llm-train": 24 * 3600.0, "inference": None}
+OVERDUE_S = 300.0
+
+
+def assumed_end(job: JobRecord, now: float | None) -> float | None:
+    """When a job without an estimate is assumed to end (None: not assumed)."""
+    runtime = ASSUMED_RUNTIME_S.get(job.spec.workload_class)
+    if job.expected_end is not None or runtime is None:
+        return None
+    started = (job.started_at or job.placed_at or job.submitted_at).timestamp()
+    return max(started + runtime, (now or started) + OVERDUE_S)
+
+
+def running_job(job: JobRecord, cluster: ClusterState | None = None, now: float | None = None) -> RunningJob:
     """The policy's view of an active job; with `cluster`, what moving a movable job needs: its
     request and the speed of the placement it runs on (as the placement core measured it)."""
     started = job.started_at or job.placed_at or job.submitted_at
@@ -131,6 +146,7 @@ def running_job(job: JobRecord, cluster: ClusterState | None = None) -> RunningJ
         gpus=len(job.gpu_uuids) or job.spec.gpus,
         started_at=started.timestamp(),
         expected_end=job.expected_end,
+        assumed_end=assumed_end(job, now),
         preemptions=job.preemptions,
         request=request,
         speed=speed,

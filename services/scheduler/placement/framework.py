@@ -77,6 +77,16 @@ def place_on(
                 f"{_needs(req, req.allow_multi_node)}; the nodes it may use have {view.total_gpus} GPUs in all,"
                 f" only {view.max_gpus_per_node} GPUs per node"
             )
+        sizes: dict[tuple[str, str], int] = {}
+        for name in view.nodes:
+            node = cluster.nodes[name]
+            sizes[_group(node)] = sizes.get(_group(node), 0) + len(node.gpus)
+        (cl, pool), largest = max(sizes.items(), key=lambda kv: kv[1])
+        if largest < req.gpus:
+            return Infeasible(
+                f"{_needs(req, req.allow_multi_node)}; a gang stays within one cluster and pool, and the largest it"
+                f" may use ({cl}/{pool}) has {largest} GPUs"
+            )
         return _place_gang(cluster, req, profile, now, view, settings, caps)
     if profile.first_fit:
         found = _first_fit(cluster, req, profile, now, view, settings, caps)
@@ -215,9 +225,14 @@ def _single(node: NodeState, chosen: tuple[int, ...], speed: float, why: str) ->
     return Placement(node.name, node.cluster, node.model, uuids, chosen, speed=speed, explanation=why)
 
 
+def _group(node: NodeState) -> tuple[str, str]:
+    """What a gang stays within: a cluster (its network) and a pool (whose GPUs, at what price)."""
+    return node.cluster, node.pool or "default"
+
+
 def _place_gang(cluster, req, profile, now, view, settings, caps) -> Decision:
-    """All or nothing across nodes, for a job larger than any node."""
-    pools: list[tuple[NodeState, list[int]]] = []
+    """All or nothing across nodes of one cluster and pool, for a job larger than any node."""
+    groups: dict[tuple[str, str], list[tuple[NodeState, list[int]]]] = {}
     for name in view.nodes:
         if not cluster.free[name]:
             continue
@@ -226,23 +241,32 @@ def _place_gang(cluster, req, profile, now, view, settings, caps) -> Decision:
             continue
         usable = _usable(cluster, req, name, caps)
         if usable:
-            pools.append((node, usable))
-    total = sum(len(u) for _, u in pools)
-    if total < req.gpus:
-        return Unschedulable(f"{_needs(req, True)}; {total} usable GPU(s) free across nodes")
+            groups.setdefault(_group(node), []).append((node, usable))
+    fits = {g: pools for g, pools in groups.items() if sum(len(u) for _, u in pools) >= req.gpus}
+    if not fits:
+        most = max((sum(len(u) for _, u in pools) for pools in groups.values()), default=0)
+        return Unschedulable(f"{_needs(req, True)}; at most {most} usable GPU(s) free in one cluster and pool")
     if profile.first_fit:
-        return _gang(cluster, req, pools, "first fit across nodes")
-    # Prefer one model (the slowest GPU sets the pace), fastest first, fewest nodes.
-    by_model: dict[str, list[tuple[NodeState, list[int]]]] = {}
-    for node, usable in pools:
-        by_model.setdefault(node.model, []).append((node, usable))
-    fitting = [m for m, ps in by_model.items() if sum(len(u) for _, u in ps) >= req.gpus]
-    if fitting:
-        model = max(fitting, key=lambda m: cluster.speed(m, req.workload_class))
-        chosen = sorted(by_model[model], key=lambda p: (-len(p[1]), cluster.order[p[0].name]))
-        return _gang(cluster, req, chosen, f"gang on {model} nodes")
-    chosen = sorted(pools, key=lambda p: (-cluster.speed(p[0].model, req.workload_class), -len(p[1]), cluster.order[p[0].name]))
-    return _gang(cluster, req, chosen, "gang across models (no single model has enough free)")
+        first = min(fits, key=lambda g: min(cluster.order[n.name] for n, _ in fits[g]))
+        return _gang(cluster, req, fits[first], f"first fit across nodes of {first[0]}/{first[1]}")
+    # Within each cluster and pool, prefer one model (the slowest GPU sets the pace), fastest first,
+    # fewest nodes; then the group whose gang runs fastest, one model before a mix.
+    options = []
+    for (cl, pool), pools in fits.items():
+        by_model: dict[str, list[tuple[NodeState, list[int]]]] = {}
+        for node, usable in pools:
+            by_model.setdefault(node.model, []).append((node, usable))
+        fitting = [m for m, ps in by_model.items() if sum(len(u) for _, u in ps) >= req.gpus]
+        if fitting:
+            model = max(fitting, key=lambda m: cluster.speed(m, req.workload_class))
+            chosen = sorted(by_model[model], key=lambda p: (-len(p[1]), cluster.order[p[0].name]))
+            placement = _gang(cluster, req, chosen, f"gang on {model} nodes of {cl}/{pool}")
+        else:
+            chosen = sorted(pools, key=lambda p: (-cluster.speed(p[0].model, req.workload_class), -len(p[1]),
+                                                  cluster.order[p[0].name]))
+            placement = _gang(cluster, req, chosen, f"gang across models of {cl}/{pool} (no single model has enough free)")
+        options.append((bool(fitting), placement.speed, -len(placement.shares), -cluster.order[placement.node], placement))
+    return max(options, key=lambda o: o[:4])[-1]
 
 
 def _gang(cluster: ClusterState, req: JobRequest, pools, why: str) -> Placement:

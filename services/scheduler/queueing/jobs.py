@@ -38,6 +38,9 @@ class RunningJob:
     # The policy's estimate of when it ends; None when the job gave no runtime.
     expected_end: float | None = None
     preemptions: int = 0
+    # Without an estimate: when to assume it ends for a backfill reservation only (from its workload
+    # class; None: it may run indefinitely, e.g. a service). Never used to move or preempt it.
+    assumed_end: float | None = None
     # For migration to faster GPUs (None/False: the job is never moved): what it asked for
     # (its expected_runtime_s is not used; `expected_end` is), the speed of the placement
     # it runs on, whether it resumes from a checkpoint, and how often it was moved.

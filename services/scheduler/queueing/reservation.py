@@ -4,6 +4,12 @@ The reservation says when (the shadow time: running jobs end, by their
 estimates, until the job fits) and where (nodes, with how many GPUs others may
 still take there). A later job may start now only if it ends by the shadow
 time or stays within those spare GPUs, so it never delays the reserved start.
+
+It blocks only what it must: only nodes that could ever hold the job are
+reserved (a one-node job of 8 GPUs never holds a 4-GPU node), a running job
+without an estimate counts with its assumed end (by workload class), and when
+no start can be foreseen, a one-node job holds the one node it is closest to
+fitting on, not the whole fleet.
 """
 
 from __future__ import annotations
@@ -55,15 +61,16 @@ def reserve(
     """Where and when the job will start if nothing else starts before it."""
     req = job.request
     view = eligible(cluster, req, profile)
+    gang = req.gpus > view.max_gpus_per_node
     free = {
         n: len(usable(cluster, req, n))
         for n in view.nodes
         if unavailable(cluster, req, cluster.nodes[n], profile, now) is None
+        and (gang or len(cluster.nodes[n].gpus) >= req.gpus)
     }
-    gang = req.gpus > view.max_gpus_per_node
     ends = sorted(
         (r for r in running.values() if r.job_id in cluster.holdings),
-        key=lambda r: (r.expected_end is None, r.expected_end or 0.0, r.job_id),
+        key=lambda r: (_end(r) is None, _end(r) or 0.0, r.job_id),
     )
     found = _fits(free, req.gpus, gang)
     total = sum(free.values())
@@ -71,10 +78,10 @@ def reserve(
     for r in ends:
         if found:
             break
-        if r.expected_end is None:
+        if _end(r) is None:
             start = None
             break
-        start = max(now, r.expected_end)
+        start = max(now, _end(r))
         for share in cluster.holdings[r.job_id]:
             if share.node in free:
                 free[share.node] += len(share.gpu_indices)
@@ -85,10 +92,19 @@ def reserve(
         if gang and total >= req.gpus:
             found = _fits(free, req.gpus, gang)
     if not found:
-        # Not even all running jobs ending frees enough (or an end is unknown): hold every node it could use.
-        return Reservation(job.job_id, None, {n: 0 for n in free})
+        # No start can be foreseen (an end is unknown, or not even all ends free enough). A gang holds every
+        # node it could use; a one-node job the node nearest to holding it (most GPUs free or held by jobs
+        # that will end), so that the rest of the fleet keeps working.
+        if gang or not free:
+            return Reservation(job.job_id, None, {n: 0 for n in free})
+        best = max(free, key=lambda n: (free[n], n))
+        return Reservation(job.job_id, None, {best: 0})
     spare = {n: free[n] - taken for n, taken in found.items()}
     return Reservation(job.job_id, start, spare)
+
+
+def _end(r: RunningJob) -> float | None:
+    return r.expected_end if r.expected_end is not None else r.assumed_end
 
 
 def _fits(free: dict[str, int], gpus: int, gang: bool) -> dict[str, int] | None:

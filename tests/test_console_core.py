@@ -114,4 +114,6 @@ def test_the_agents_api_docs_load_vendored_assets_not_a_cdn(monkeypatch):
     for path, asset in (("/docs", "/_apidocs/swagger-ui/swagger-ui-bundle.js"), ("/redoc", "/_apidocs/redoc/redoc.standalone.js")):
         html = client.get(path).text
         assert asset in html and "cdn.jsdelivr" not in html and "fonts.googleapis" not in html
+        # ReDoc's bundle still names a logo on a CDN: the browser is told to fetch from this host only.
+        assert client.get(path).headers["content-security-policy"].startswith("default-src 'self'")
         assert client.get(asset).status_code == 200

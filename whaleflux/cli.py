@@ -30,7 +30,7 @@ app.add_typer(sim_app, name="sim")
 # Piped output (scripts, logs) gets wide rows instead of wrapped cells.
 console = Console(width=None if sys.stdout.isatty() else 200)
 
-SERVICE_NAMES = ("telemetry", "scheduler", "alerting", "billing", "inventory")
+SERVICE_NAMES = ("telemetry", "scheduler", "alerting", "billing", "inventory", "console")
 TERMINAL = {"succeeded", "failed", "rejected"}
 
 
@@ -85,7 +85,7 @@ def up(
 
 
 @app.command()
-def service(name: Annotated[str, typer.Argument(help="telemetry | scheduler | alerting | billing | inventory")]) -> None:
+def service(name: Annotated[str, typer.Argument(help="telemetry | scheduler | alerting | billing | inventory | console")]) -> None:
     """Run one service in the foreground (settings from WHALEFLUX_* environment variables)."""
     if name not in SERVICE_NAMES:
         _fail(f"unknown service {name!r}; choose one of {', '.join(SERVICE_NAMES)}")

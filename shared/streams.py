@@ -110,6 +110,9 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("telemetry-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED),
         _c("scheduler-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED),
         _c("scheduler-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_DRAIN_REQUESTED}.>"),
+        # Measured free memory per GPU, for placement: only the latest sample matters (no id dedup).
+        _c("scheduler-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False,
+           linger_s=0.05),
         # Liveness only matters now: start at new heartbeats, and skip the per-event dedup
         # marker (one per node per second); recording the latest time twice changes nothing.
         _c("scheduler-heartbeats", "WHALEFLUX_NODES", f"{s.NODE_HEARTBEAT}.>", deliver_new=True, batch=256, dedup=False),

@@ -134,9 +134,10 @@ class Stack:
                 Child(name, [sys.executable, "-m", "whaleflux", "service", name], child_env, logs / f"{name}.log",
                       listener=listener)
             )
-        # Billing asks inventory for ownership terms, alerting for its findings (cost guardians), wherever `up` put it.
+        # Billing asks inventory for ownership terms, alerting for its findings (cost guardians), the scheduler
+        # for lease ends, wherever `up` put it.
         for child in self.children:
-            if child.name in ("billing", "alerting"):
+            if child.name in ("billing", "alerting", "scheduler"):
                 child.env["WHALEFLUX_INVENTORY_URL"] = self.cfg.services["inventory"]
         # The console: web pages over the services' APIs (it reads job logs from WHALEFLUX_HOME, as the CLI does).
         console_listener = listen(CONSOLE_PORT)

@@ -9,7 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-FaultKind = Literal["cooling", "ecc-dbe", "xid79", "xid48", "nvlink-crc", "vram-leak", "gpu-vanish", "node-silent"]
+FaultKind = Literal["cooling", "ecc-dbe", "xid79", "xid48", "nvlink-crc", "vram-leak", "foreign-memory", "gpu-vanish",
+                    "node-silent"]
 
 FAULT_HELP: dict[str, str] = {
     "cooling": "cooling failure: the GPU's temperature runs away past its slowdown limit and it throttles",
@@ -18,6 +19,7 @@ FAULT_HELP: dict[str, str] = {
     "xid48": "XID 48, a double-bit ECC error the driver reports as an XID event",
     "nvlink-crc": "a burst of NVLink CRC errors over the next seconds",
     "vram-leak": "the process of the job on this GPU leaks memory until the GPU is full",
+    "foreign-memory": "a process WhaleFlux did not start holds memory_mib of the GPU (busy or idle) until the agent restarts",
     "gpu-vanish": "the GPU disappears from the node without an XID",
     "node-silent": "the node stops publishing telemetry and heartbeats (for duration_s, or until restart)",
 }
@@ -34,6 +36,7 @@ class Fault(BaseModel):
     gpu: int | None = Field(None, ge=0, le=255, description="GPU index on the node; required for GPU faults")
     duration_s: float | None = Field(None, gt=0, le=86400, description="node-silent: how long; default until restart")
     leak_mib_per_s: float = Field(1024.0, gt=0, description="vram-leak: growth rate")
+    memory_mib: float = Field(65536.0, gt=0, description="foreign-memory: how much the foreign process holds")
     crc_errors: int = Field(5000, ge=1, description="nvlink-crc: errors in the burst")
     cooling_factor: float = Field(3.0, gt=1, le=20, description="cooling: thermal resistance multiplier")
 

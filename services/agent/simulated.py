@@ -22,6 +22,8 @@ from whaleflux.shared.events import GpuIdentity, GpuProcess, GpuSample
 from .faults import Fault
 
 TAU_S = 30.0
+# The pid a simulated foreign process (not started by WhaleFlux) shows in a sample.
+FOREIGN_PID = 4242
 NOMINAL_AMBIENT_C = 25.0
 BASE_SM_CLOCK = {"H100": 1980, "H200": 1980, "A100": 1410, "RTX4090": 2520}
 MEM_CLOCK = {"H100": 2619, "H200": 3201, "A100": 1593, "RTX4090": 10501}
@@ -54,6 +56,7 @@ class _Gpu:
     crc_burst_left: list[int] = field(default_factory=list)
     leak_mib: float = 0.0
     leak_rate: float = 0.0
+    foreign_mib: float = 0.0  # held by a process WhaleFlux did not start
     pending_xids: list[int] = field(default_factory=list)
     lost_after_report: bool = False  # XID 79: report it once, then stop answering
     gone: bool = False
@@ -157,6 +160,8 @@ class SimulatedNode:
             if g.job is None:
                 raise ValueError(f"gpu: no job runs on GPU {fault.gpu} of {self.node}; a leak needs a process")
             g.leak_rate = fault.leak_mib_per_s
+        elif fault.kind == "foreign-memory":
+            g.foreign_mib = fault.memory_mib
         elif fault.kind == "gpu-vanish":
             g.gone = True
         else:
@@ -190,8 +195,10 @@ class SimulatedNode:
             job_mib = (0.3 + 0.6 * _fraction(g.job)) * m.memory_mib
             g.leak_mib += g.leak_rate * dt
         reserved = round(m.memory_mib * 0.0056)
-        used = min(job_mib + g.leak_mib + 512, m.memory_mib - reserved)
-        processes = [GpuProcess(pid=g.pid or 0, used_mib=round(used - 512, 1), job_id=g.job)] if g.job else []
+        used = min(job_mib + g.leak_mib + g.foreign_mib + 512, m.memory_mib - reserved)
+        processes = [GpuProcess(pid=g.pid or 0, used_mib=round(max(used - 512 - g.foreign_mib, 0.0), 1), job_id=g.job)] if g.job else []
+        if g.foreign_mib:
+            processes.append(GpuProcess(pid=FOREIGN_PID, used_mib=round(g.foreign_mib, 1), job_id=None))
 
         nvlink = self.interconnect == "nvlink" and m.key in NVLINK_LINKS
         if nvlink:

@@ -26,6 +26,7 @@ from whaleflux.shared.service import ServiceBase, run_service
 from whaleflux.shared.settings import CommonSettings
 
 from .failover import FailoverMixin
+from .feeds import FeedsMixin
 from .gang import on_part_report
 from .history import after_end, late_end, record_end
 from .leadership import Leadership
@@ -68,6 +69,9 @@ class SchedulerSettings(CommonSettings):
     # `keep_finished_days`: a rebuild after a lost store reads the snapshot and the stream's tail only.
     snapshot_interval_s: float = Field(300.0, gt=0)
     keep_finished_days: float = Field(7.0, gt=0)
+    # Lease ends of leased and rented nodes, from inventory (empty: not asked).
+    inventory_url: str = "http://127.0.0.1:8705"
+    lease_refresh_s: float = Field(60.0, gt=0)
     # The policy's moves of running checkpointable jobs (to faster GPUs, out of a blocked job's way).
     migration: bool = True
     # Active/standby replicas: the leader's lease lives this long unless renewed
@@ -101,7 +105,7 @@ class SchedulerSettings(CommonSettings):
         )
 
 
-class SchedulerService(FailoverMixin, ServiceBase):
+class SchedulerService(FailoverMixin, FeedsMixin, ServiceBase):
     name = "scheduler"
 
     def __init__(self, settings: SchedulerSettings, **kw):
@@ -116,6 +120,8 @@ class SchedulerService(FailoverMixin, ServiceBase):
         self._lock = asyncio.Lock()
         self._fenced = {}
         self._heard = {}
+        self._memory = {}
+        self._leases = {}
         self._waiting: dict[str, str] = {}  # the reasons last stored, so a pass writes only what changed
         self._reconciled = {}
 
@@ -129,6 +135,7 @@ class SchedulerService(FailoverMixin, ServiceBase):
             "scheduler-jobs": self.on_job_event,
             "scheduler-nodes": self.on_node_event,
             "scheduler-heartbeats": self.on_heartbeat,
+            "scheduler-telemetry": self.on_telemetry,
         }
 
     async def on_job_event(self, env: Envelope, data) -> None:
@@ -263,7 +270,9 @@ class SchedulerService(FailoverMixin, ServiceBase):
                     pipe.zrem(self.store.pending_key, *stale)
                     await pipe.execute()
 
-            views = [NodeView(reg, conditions.get(key), key in self._suspects) for key, reg in sorted(regs.items())]
+            free = self.measured_free()
+            views = [NodeView(reg, conditions.get(key), key in self._suspects, free, self._leases.get(reg.node))
+                     for key, reg in sorted(regs.items())]
             cluster = ClusterState([node_state(v, alloc) for v in views], self.facts)
             queue = PendingQueue(self.policy)
             for seq, job_id in enumerate(pending_ids):
@@ -374,7 +383,7 @@ class SchedulerService(FailoverMixin, ServiceBase):
         return self.settings.preemption_grace_s + self.settings.heartbeat_lost_s
 
     def background(self):
-        return [self._placement_loop, self._liveness_loop, self._snapshot_loop]
+        return [self._placement_loop, self._liveness_loop, self._snapshot_loop, self._lease_loop]
 
     async def _snapshot_loop(self) -> None:
         while True:

@@ -189,6 +189,7 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
         alloc = await svc.store.alloc()
         seen = await svc.store.last_seen()
         now = svc.clock().timestamp()
+        measured = svc.measured_free()
         out = []
         for key, reg in sorted(regs.items(), key=lambda kv: kv[1].node):
             view = NodeView(reg, conditions.get(key), key in svc._suspects)
@@ -198,6 +199,8 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
                 "free": sum(1 for g in n.gpus if g.allocated_to is None), "status": view.status,
                 "reason": view.condition.reason if view.condition else None,
                 "heartbeat_age_s": round(now - seen[key], 1) if key in seen else None,
+                # What telemetry says is free on each GPU (in index order; None: no recent sample).
+                "memory_free_mib": [round(measured[g.uuid]) if g.uuid in measured else None for g in reg.gpus],
             })
         return out
 

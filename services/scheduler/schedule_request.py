@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterable, Mapping
 
@@ -22,6 +22,10 @@ class NodeView:
     registration: NodeRegistered
     condition: NodeCondition | None = None
     suspect: bool = False
+    # What telemetry measured free per GPU (uuid -> MiB, less a driver reserve), and when the node's
+    # lease ends (epoch seconds, from inventory): both unknown when absent.
+    memory_free_mib: Mapping[str, float] = field(default_factory=dict)
+    lease_expires_at: float | None = None
 
     @property
     def key(self) -> str:
@@ -44,7 +48,8 @@ def node_model(reg: NodeRegistered) -> str:
 def node_state(view: NodeView, alloc: Mapping[str, str]) -> NodeState:
     reg = view.registration
     gpus = tuple(
-        GpuState(uuid=g.uuid, index=g.index, memory_total_mib=g.memory_total_mib, allocated_to=alloc.get(g.uuid))
+        GpuState(uuid=g.uuid, index=g.index, memory_total_mib=g.memory_total_mib,
+                 memory_free_mib=view.memory_free_mib.get(g.uuid), allocated_to=alloc.get(g.uuid))
         for g in reg.gpus
     )
     pool = reg.pool or "default"
@@ -62,6 +67,7 @@ def node_state(view: NodeView, alloc: Mapping[str, str]) -> NodeState:
         draining=view.condition is not None and view.condition.state == "draining",
         pool=pool,
         labels=labels,
+        lease_expires_at=view.lease_expires_at,
     )
 
 

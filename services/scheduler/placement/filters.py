@@ -95,6 +95,11 @@ def lease_covers_runtime(req: JobRequest, node: NodeState, now: float, settings:
     return None
 
 
+def held_elsewhere(req: JobRequest, gpu: GpuState) -> bool:
+    """Large enough for the job, but telemetry says less than it needs is actually free."""
+    return gpu.memory_total_mib >= req.min_memory_mib and gpu.memory_free_mib is not None and gpu.memory_free_mib < req.min_memory_mib
+
+
 def usable_gpus(req: JobRequest, gpus: dict[int, GpuState], free: list[int]) -> list[int]:
     """Free GPUs with enough memory, by bookkeeping and by what telemetry says is free."""
     need = req.min_memory_mib
@@ -103,10 +108,8 @@ def usable_gpus(req: JobRequest, gpus: dict[int, GpuState], free: list[int]) -> 
     out = []
     for i in free:
         gpu = gpus[i]
-        if gpu.memory_total_mib < need:
+        if gpu.memory_total_mib < need or held_elsewhere(req, gpu):
             continue
-        if gpu.memory_free_mib is not None and gpu.memory_free_mib < need:
-            continue  # something WhaleFlux did not start holds the memory
         out.append(i)
     return out
 

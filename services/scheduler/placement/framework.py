@@ -296,16 +296,24 @@ def explain_wait(cluster: ClusterState, req: JobRequest, profile: Profile, now: 
     settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
     unhealthy: dict[str, list[str]] = {}
     best, best_node = 0, None
+    held: dict[str, int] = {}
     for name in view.nodes:
         reason = _dynamic_reason(req, cluster.nodes[name], now, profile, settings)
         if reason:
             unhealthy.setdefault(reason, []).append(name)
             continue
-        n = len(_usable(cluster, req, name, caps))
-        if n > best:
-            best, best_node = n, name
+        usable = _usable(cluster, req, name, caps)
+        # Free by our bookkeeping, but telemetry says something else holds the memory.
+        short = sum(1 for i in cluster.free[name] if i not in usable and F.held_elsewhere(req, cluster.gpus[name][i]))
+        if short:
+            held[name] = short
+        if len(usable) > best:
+            best, best_node = len(usable), name
     gang = req.allow_multi_node and req.gpus > view.max_gpus_per_node
     text = f"{_needs(req, gang)}; " + (f"largest free block is {best} on {best_node}" if best_node else "no usable GPU free")
+    if held:
+        where = ", ".join(f"{n} on {name}" for name, n in sorted(held.items()))
+        text += f"; free GPU(s) whose memory is held by processes WhaleFlux did not start: {where}"
     if unhealthy:
         text += f"; unavailable: {_summary(unhealthy)}"
     return text

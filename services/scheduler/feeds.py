@@ -1,0 +1,74 @@
+"""What the placement core filters on that only other services know: measured free GPU memory
+(telemetry's samples, on the bus) and lease ends (inventory's HTTP API).
+
+Part of the scheduler shell (a mixin of `SchedulerService`). Both are kept in
+memory only: the next sample and the next poll bring them back after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from datetime import datetime
+
+import httpx
+
+from whaleflux.shared.bus import batch_handler
+from whaleflux.shared.events import Envelope, GpuTelemetry
+
+# Memory the driver and CUDA context keep on a GPU beyond what a sample reports used.
+DRIVER_RESERVE_MIB = 256.0
+# A GPU not sampled for this long has no measured free memory (the bookkeeping alone decides).
+STALE_S = 30.0
+
+
+def free_memory(batch: GpuTelemetry) -> dict[str, float]:
+    """Each GPU's measured free memory in a node's sample, less the driver reserve."""
+    return {g.uuid: max(g.memory_total_mib - g.memory_used_mib - DRIVER_RESERVE_MIB, 0.0) for g in batch.gpus}
+
+
+def lease_ends(leases: Iterable[dict]) -> dict[str, float]:
+    """Node name -> when its lease ends (epoch s), from inventory's /v1/leases; an auto-renewing
+    lease does not end, and a node under several leases ends with the first."""
+    out: dict[str, float] = {}
+    for lease in leases:
+        if lease.get("auto_renew"):
+            continue
+        end = datetime.fromisoformat(lease["ends_at"]).timestamp()
+        for node in lease.get("nodes") or []:
+            out[node] = min(end, out.get(node, end))
+    return out
+
+
+class FeedsMixin:
+    """Needs from the service: settings (inventory_url, lease_refresh_s), clock, log."""
+
+    _memory: dict[str, tuple[float, float]]
+    _leases: dict[str, float]
+
+    @batch_handler
+    async def on_telemetry(self, events: list[tuple[Envelope, GpuTelemetry]]) -> None:
+        now = self.clock().timestamp()
+        for _env, batch in events:
+            for uuid, free in free_memory(batch).items():
+                self._memory[uuid] = (free, now)
+
+    def measured_free(self) -> dict[str, float]:
+        """Free memory per GPU from samples no older than STALE_S."""
+        now = self.clock().timestamp()
+        return {uuid: free for uuid, (free, at) in self._memory.items() if now - at <= STALE_S}
+
+    async def _lease_loop(self) -> None:
+        if not self.settings.inventory_url:
+            return
+        url = self.settings.inventory_url.rstrip("/") + "/v1/leases"
+        async with httpx.AsyncClient(timeout=10) as http:
+            while True:
+                try:
+                    resp = await http.get(url)
+                    resp.raise_for_status()
+                    self._leases = lease_ends(resp.json())
+                except (httpx.HTTPError, ValueError, KeyError) as exc:
+                    # The last known ends stay in force; inventory may start after the scheduler.
+                    self.log.warning("leases.refresh_failed", error=repr(exc))
+                await asyncio.sleep(self.settings.lease_refresh_s)

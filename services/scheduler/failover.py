@@ -97,8 +97,11 @@ class FailoverMixin:
         self._fenced[(job_id, hb.node)] = now
         order = JobPreempted(job_id=job_id, attempt=attempt, cluster=hb.cluster, node=hb.node, reason=reason,
                              grace_s=self.settings.preemption_grace_s)
-        env = make_envelope(order, source=self.store.source, subject=job_id, event_id=f"fence-{job_id}-{attempt}-{hb.node}",
-                            correlation_id=job_id, time=now)
+        # One id per throttle window: JetStream drops a repeat within its duplicate window, and an order that is
+        # sent again (the attempt still runs, say after an agent restart) must arrive.
+        window = int(now.timestamp() // self.settings.heartbeat_lost_s)
+        env = make_envelope(order, source=self.store.source, subject=job_id,
+                            event_id=f"fence-{job_id}-{attempt}-{hb.node}-{window}", correlation_id=job_id, time=now)
         await self.bus.publish_envelope(subjects.job_preempted(hb.cluster, hb.node), env)
         self.log.warning("job.fenced", job_id=job_id, attempt=attempt, node=hb.node, reason=reason)
 

@@ -17,6 +17,12 @@ from .processes import make_cluster, wait_until
 from .test_crash_recovery import _job_history
 from .test_failover import AUTH, JOB, _checkpoint, _job
 
+# JOB, which also keeps going past its steps until the file named by its second argument exists: the
+# low-priority job is still running when the high-priority one arrives, however slow the machine is.
+GATED_JOB = JOB.replace("while step < int(sys.argv[1]):",
+                        "while step < int(sys.argv[1]) or not pathlib.Path(sys.argv[2]).exists():")
+assert GATED_JOB != JOB
+
 
 def test_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_checkpoint(clean_servers, tmp_path):
     cluster = make_cluster(clean_servers, tmp_path)
@@ -25,8 +31,8 @@ def test_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_che
         WHALEFLUX_PASS_INTERVAL_S="0.3",
     )
     cluster.agent("r4090-01", interval_s=0.5)
-    script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script, gate = tmp_path / "job.py", tmp_path / "low-may-finish"
+    script.write_text(GATED_JOB)
     try:
         scheduler.wait_ready()
         wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json(), what="node registered")
@@ -38,7 +44,7 @@ def test_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_che
         assert nowhere.returncode == 1 and "rejected" in nowhere.stdout and "pool dev, not nowhere" in nowhere.stdout
 
         def submit(*args: str, steps: int) -> str:
-            out = cluster.cli("submit", "--gpus", *args, "--", sys.executable, str(script), str(steps))
+            out = cluster.cli("submit", "--gpus", *args, "--", sys.executable, str(script), str(steps), str(gate))
             assert out.returncode == 0, out.stdout + out.stderr
             return out.stdout.split("submitted job ")[1].split()[0]
 
@@ -51,13 +57,16 @@ def test_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_che
         assert "on one node" in why and "first in line" in why
 
         high = submit("4", "--priority", "high", "--team", "prod", steps=5)
-        done = wait_until(lambda: _job(scheduler, high)["state"] == "succeeded" and _job(scheduler, high), timeout=30,
+        # The gate stays shut until the low job has been preempted: `high` and `waiter` pass it at once.
+        wait_until(lambda: "sigterm at" in (tmp_path / "home" / "jobs" / f"{low}.1.log").read_text(), timeout=60,
+                   what="low-priority job stopped")
+        gate.touch()
+        done = wait_until(lambda: _job(scheduler, high)["state"] == "succeeded" and _job(scheduler, high), timeout=60,
                           what="high-priority job done")
         assert done["attempt"] == 1
-        assert "sigterm at" in (tmp_path / "home" / "jobs" / f"{low}.1.log").read_text()
 
         for job_id in (low, waiter):
-            wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded", timeout=30, what=f"{job_id} done")
+            wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded", timeout=90, what=f"{job_id} done")
         assert _job(scheduler, low)["attempt"] == 2 and _job(scheduler, waiter)["attempt"] == 1
         logs = cluster.cli("jobs", "logs", low)
         assert logs.returncode == 0 and "attempt=2 resume=1" in logs.stdout and "done at 60" in logs.stdout
@@ -65,8 +74,8 @@ def test_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_che
         assert "requeued: attempt 1 on r4090-01" in cluster.cli("jobs", "why", low).stdout
 
         history = asyncio.run(_job_history(clean_servers))
-        [order] = [e for e in history if isinstance(e, JobPreempted)]
-        assert order.job_id == low and order.attempt == 1 and order.grace_s == 3
+        preempted = [(e.job_id, e.attempt, e.grace_s) for e in history if isinstance(e, JobPreempted)]
+        assert preempted == [(low, 1, 3)], preempted
         [requeued] = [e for e in history if isinstance(e, JobRequeued)]
         assert requeued.cause == "preempted" and f"preempted for high job {high}" in requeued.reason
     finally:

@@ -21,6 +21,8 @@ class StreamSpec:
     subjects: list[str]
     max_age_s: float
     max_bytes: int = -1
+    # nats-server 2.15 caps a stream at 1,000 consumers unless it sets its own limit (-1 no longer means none).
+    max_consumers: int = 1000
 
     def config(self) -> StreamConfig:
         return StreamConfig(
@@ -30,6 +32,7 @@ class StreamSpec:
             storage=StorageType.FILE,
             max_age=self.max_age_s,
             max_bytes=self.max_bytes,
+            max_consumers=self.max_consumers,
             # Publishers set Nats-Msg-Id to the event id: a re-publish within the
             # window (an outbox flush after a crash) is stored once.
             duplicate_window=120.0,
@@ -42,7 +45,8 @@ STREAMS: dict[str, StreamSpec] = {
         StreamSpec("WHALEFLUX_TELEMETRY", [f"{s.GPU_TELEMETRY}.>"], max_age_s=3600, max_bytes=2 * 1024**3),
         StreamSpec("WHALEFLUX_NODES", ["node.>"], max_age_s=7 * DAY),
         # Jobs, leases and alerts are the history services rebuild from: keep them long.
-        StreamSpec("WHALEFLUX_JOBS", ["job.>"], max_age_s=400 * DAY),
+        # Every node agent has its own durable consumer of its placements here, besides the services'.
+        StreamSpec("WHALEFLUX_JOBS", ["job.>"], max_age_s=400 * DAY, max_consumers=100_000),
         StreamSpec("WHALEFLUX_LEASES", ["lease.>"], max_age_s=400 * DAY),
         StreamSpec("WHALEFLUX_ALERTS", ["alert.>"], max_age_s=90 * DAY),
         StreamSpec("WHALEFLUX_DEADLETTER", [f"{s.DEADLETTER_PREFIX}.>"], max_age_s=30 * DAY),

@@ -47,6 +47,9 @@ class AgentSettings(CommonSettings):
     # scheduler's heartbeat_lost_s (10 s by default), after which it may run the job elsewhere.
     fence_after_s: float = Field(10.0, gt=0)
     seed: int = 0
+    # Bench/test mode of simulated nodes (virtual.py): a placed job starts no process and "runs" for the
+    # duration its command states (`sleep N`), reporting and obeying stop orders like a real one.
+    virtual_jobs: bool = False
     # --nvml: how this machine appears in the fleet.
     node_name: str | None = None
     cluster: str = "onprem"
@@ -88,6 +91,7 @@ def simulated_agents(bus: Bus, nodes: list[FleetNode], settings: AgentSettings) 
                 node.name, models[node.gpu_model], node.gpus, seed=settings.seed, rack=node.rack, interconnect=node.interconnect
             ),
             **_job_settings(settings),
+            virtual_jobs=settings.virtual_jobs,
         )
         for node in nodes
     ]

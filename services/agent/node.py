@@ -32,7 +32,7 @@ from whaleflux.shared.events import (
 from whaleflux.shared.service import Clock, system_clock
 from whaleflux.shared.streams import agent_consumer
 
-from . import attempts, recovery, runner
+from . import attempts, recovery, runner, virtual
 from .backend import GpuBackend
 
 log = structlog.get_logger("whaleflux.agent")
@@ -57,7 +57,7 @@ def _event_id(kind: str, placed: JobPlaced) -> str:
 class EndedAttempt:
     """An attempt whose end was published: listed in heartbeats until LISTED_AFTER_END_S after `reported_at`."""
 
-    dir: Path
+    dir: Path | None  # None: a virtual attempt (no folder)
     report: AttemptReport
     reported_at: datetime
 
@@ -75,6 +75,7 @@ class NodeAgent:
         stop_grace_s: float = 5.0,
         fence_after_s: float = 10.0,
         clock: Clock = system_clock,
+        virtual_jobs: bool = False,
     ):
         self.bus = bus
         self.node = node
@@ -86,7 +87,9 @@ class NodeAgent:
         self.stop_grace_s = stop_grace_s
         self.fence_after_s = fence_after_s
         self.clock = clock
-        self.jobs: dict[tuple[str, int], runner.RunningJob] = {}
+        # Bench/test mode (virtual.py): placed jobs start no process, they "run" for their stated duration.
+        self.virtual_jobs = virtual_jobs
+        self.jobs: dict[tuple[str, int], runner.RunningJob | virtual.VirtualJob] = {}
         self.ended: dict[tuple[str, int], EndedAttempt] = {}
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
@@ -153,8 +156,11 @@ class NodeAgent:
         else:
             self._watch(self.jobs[(placed.job_id, placed.attempt)])
 
-    def _watch(self, job: runner.RunningJob) -> None:
-        self._waiters.append(asyncio.create_task(self._wait(job)))
+    def _watch(self, job: runner.RunningJob | virtual.VirtualJob) -> None:
+        task = asyncio.create_task(self._wait(job))
+        self._waiters.append(task)
+        # Thousands of (virtual) jobs come and go: forget each waiter once it is done.
+        task.add_done_callback(lambda t: self._waiters.remove(t) if t in self._waiters else None)
 
     async def _publish(self, subject: str, data: EventData, event_id: str | None = None, correlation: str | None = None) -> Envelope:
         """Publish, retrying until the bus takes it: a job's end must never be lost."""
@@ -207,7 +213,7 @@ class NodeAgent:
         ]
         return sorted([*running, *(e.report for e in self.ended.values())], key=lambda r: (r.job_id, r.attempt))
 
-    def _list_ended(self, attempt_dir: Path, placed: JobPlaced, running: attempts.Running, ended: attempts.Exit,
+    def _list_ended(self, attempt_dir: Path | None, placed: JobPlaced, running: attempts.Running, ended: attempts.Exit,
                     reported_at: datetime) -> None:
         report = AttemptReport(
             job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank, state="exited",
@@ -219,7 +225,8 @@ class NodeAgent:
     def _forget_ended(self, now: datetime) -> None:
         for key, ended in list(self.ended.items()):
             if (now - ended.reported_at).total_seconds() >= LISTED_AFTER_END_S:
-                shutil.rmtree(ended.dir, ignore_errors=True)
+                if ended.dir is not None:
+                    shutil.rmtree(ended.dir, ignore_errors=True)
                 del self.ended[key]
 
     async def on_order(self, env: Envelope, data: EventData) -> None:
@@ -243,11 +250,12 @@ class NodeAgent:
                 self._stop_in_background(key, job, order.grace_s, f"stopped by the scheduler: {order.reason}")
                 log.info("job.preempting", job_id=order.job_id, attempt=key[1], reason=order.reason, grace_s=order.grace_s)
 
-    def _stop_in_background(self, key: tuple[str, int], job: runner.RunningJob, grace_s: float,
+    def _stop_in_background(self, key: tuple[str, int], job: runner.RunningJob | virtual.VirtualJob, grace_s: float,
                             reason: str | None = None) -> asyncio.Task:
         task = self._stops.get(key)
         if task is None:
-            task = self._stops[key] = asyncio.create_task(runner.stop(job, grace_s=grace_s, reason=reason))
+            stopping = virtual.stop(job, reason) if isinstance(job, virtual.VirtualJob) else runner.stop(job, grace_s, reason)
+            task = self._stops[key] = asyncio.create_task(stopping)
             task.add_done_callback(lambda _t: self._stops.pop(key, None))
         return task
 
@@ -270,6 +278,9 @@ class NodeAgent:
                 if not any(k in self.jobs for k, _ in holders):
                     break
                 await asyncio.sleep(0.01)
+        if self.virtual_jobs:
+            await self._start_virtual(placed)
+            return
         try:
             job = await runner.launch(placed, self.log_dir, self.node_dir, grace_s=self.stop_grace_s,
                                       fence_after_s=self.fence_after_s)
@@ -283,11 +294,20 @@ class NodeAgent:
         log.info("job.started", job_id=placed.job_id, pid=job.running.job_pid, gpus=placed.gpu_indices, rank=placed.rank)
         self._watch(job)
 
+    async def _start_virtual(self, placed: JobPlaced) -> None:
+        """A virtual attempt (bench/test mode): no process, no folder; reported and listed like a real one."""
+        job = virtual.launch(placed, self.clock)
+        self.jobs[(placed.job_id, placed.attempt)] = job
+        self.backend.job_started(placed.gpu_uuids, placed.job_id, None)
+        await self._publish_started(placed, job.running)
+        log.info("job.started", job_id=placed.job_id, virtual=True, gpus=placed.gpu_indices, rank=placed.rank)
+        self._watch(job)
+
     async def _publish_started(self, placed: JobPlaced, running: attempts.Running) -> None:
         started = JobStarted(**_base(placed), gpu_uuids=placed.gpu_uuids, pid=running.job_pid, started_at=running.started_at)
         await self._publish(subjects.JOB_STARTED, started, _event_id("started", placed), placed.job_id)
 
-    async def _wait(self, job: runner.RunningJob) -> None:
+    async def _wait(self, job: runner.RunningJob | virtual.VirtualJob) -> None:
         ended = await job.ended
         placed = job.placed
         key = (placed.job_id, placed.attempt)
@@ -295,14 +315,15 @@ class NodeAgent:
         if ended is None:
             # Its supervisor died without recording the end: report and list nothing, so the
             # scheduler, no longer seeing the attempt in heartbeats, ends it as lost.
-            shutil.rmtree(job.dir, ignore_errors=True)
+            if job.dir is not None:
+                shutil.rmtree(job.dir, ignore_errors=True)
             self.jobs.pop(key, None)
             log.warning("job.lost", job_id=placed.job_id, attempt=placed.attempt, reason="supervisor died unrecorded")
             return
         await self._report_end(job.dir, placed, job.running, ended)
         self.jobs.pop(key, None)
 
-    async def _report_end(self, attempt_dir: Path, placed: JobPlaced, running: attempts.Running | None,
+    async def _report_end(self, attempt_dir: Path | None, placed: JobPlaced, running: attempts.Running | None,
                           ended: attempts.Exit) -> None:
         """Publish how the attempt ended, as its supervisor recorded it, and list it in heartbeats for a while."""
         if ended.error is not None or running is None:
@@ -312,16 +333,18 @@ class NodeAgent:
                                finished_at=ended.finished_at, interrupted=ended.interrupted)
         await self._publish(subjects.JOB_FINISHED, finished, _event_id("finished", placed), placed.job_id)
         reported_at = self.clock()
-        attempts.mark_reported(attempt_dir, reported_at)
+        if attempt_dir is not None:  # a virtual attempt has no folder
+            attempts.mark_reported(attempt_dir, reported_at)
         self._list_ended(attempt_dir, placed, running, ended, reported_at)
         log.info("job.finished", job_id=placed.job_id, attempt=placed.attempt, exit_code=ended.exit_code,
                  interrupted=ended.interrupted)
 
-    async def _report_failed(self, attempt_dir: Path, placed: JobPlaced, reason: str, failed_at: datetime) -> None:
+    async def _report_failed(self, attempt_dir: Path | None, placed: JobPlaced, reason: str, failed_at: datetime) -> None:
         """The command never ran: job.failed, and nothing to list (the scheduler never saw it start)."""
         failed = JobFailed(**_base(placed), reason=reason, failed_at=failed_at)
         await self._publish(subjects.JOB_FAILED, failed, _event_id("failed", placed), placed.job_id)
-        shutil.rmtree(attempt_dir, ignore_errors=True)
+        if attempt_dir is not None:
+            shutil.rmtree(attempt_dir, ignore_errors=True)
         log.warning("job.failed_to_start", job_id=placed.job_id, attempt=placed.attempt, reason=reason)
 
     async def stop(self) -> None:

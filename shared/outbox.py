@@ -32,12 +32,26 @@ class Outbox:
         field = f"{time.time_ns():020d}:{env.id}"
         pipe.hset(self.key, field, json.dumps({"subject": subject, "event": encode(env).decode()}))
 
-    async def flush(self, bus: Bus) -> int:
-        """Publish every staged event in staging order; return how many were published."""
+    async def flush(self, bus: Bus, window: int = 1) -> int:
+        """Publish every staged event in staging order; return how many were published.
+
+        `window` > 1: that many publishes at once, sent in staging order (JetStream stores them
+        in the order sent) and removed together once all were acknowledged; a failure stops the
+        flush after its window, so what follows waits for the next flush, as with one at a time."""
         async with self._flushing:
             entries = await self.redis.hgetall(self.key)
-            for field in sorted(entries):
-                item = json.loads(entries[field])
-                await bus.publish_envelope(item["subject"], Envelope.model_validate_json(item["event"]))
-                await self.redis.hdel(self.key, field)
+            fields = sorted(entries)
+            for start in range(0, len(fields), window):
+                chunk = fields[start:start + window]
+                items = [json.loads(entries[f]) for f in chunk]
+                events = [(i["subject"], Envelope.model_validate_json(i["event"])) for i in items]
+                # The first on its own: a connection's first request sets up its reply subscription
+                # (it waits before sending); the others, started in order, each send before they wait.
+                await bus.publish_envelope(*events[0])
+                results = await asyncio.gather(*(bus.publish_envelope(*e) for e in events[1:]), return_exceptions=True)
+                done = [chunk[0]] + [f for f, r in zip(chunk[1:], results) if not isinstance(r, BaseException)]
+                await self.redis.hdel(self.key, *done)
+                failed = next((r for r in results if isinstance(r, BaseException)), None)
+                if failed is not None:
+                    raise failed
             return len(entries)

@@ -112,7 +112,10 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("telemetry-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>"),
         # Job names, teams and GPUs, so samples and /metrics carry job labels and per-job usage.
         _c("telemetry-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED),
-        _c("scheduler-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED),
+        # In batches (a burst of submissions is recorded in one MULTI) and without the per-event id dedup
+        # marker: every scheduler job handler is idempotent by nature (SET NX, attempt and state guards).
+        _c("scheduler-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED,
+           batch=256, dedup=False),
         _c("scheduler-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_DRAIN_REQUESTED}.>"),
         # Measured free memory per GPU, for placement: only the latest sample matters (no id dedup).
         _c("scheduler-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False,

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, Field, model_validator
 
 from whaleflux.shared.catalog import gpu_models
+from whaleflux.shared.bus import batch_handler
 from whaleflux.shared.events import Envelope, JobFailed, JobFinished, JobStarted, JobSubmitted
 from whaleflux.shared.service import ServiceBase, run_service
 from whaleflux.shared.settings import CommonSettings
@@ -39,6 +40,8 @@ from .rebuild import rebuild, snapshot
 from .store import SchedulerStore
 
 
+# Events published at once by an outbox flush (in staging order).
+OUTBOX_WINDOW = 256
 # How many jobs a pass did not reach still get a full "why" each pass (it costs a scan of the nodes each).
 EXPLAIN_UNEXAMINED = 50
 
@@ -132,34 +135,37 @@ class SchedulerService(FailoverMixin, FeedsMixin, ServiceBase):
 
     def consumers(self):
         return {
-            "scheduler-jobs": self.on_job_event,
+            "scheduler-jobs": self.on_job_events,
             "scheduler-nodes": self.on_node_event,
             "scheduler-heartbeats": self.on_heartbeat,
             "scheduler-telemetry": self.on_telemetry,
         }
 
-    async def on_job_event(self, env: Envelope, data) -> None:
-        if isinstance(data, JobSubmitted):
-            await self._on_submitted(env, data)
-        elif isinstance(data, (JobStarted, JobFinished, JobFailed)):
-            async with self._lock:
-                await self._on_progress(data)
+    @batch_handler
+    async def on_job_events(self, events: list[tuple[Envelope, object]]) -> None:
+        """A fetch of job events, in stream order: each run of submissions recorded in one MULTI,
+        progress reports one by one. Every handler is idempotent by nature (SET NX, attempt and state
+        guards), so a batch handled again after a failure changes nothing twice."""
+        submitted: list[JobRecord] = []
+        progressed = False
+        for env, data in events:
+            if isinstance(data, JobSubmitted):
+                submitted.append(JobRecord(job_id=data.job_id, spec=data, submitted_at=env.time))
+                continue
+            if isinstance(data, (JobStarted, JobFinished, JobFailed)):
+                await self.store.submit(submitted)
+                submitted = []
+                async with self._lock:
+                    await self._on_progress(data)
+                progressed = True
+        await self.store.submit(submitted)
+        self._dirty.set()
+        if progressed:
             await self.publish_staged()
 
-    async def _on_submitted(self, env: Envelope, data: JobSubmitted) -> None:
-        job = JobRecord(job_id=data.job_id, spec=data, submitted_at=env.time)
-        # SET NX: a job id submitted twice (or redelivered) is recorded once.
-        async with self.store.transaction() as pipe:
-            pipe.set(self.store.job_key(job.job_id), job.model_dump_json(), nx=True)
-            pipe.zadd(f"{self.prefix}:jobs", {job.job_id: env.time.timestamp()}, nx=True)
-            await pipe.execute()
-        # Queue it if still pending; also repairs a crash between the two writes.
-        current = await self.store.job(job.job_id)
-        if current is not None and current.state == "pending":
-            async with self.store.transaction() as pipe:
-                pipe.zadd(self.store.pending_key, {job.job_id: env.time.timestamp()}, nx=True)
-                await pipe.execute()
-        self._dirty.set()
+    async def on_job_event(self, env: Envelope, data) -> None:
+        """One job event (as `on_job_events`)."""
+        await self.on_job_events([(env, data)])
 
     async def _on_progress(self, data: JobStarted | JobFinished | JobFailed) -> None:
         job = await self.store.job(data.job_id)
@@ -198,10 +204,7 @@ class SchedulerService(FailoverMixin, FeedsMixin, ServiceBase):
             await self.store.save(job)
         else:
             record_end(job, data)
-            async with self.store.transaction() as pipe:
-                pipe.set(self.store.job_key(job.job_id), job.model_dump_json())
-                pipe.zrem(self.store.pending_key, job.job_id)
-                await pipe.execute()
+            await self.store.finish(job, unqueue=True)
         self.log.warning("job.lost_attempt_ended", job_id=job.job_id, attempt=data.attempt, state=job.state,
                          exit_code=getattr(data, "exit_code", None))
         self._dirty.set()
@@ -215,11 +218,7 @@ class SchedulerService(FailoverMixin, FeedsMixin, ServiceBase):
             self._dirty.set()
             return
         record_end(job, data)
-        async with self.store.transaction() as pipe:
-            pipe.set(self.store.job_key(job.job_id), job.model_dump_json())
-            for gpu in job.gpu_uuids:
-                pipe.hdel(self.store.alloc_key, gpu)
-            await pipe.execute()
+        await self.store.finish(job)
         self._dirty.set()
 
     async def _on_gang_progress(self, job: JobRecord, data: JobStarted | JobFinished | JobFailed) -> None:
@@ -263,12 +262,10 @@ class SchedulerService(FailoverMixin, FeedsMixin, ServiceBase):
             alloc = await self.store.alloc()
             pending_ids = await self.redis.zrange(self.store.pending_key, 0, -1)
             active_ids = sorted(set(alloc.values()))
-            records = await self.store.jobs(pending_ids + active_ids)
+            # Read only (the cache's own objects while leading): a job the pass changes is re-read as a copy.
+            records = await self.store.jobs_shared(pending_ids + active_ids)
             stale = [j for j in pending_ids if j not in records or records[j].state != "pending"]
-            if stale:
-                async with self.store.transaction() as pipe:
-                    pipe.zrem(self.store.pending_key, *stale)
-                    await pipe.execute()
+            await self.store.unqueue(stale)
 
             free = self.measured_free()
             views = [NodeView(reg, conditions.get(key), key in self._suspects, free, self._leases.get(reg.node))
@@ -288,22 +285,24 @@ class SchedulerService(FailoverMixin, FeedsMixin, ServiceBase):
             # waits for its old attempt to end before it is placed again (never two copies).
             grace = self.settings.preemption_grace_s
             hold = self.stop_hold(now)
+            changed = await self.store.jobs([p.victim for p in reply.preempted] + [m.job_id for m in reply.migrated]
+                                            + [s.job.job_id for s in reply.started] + list(reply.infeasible))
             for p in reply.preempted:
-                await self.store.requeue(records[p.victim], "preempted", p.reason, now, grace, hold_until=hold)
+                await self.store.requeue(changed[p.victim], "preempted", p.reason, now, grace, hold_until=hold)
                 self.log.info("job.preempted", job_id=p.victim, for_job=p.for_job, reason=p.reason)
             # Moves are preemptions too (stop order, requeue, resume from the checkpoint). The policy's new
             # placement is not kept: a later pass places the job once its old attempt has stopped.
             for m in reply.migrated:
-                await self.store.requeue(records[m.job_id], "preempted", m.reason, now, grace, hold_until=hold, moved=True)
+                await self.store.requeue(changed[m.job_id], "preempted", m.reason, now, grace, hold_until=hold, moved=True)
                 self.log.info("job.migrated", job_id=m.job_id, to=m.placement.node, model=m.placement.model,
                               reason=m.reason)
-            await self.store.commit_placements([(records[s.job.job_id], s.placement, s.expected_end) for s in reply.started], now)
+            await self.store.commit_placements([(changed[s.job.job_id], s.placement, s.expected_end) for s in reply.started], now)
             for s in reply.started:
-                job = records[s.job.job_id]
+                job = changed[s.job.job_id]
                 self.log.info("job.placed", job_id=job.job_id, node=job.node, gpus=list(s.placement.gpu_indices),
                               attempt=job.attempt, backfilled=s.backfilled, gang=job.nodes if job.parts else None)
             for job_id, reason in reply.infeasible.items():
-                await self.store.reject(records[job_id], reason)
+                await self.store.reject(changed[job_id], reason)
                 self.log.info("job.rejected", job_id=job_id, reason=reason)
             waiting = dict(reply.waiting)
             # Jobs the pass did not examine (nothing free): the first few still get a full answer.
@@ -347,6 +346,7 @@ class SchedulerService(FailoverMixin, FeedsMixin, ServiceBase):
             # Nodes get a fresh chance to be heard: a gap in heartbeats while we rebuilt is ours.
             self._watching_since = self.clock().timestamp()
             self._waiting = {}
+            self.store.drop_cache()  # the rebuild wrote the store directly
         self.log.warning("state.folded", jobs=done.jobs, events=done.events, pending=done.pending, active=done.active,
                          nodes=done.nodes, last_seq=done.last_seq)
         self._dirty.set()
@@ -360,7 +360,8 @@ class SchedulerService(FailoverMixin, FeedsMixin, ServiceBase):
     async def publish_staged(self) -> None:
         # The outbox is shared by the replicas: only the leader sends what it holds.
         if self.leadership is not None and self.leadership.is_leader:
-            await super().publish_staged()
+            # A pass stages thousands of placements: publish them a window at a time, in order.
+            await self.outbox.flush(self.bus, window=OUTBOX_WINDOW)
 
     async def readiness(self) -> dict:
         checks = await super().readiness()

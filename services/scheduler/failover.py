@@ -30,10 +30,7 @@ class FailoverMixin:
 
     async def on_node_event(self, env: Envelope, data) -> None:
         if isinstance(data, NodeRegistered):
-            key = f"{data.cluster}/{data.node}"
-            async with self.store.transaction() as pipe:
-                pipe.hset(self.store.nodes_key, key, data.model_dump_json())
-                await pipe.execute()
+            await self.store.register(data)
         elif isinstance(data, NodeDrainRequested):
             await self.drain(f"{data.cluster}/{data.node}", data.reason)
         self._dirty.set()
@@ -44,7 +41,7 @@ class FailoverMixin:
         key = f"{hb.cluster}/{hb.node}"
         # First, in memory: a node is judged by what we heard, never by whether we could write it down.
         self._heard[key] = self.clock().timestamp()
-        if not await self.redis.hexists(self.store.nodes_key, key):
+        if not await self.store.registered(key):
             return  # not registered (yet): nothing to place there
         # Not fenced: a heartbeat time is a fact about the node, harmless from any replica (and read by standbys).
         await self.redis.hset(self.store.seen_key, key, self._heard[key])

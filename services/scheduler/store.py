@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from redis.asyncio import Redis
@@ -35,12 +36,42 @@ from .placement import Placement
 from .records import JobPart, JobRecord, NodeCondition
 
 
+@dataclass
+class _Cache:
+    """What this leader knows the store holds, parsed (see `SchedulerStore`): exact for one (epoch, token)."""
+
+    key: tuple[str | None, int]
+    raw: dict[str, str] = field(default_factory=dict)  # job id -> its record's JSON as stored
+    parsed: dict[str, JobRecord] = field(default_factory=dict)  # shared with the pass: never changed in place
+    regs: dict[str, NodeRegistered] | None = None
+    conditions: dict[str, NodeCondition] | None = None
+    alloc: dict[str, str] | None = None
+    # Bumped by every committed write: a read from Redis fills the cache only if nothing was written
+    # meanwhile (its answer might predate that write).
+    gen: int = 0
+
+
+Effect = Callable[[_Cache], None]
+
+
 def part_event_id(kind: str, job_id: str, attempt: int, rank: int) -> str:
     """The outbox id of an event about one part of an attempt: rank 0 (and a one-node job) keeps the plain id."""
     return f"{kind}-{job_id}-{attempt}" + (f"-r{rank}" if rank else "")
 
 
 class SchedulerStore:
+    """The scheduler's keys, with a read-through, write-through cache while this replica leads.
+
+    The leader is the only writer (fenced by its token), so what it committed is what
+    the store holds: job records (JSON and parsed), registrations, node conditions and
+    GPU allocations are kept in memory and updated after each EXEC that changed them;
+    a pass then costs what changed, not a read and parse of every job. The cache is
+    exact for one (epoch, token): a wiped or rebuilt store or a new lease starts it
+    afresh, and a transaction that fails (or writes through a bare `transaction()`
+    whose effects it does not know) drops it, so it never holds a write that did not
+    land. A standby reads Redis.
+    """
+
     def __init__(self, redis: Redis, prefix: str, outbox: Outbox, source: str, leadership: Leadership,
                  epoch: Callable[[], str | None]):
         self.redis = redis
@@ -51,6 +82,56 @@ class SchedulerStore:
         # The state generation this process works on (ServiceBase's epoch marker): a write
         # onto a store that was wiped or replaced since is refused, never made on partial state.
         self.epoch = epoch
+        self._cache: _Cache | None = None
+
+    # ------------------------------------------------------------ cache
+
+    def _live(self) -> _Cache | None:
+        """The cache, while this replica leads on the state it works on (None: read Redis)."""
+        token = self.leadership.token if self.leadership is not None else None
+        if token is None:
+            self._cache = None
+            return None
+        key = (self.epoch(), token)
+        if self._cache is None or self._cache.key != key:
+            self._cache = _Cache(key)
+        return self._cache
+
+    def drop_cache(self) -> None:
+        """Forget everything cached (after a rebuild, or writes whose effects are unknown)."""
+        self._cache = None
+
+    def _apply(self, effects: list[Effect]) -> None:
+        cache = self._live()
+        if cache is not None:
+            cache.gen += 1
+            for effect in effects:
+                effect(cache)
+
+    @staticmethod
+    def _job_written(job_id: str, raw: str) -> Effect:
+        def effect(c: _Cache) -> None:
+            c.raw[job_id] = raw
+            c.parsed.pop(job_id, None)  # parsed again when a pass needs it
+        return effect
+
+    @staticmethod
+    def _job_unknown(job_id: str) -> Effect:
+        def effect(c: _Cache) -> None:
+            c.raw.pop(job_id, None)
+            c.parsed.pop(job_id, None)
+        return effect
+
+    @staticmethod
+    def _alloc_set(gpus: list[str], job_id: str | None) -> Effect:
+        def effect(c: _Cache) -> None:
+            if c.alloc is not None:
+                for gpu in gpus:
+                    if job_id is None:
+                        c.alloc.pop(gpu, None)
+                    else:
+                        c.alloc[gpu] = job_id
+        return effect
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Pipeline]:
@@ -59,6 +140,13 @@ class SchedulerStore:
         WATCH on the token counter: if another replica took the lease between the
         check and EXEC, EXEC fails and nothing is written (raised as NotLeader).
         """
+        async with self._transaction(None) as pipe:
+            yield pipe
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, effects: list[Effect] | None) -> AsyncIterator[Pipeline]:
+        """`transaction()`, and then the cache: `effects` applied once EXEC succeeded (None: unknown
+        writes, the cache is dropped); any failure drops it too (a write may or may not have landed)."""
         token = self.leadership.token
         if token is None:
             raise NotLeader("this scheduler replica is a standby")
@@ -73,7 +161,15 @@ class SchedulerStore:
             try:
                 yield pipe
             except WatchError as exc:
+                self.drop_cache()
                 raise NotLeader(f"another replica took the lease (token {token} is stale)") from exc
+            except BaseException:
+                self.drop_cache()
+                raise
+        if effects is None:
+            self.drop_cache()
+        else:
+            self._apply(effects)
 
     # ------------------------------------------------------------ keys
 
@@ -112,14 +208,50 @@ class SchedulerStore:
     # ------------------------------------------------------------ reads
 
     async def job(self, job_id: str) -> JobRecord | None:
-        raw = await self.redis.get(self.job_key(job_id))
+        """The job's record, the caller's own copy (it may change it before writing it back)."""
+        raw = (await self._raws([job_id])).get(job_id)
         return JobRecord.model_validate_json(raw) if raw else None
 
     async def jobs(self, job_ids: list[str]) -> dict[str, JobRecord]:
-        if not job_ids:
-            return {}
-        raws = await self.redis.mget([self.job_key(j) for j in job_ids])
-        return {j: JobRecord.model_validate_json(r) for j, r in zip(job_ids, raws) if r}
+        """Records by id (the caller's own copies); unknown ids are left out."""
+        raws = await self._raws(job_ids)
+        return {j: JobRecord.model_validate_json(raws[j]) for j in job_ids if j in raws}
+
+    async def jobs_shared(self, job_ids: list[str]) -> dict[str, JobRecord]:
+        """Records by id for reading only (the pass): while leading, the cache's own parsed objects,
+        parsed once per write. Never change one in place; take `job()` to change a job."""
+        raws = await self._raws(job_ids)
+        cache = self._live()
+        if cache is None:
+            return {j: JobRecord.model_validate_json(raws[j]) for j in job_ids if j in raws}
+        out = {}
+        for j in job_ids:
+            if j not in raws:
+                continue
+            parsed = cache.parsed.get(j)
+            if parsed is None:
+                parsed = JobRecord.model_validate_json(raws[j])
+                if cache.raw.get(j) == raws[j]:
+                    cache.parsed[j] = parsed
+            out[j] = parsed
+        return out
+
+    async def _raws(self, job_ids: list[str]) -> dict[str, str]:
+        """Each known job's JSON: from the cache, the rest from Redis (and into the cache)."""
+        cache = self._live()
+        if cache is None:
+            missing, out = list(job_ids), {}
+        else:
+            out = {j: cache.raw[j] for j in job_ids if j in cache.raw}
+            missing = [j for j in job_ids if j not in out]
+        if missing:
+            gen = cache.gen if cache is not None else 0
+            raws = await self.redis.mget([self.job_key(j) for j in missing])
+            found = {j: r for j, r in zip(missing, raws) if r}
+            out.update(found)
+            if cache is not None and cache is self._cache and cache.gen == gen:
+                cache.raw.update(found)
+        return out
 
     async def with_waiting(self, jobs: list[JobRecord]) -> list[JobRecord]:
         """Pending jobs with the last pass's reason and their place in line (by submission), for reading."""
@@ -149,34 +281,104 @@ class SchedulerStore:
             await pipe.execute()
 
     async def registrations(self) -> dict[str, NodeRegistered]:
-        """`cluster/node` -> its registration."""
+        """`cluster/node` -> its registration (read only: shared with the cache)."""
+        cache = self._live()
+        if cache is not None and cache.regs is not None:
+            return dict(cache.regs)
+        gen = cache.gen if cache is not None else 0
         raw = await self.redis.hgetall(self.nodes_key)
-        return {k: NodeRegistered.model_validate_json(v) for k, v in raw.items()}
+        regs = {k: NodeRegistered.model_validate_json(v) for k, v in raw.items()}
+        if cache is not None and cache is self._cache and cache.gen == gen:
+            cache.regs = dict(regs)
+        return regs
+
+    async def registered(self, node_key: str) -> bool:
+        return node_key in await self.registrations()
 
     async def conditions(self) -> dict[str, NodeCondition]:
+        cache = self._live()
+        if cache is not None and cache.conditions is not None:
+            return dict(cache.conditions)
+        gen = cache.gen if cache is not None else 0
         raw = await self.redis.hgetall(self.conditions_key)
-        return {k: NodeCondition.model_validate_json(v) for k, v in raw.items()}
+        conditions = {k: NodeCondition.model_validate_json(v) for k, v in raw.items()}
+        if cache is not None and cache is self._cache and cache.gen == gen:
+            cache.conditions = dict(conditions)
+        return conditions
 
     async def last_seen(self) -> dict[str, float]:
         return {k: float(v) for k, v in (await self.redis.hgetall(self.seen_key)).items()}
 
     async def alloc(self) -> dict[str, str]:
-        return await self.redis.hgetall(self.alloc_key)
+        """GPU uuid -> the job holding it."""
+        cache = self._live()
+        if cache is not None and cache.alloc is not None:
+            return dict(cache.alloc)
+        gen = cache.gen if cache is not None else 0
+        alloc = await self.redis.hgetall(self.alloc_key)
+        if cache is not None and cache is self._cache and cache.gen == gen:
+            cache.alloc = dict(alloc)
+        return alloc
 
     async def jobs_on(self, node_key: str) -> list[JobRecord]:
         """Jobs holding GPUs of the node (`cluster/node`)."""
         reg = (await self.registrations()).get(node_key)
         if reg is None:
             return []
-        alloc = await self.alloc()
+        cache = self._live()
+        alloc = cache.alloc if cache is not None and cache.alloc is not None else await self.alloc()
         ids = sorted({alloc[g.uuid] for g in reg.gpus if g.uuid in alloc})
         return [j for j in (await self.jobs(ids)).values() if j.state in ("placed", "running")]
 
     # ------------------------------------------------------------ writes
 
+    def _set_job(self, pipe: Pipeline, job: JobRecord, effects: list[Effect]) -> None:
+        raw = job.model_dump_json()
+        pipe.set(self.job_key(job.job_id), raw)
+        effects.append(self._job_written(job.job_id, raw))
+
     async def save(self, job: JobRecord) -> None:
-        async with self.transaction() as pipe:
-            pipe.set(self.job_key(job.job_id), job.model_dump_json())
+        effects: list[Effect] = []
+        async with self._transaction(effects) as pipe:
+            self._set_job(pipe, job, effects)
+            await pipe.execute()
+
+    async def submit(self, jobs: list[JobRecord]) -> None:
+        """Record and queue new jobs in one MULTI; a job id already known is recorded once (the first wins)."""
+        if not jobs:
+            return
+        effects: list[Effect] = []
+        async with self._transaction(effects) as pipe:
+            for job in jobs:
+                # SET NX: what it leaves is known only after EXEC: the cache reads it again if asked.
+                pipe.set(self.job_key(job.job_id), job.model_dump_json(), nx=True)
+                pipe.zadd(f"{self.prefix}:jobs", {job.job_id: job.submitted_at.timestamp()}, nx=True)
+                pipe.zadd(self.pending_key, {job.job_id: job.submitted_at.timestamp()}, nx=True)
+                effects.append(self._job_unknown(job.job_id))
+            results = await pipe.execute()
+        # A duplicate whose first submission has moved on must not stay queued (also repairs a crash of
+        # an older scheduler between recording and queueing).
+        dups = [job.job_id for job, created in zip(jobs, results[::3]) if not created]
+        if dups:
+            stale = [j for j, rec in (await self.jobs(dups)).items() if rec.state != "pending"]
+            await self.unqueue(stale)
+
+    async def unqueue(self, job_ids: list[str]) -> None:
+        """Take ids out of the pending queue (jobs no longer pending)."""
+        if job_ids:
+            async with self._transaction([]) as pipe:
+                pipe.zrem(self.pending_key, *job_ids)
+                await pipe.execute()
+
+    async def finish(self, job: JobRecord, unqueue: bool = False) -> None:
+        """The job's record as it ends (or goes back to the queue), its GPUs released."""
+        effects: list[Effect] = [self._alloc_set(list(job.gpu_uuids), None)]
+        async with self._transaction(effects) as pipe:
+            self._set_job(pipe, job, effects)
+            for gpu in job.gpu_uuids:
+                pipe.hdel(self.alloc_key, gpu)
+            if unqueue:
+                pipe.zrem(self.pending_key, job.job_id)
             await pipe.execute()
 
     def _envelope(self, data: EventData, event_id: str, job_id: str, time: datetime | None = None):
@@ -223,13 +425,14 @@ class SchedulerStore:
         """Every placement of a pass in one MULTI: each job placed, its GPUs held and its job.placed staged."""
         if not placements:
             return
-        async with self.transaction() as pipe:
+        effects: list[Effect] = []
+        async with self._transaction(effects) as pipe:
             for job, p, expected_end in placements:
                 events = self._placed(job, p, now, expected_end)
-                pipe.set(self.job_key(job.job_id), job.model_dump_json())
+                self._set_job(pipe, job, effects)
                 pipe.zrem(self.pending_key, job.job_id)
-                for gpu in job.gpu_uuids:
-                    pipe.hset(self.alloc_key, gpu, job.job_id)
+                pipe.hset(self.alloc_key, mapping={gpu: job.job_id for gpu in job.gpu_uuids})
+                effects.append(self._alloc_set(list(job.gpu_uuids), job.job_id))
                 for subject, env in events:
                     self.outbox.stage(pipe, subject, env)
             await pipe.execute()
@@ -249,8 +452,9 @@ class SchedulerStore:
     async def end(self, job: JobRecord, stop: list[JobPart], reason: str, grace_s: float, now: datetime) -> None:
         """The job reached a terminal state: record saved, GPUs released, and the parts still
         running of a failed gang told to stop (they must not run on as half a job)."""
-        async with self.transaction() as pipe:
-            pipe.set(self.job_key(job.job_id), job.model_dump_json())
+        effects: list[Effect] = [self._alloc_set(list(job.gpu_uuids), None)]
+        async with self._transaction(effects) as pipe:
+            self._set_job(pipe, job, effects)
             for gpu in job.gpu_uuids:
                 pipe.hdel(self.alloc_key, gpu)
             self._stop_orders(pipe, job, [(p.rank, p.cluster, p.node) for p in stop], reason, grace_s, now, "stopped")
@@ -260,8 +464,9 @@ class SchedulerStore:
         """A job that can never run is rejected with its reason, never queued forever."""
         job.state, job.reason = "rejected", reason
         env = self._envelope(JobRejected(job_id=job.job_id, reason=reason), f"rejected-{job.job_id}", job.job_id)
-        async with self.transaction() as pipe:
-            pipe.set(self.job_key(job.job_id), job.model_dump_json())
+        effects: list[Effect] = []
+        async with self._transaction(effects) as pipe:
+            self._set_job(pipe, job, effects)
             pipe.zrem(self.pending_key, job.job_id)
             self.outbox.stage(pipe, subjects.JOB_REJECTED, env)
             await pipe.execute()
@@ -294,8 +499,9 @@ class SchedulerStore:
             job.reason = f"moved: {job.reason.removeprefix('requeued: ')}"
         requeued = JobRequeued(job_id=job.job_id, attempt=attempt, cluster=cluster, node=node, reason=reason, cause=cause,
                                gang_nodes=gang)
-        async with self.transaction() as pipe:
-            pipe.set(self.job_key(job.job_id), job.model_dump_json())
+        effects: list[Effect] = [self._alloc_set(held, None)]
+        async with self._transaction(effects) as pipe:
+            self._set_job(pipe, job, effects)
             for gpu in held:
                 pipe.hdel(self.alloc_key, gpu)
             pipe.zadd(self.pending_key, {job.job_id: job.submitted_at.timestamp()})
@@ -305,9 +511,26 @@ class SchedulerStore:
             await pipe.execute()
 
     async def set_condition(self, node_key: str, condition: NodeCondition | None) -> None:
-        async with self.transaction() as pipe:
+        def effect(c: _Cache) -> None:
+            if c.conditions is not None:
+                if condition is None:
+                    c.conditions.pop(node_key, None)
+                else:
+                    c.conditions[node_key] = condition
+        async with self._transaction([effect]) as pipe:
             if condition is None:
                 pipe.hdel(self.conditions_key, node_key)
             else:
                 pipe.hset(self.conditions_key, node_key, condition.model_dump_json())
+            await pipe.execute()
+
+    async def register(self, reg: NodeRegistered) -> None:
+        """A node's registration (overwrites the previous one)."""
+        key = f"{reg.cluster}/{reg.node}"
+
+        def effect(c: _Cache) -> None:
+            if c.regs is not None:
+                c.regs[key] = reg
+        async with self._transaction([effect]) as pipe:
+            pipe.hset(self.nodes_key, key, reg.model_dump_json())
             await pipe.execute()

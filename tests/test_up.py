@@ -97,8 +97,13 @@ def test_up_starts_everything_ready_and_sigterm_leaves_no_process(tmp_path):
         assert "WhaleFlux is up" in output and "Stopping WhaleFlux" in output
     finally:
         if up.poll() is None:
-            up.kill()
-            up.wait()
+            # SIGTERM first: its children run in sessions of their own and outlive a SIGKILLed `up`.
+            up.send_signal(signal.SIGTERM)
+            try:
+                up.wait(60)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()
 
 
 def test_up_holds_each_port_itself_so_nobody_takes_it_and_a_restarted_service_keeps_it(tmp_path):

@@ -117,3 +117,29 @@ def test_the_agents_api_docs_load_vendored_assets_not_a_cdn(monkeypatch):
         # ReDoc's bundle still names a logo on a CDN: the browser is told to fetch from this host only.
         assert client.get(path).headers["content-security-policy"].startswith("default-src 'self'")
         assert client.get(asset).status_code == 200
+
+
+def test_a_page_of_a_long_list_is_clamped_to_the_pages_there_are():
+    from whaleflux.console.paging import page_of
+
+    items = list(range(250))
+    second = page_of(items, 2, 100)
+    assert (second.items[0], second.first, second.last, second.pages, second.previous, second.next) == (100, 101, 200, 3, 1, 3)
+    assert page_of(items, 99, 100).items == items[200:] and page_of(items, 99, 100).next is None
+    assert page_of(items, 0, 100).number == 1
+    assert page_of([], 1, 100).first == 0 and page_of([], 1, 100).pages == 1
+
+
+def test_the_fleets_node_table_shows_one_page_of_a_large_fleet_with_links_to_the_others():
+    import whaleflux.console.app  # noqa: F401 - registers the templates' filters
+    from whaleflux.console.models import NodeTelemetry
+    from whaleflux.console.pages.fleet import NODES_PER_PAGE, FleetView, fleet_frames
+
+    nodes = [NodeTelemetry(cluster="c", node=f"n-{i:04d}", gpus=8) for i in range(1000)]
+    frames = dict(fleet_frames(FleetView(None, nodes, {}, []), page=3))
+    table = frames["fleet"]
+    shown = re.findall(r'href="/fleet/nodes/(n-\d+)"', table)
+    assert shown == [f"n-{i:04d}" for i in range(2 * NODES_PER_PAGE, 3 * NODES_PER_PAGE)]
+    assert "201–300 of 1000" in table and 'href="/fleet?nodes=2"' in table and 'href="/fleet?nodes=4"' in table
+    small = dict(fleet_frames(FleetView(None, nodes[:4], {}, [])))["fleet"]
+    assert "of 4" not in small and "n-0003" in small  # one page: no pager

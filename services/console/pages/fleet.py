@@ -13,12 +13,15 @@ from ..charts import WINDOWS_S, series
 from ..heatmap import QUARANTINED, heat_json
 from ..live import Frames
 from ..models import FleetSummary, GpuHistory, GpuRow, NodeStatus, NodeTelemetry
+from ..paging import page_of
 from ..upstream import fetch_all
 from ..web import Console, ConsoleDep, SessionDep, fragment, page, sse
 
 router = APIRouter()
 # Above this many GPUs the fleet page lists nodes only (the heat map still shows every GPU).
 GPU_TABLE_MAX = 256
+# The node table shows this many nodes a page: at 1,000 nodes every live update would otherwise carry 1,000 rows.
+NODES_PER_PAGE = 100
 
 
 @dataclass
@@ -46,8 +49,9 @@ async def fleet_view(c: Console, node: str | None = None) -> FleetView:
     return FleetView(values["summary"], values["nodes"] or [], statuses, values["gpus"] or [], errors)
 
 
-def fleet_frames(view: FleetView) -> Frames:
-    return [("fleet", fragment("_fleet_live.html", v=view, gpu_table_max=GPU_TABLE_MAX)),
+def fleet_frames(view: FleetView, page: int = 1) -> Frames:
+    nodes = page_of(view.nodes, page, NODES_PER_PAGE)
+    return [("fleet", fragment("_fleet_live.html", v=view, nodes=nodes, gpu_table_max=GPU_TABLE_MAX)),
             ("heat", heat_json(view.gpus, view.statuses))]
 
 
@@ -57,18 +61,22 @@ async def home(_: SessionDep) -> Response:
 
 
 @router.get("/fleet", response_class=HTMLResponse)
-async def fleet(request: Request, c: ConsoleDep, _: SessionDep) -> Response:
+async def fleet(request: Request, c: ConsoleDep, _: SessionDep, nodes: int = 1) -> Response:
     view = await fleet_view(c)
-    frames = dict(fleet_frames(view))
-    return page(request, "fleet.html", "fleet", live=frames["fleet"], heat=frames["heat"], v=view)
+    number = page_of(view.nodes, nodes, NODES_PER_PAGE).number
+    frames = dict(fleet_frames(view, number))
+    return page(request, "fleet.html", "fleet", live=frames["fleet"], heat=frames["heat"], v=view, nodes_page=number)
 
 
 @router.get("/live/fleet")
-async def fleet_live(c: ConsoleDep, _: SessionDep) -> Response:
-    async def render() -> Frames:
-        return fleet_frames(await fleet_view(c))
+async def fleet_live(c: ConsoleDep, _: SessionDep, nodes: int = 1) -> Response:
+    """One live view per page of the node table: every browser on the same page shares its builds."""
+    number = max(1, nodes)
 
-    return sse(c.hub.stream("fleet", {"gpu", "node"}, render))
+    async def render() -> Frames:
+        return fleet_frames(await fleet_view(c), number)
+
+    return sse(c.hub.stream("fleet" if number == 1 else f"fleet:{number}", {"gpu", "node"}, render))
 
 
 @router.get("/fleet/nodes/{node}", response_class=HTMLResponse)

@@ -1,0 +1,419 @@
+"""The console in a real browser (Debian's Chromium through Playwright): page loads, a large fleet, CPU per open page.
+
+One command per figure; each prints the figure and its reference (issue 19):
+
+    python bench/console_pages.py pages              first load of every page on the demo fleet (<= 1 s each)
+    python bench/console_pages.py large [--interval 5] [--seconds 30]
+                                                     /fleet with 1,000 nodes x 8 GPUs: renders in <= 2 s, keeps up
+                                                     with 1 Hz updates
+    python bench/console_pages.py cpu [--fleet large] [--streams 50] [--seconds 30]
+                                                     control-plane CPU (console, telemetry, scheduler) with 0, 1 and
+                                                     N open fleet streams
+
+Times are the browser's own (Navigation Timing, performance.now()); CPU is user + system from /proc/<pid>/stat.
+Every run starts its own nats-server and redis-server, the services it needs, a simulated agent and the console.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import httpx  # noqa: E402
+
+from telemetry_harness import CpuMeter, server_env, start_servers  # noqa: E402
+from whaleflux.servers import free_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FLEETS = {"demo": ROOT / "shared/data/fleets/small-demo.yaml", "large": ROOT / "shared/data/fleets/large-1000x8.yaml"}
+GPUS = {"demo": 28, "large": 8000}
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+TOKEN = "bench-admin-token-0123456789"
+ALL_SERVICES = ("telemetry", "scheduler", "alerting", "billing", "inventory")
+
+
+@dataclass
+class Stack:
+    """Servers, services, one simulated agent and the console, as processes."""
+
+    fleet: str
+    services: tuple[str, ...]
+    interval_s: float
+    upstream_timeout_s: float = 5.0  # the console's default
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    urls: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> "Stack":
+        """Start everything and wait for the fleet in telemetry; on failure, stop what did start."""
+        self.servers = start_servers()
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> "Stack":
+        home = Path(tempfile.mkdtemp(prefix="wf-bench-console-"))
+        self.logs = home / "logs"
+        self.logs.mkdir()
+        env = {**server_env(self.servers), "WHALEFLUX_ADMIN_TOKEN": TOKEN, "WHALEFLUX_HOME": str(home / "home"),
+               "WHALEFLUX_ENVIRONMENT": "development"}
+        # Heartbeats come every agent interval: with a long one, the scheduler must not call the nodes lost.
+        lax = {"WHALEFLUX_HEARTBEAT_SUSPECT_S": str(max(5.0, 4 * self.interval_s)),
+               "WHALEFLUX_HEARTBEAT_LOST_S": str(max(10.0, 8 * self.interval_s)),
+               "WHALEFLUX_STALE_AFTER_S": str(max(15.0, 4 * self.interval_s))}
+        for name in self.services:
+            self._spawn(name, ["service", name], {**env, **lax})
+        self._spawn("console", ["service", "console"],
+                    {**env, "WHALEFLUX_UPSTREAM_TIMEOUT_S": str(self.upstream_timeout_s),
+                     **{f"WHALEFLUX_{n.upper()}_URL": self.urls[n] for n in self.services}})
+        self._spawn("agent", ["agent", "--simulate", str(FLEETS[self.fleet])],
+                    {**env, "WHALEFLUX_INTERVAL_S": str(self.interval_s),
+                     "WHALEFLUX_FENCE_AFTER_S": lax["WHALEFLUX_HEARTBEAT_LOST_S"]})
+        for name in (*self.services, "console"):
+            self._ready(name)
+        want = GPUS[self.fleet]
+        self._until(lambda: len(httpx.get(self.urls["telemetry"] + "/v1/gpus", timeout=30).json()) >= want, 300,
+                    f"{want} GPUs in telemetry")
+        return self
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        port = free_port()  # the agent's too: its default port may be another run's
+        env = {**env, "WHALEFLUX_HTTP_PORT": str(port)}
+        self.urls[name] = f"http://127.0.0.1:{port}"
+        with open(self.logs / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen([sys.executable, "-m", "whaleflux", *args], env=env, stdout=log,
+                                                stderr=subprocess.STDOUT)
+
+    def _ready(self, name: str) -> None:
+        def ok() -> bool:
+            if self.procs[name].poll() is not None:
+                raise SystemExit(f"{name} exited; see {self.logs / (name + '.log')}")
+            try:
+                return httpx.get(self.urls[name] + "/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        self._until(ok, 60, f"{name} ready")
+
+    @staticmethod
+    def _until(predicate, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"timed out waiting for {what}")
+            time.sleep(0.5)
+
+    def pids(self, *names: str) -> dict[str, int]:
+        return {n: self.procs[n].pid for n in names}
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.servers.stop()
+
+
+def machine() -> str:
+    load = os.getloadavg()
+    return (f"{os.cpu_count()} cores, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
+# --------------------------------------------------------------------------- the browser
+
+def launch(p):
+    return p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+
+
+def session_cookie(browser, console: str) -> dict:
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(console + "/login")
+    page.fill("#token", TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/fleet", timeout=60_000)
+    (cookie,) = [c for c in context.cookies() if c["name"] == "wf_session"]
+    context.close()
+    return cookie
+
+
+LOAD_TIMES = """() => { const n = performance.getEntriesByType('navigation')[0];
+  return {ttfb: n.responseStart, dcl: n.domContentLoadedEventEnd, load: n.loadEventEnd, bytes: n.transferSize}; }"""
+
+
+def timed_load(page, url: str, done_js: str | None = None) -> dict:
+    """Navigate and return the browser's timings (ms from navigation start); `done_js` waits for more than `load`."""
+    page.goto(url, wait_until="load", timeout=60_000)
+    page.wait_for_function("performance.getEntriesByType('navigation')[0].loadEventEnd > 0")
+    t = page.evaluate(LOAD_TIMES)
+    if done_js:
+        t["done"] = page.wait_for_function(f"() => ({done_js}) && performance.now()", timeout=60_000).json_value()
+    return t
+
+
+def pages(args) -> None:
+    from playwright.sync_api import sync_playwright
+
+    stack = Stack("demo", ALL_SERVICES, 1.0).start()
+    try:
+        tel, sch, con = stack.urls["telemetry"], stack.urls["scheduler"], stack.urls["console"]
+        uuid = next(g["gpu"]["uuid"] for g in httpx.get(tel + "/v1/gpus", params={"node": "h100-01"}).json())
+        job = httpx.post(sch + "/v1/jobs", json={"name": "bench", "command": ["python", "-c", "print('hi')"]},
+                         headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        job.raise_for_status()
+        job_id = job.json()["job_id"]
+        stack._until(lambda: httpx.get(f"{sch}/v1/jobs/{job_id}").json().get("state") == "succeeded", 60, "the job done")
+        # Path, and what else must be drawn before the page is done (beyond the load event).
+        paths = [("/fleet", None), ("/fleet/nodes/h100-01", None),
+                 (f"/fleet/gpus/{uuid}", "document.querySelectorAll('#charts .uplot').length === 4"),
+                 ("/jobs", None), ("/jobs/new", None), (f"/jobs/{job_id}", None), ("/alerts", None), ("/costs", None),
+                 ("/costs/tco?model=H100&gpus=8&utilization=0.7&months=36&purchase_price=30000&usd_per_kwh=0.12&overhead=150", None),
+                 ("/inventory", None), ("/sizing?model=llama-3-8b&task=lora", None)]
+        with sync_playwright() as p:
+            browser = launch(p)
+            cookie = session_cookie(browser, con)
+            rows = []
+            for path, done in paths:
+                cold, warm = [], []
+                for _ in range(args.repeat):
+                    context = browser.new_context(viewport={"width": 1280, "height": 900})  # an empty cache
+                    context.add_cookies([cookie])
+                    page = context.new_page()
+                    cold.append(timed_load(page, con + path, done))
+                    page.goto(con + "/fleet/nodes/a100-01")
+                    warm.append(timed_load(page, con + path, done))  # scripts and styles now cached
+                    context.close()
+                rows.append((path, cold, warm))
+            browser.close()
+        print(f"# console first load per page, demo fleet (28 GPUs), {args.repeat} fresh browser contexts each; {machine()}")
+        print("| page | first load (empty cache): load event, median / max | server (TTFB) median | cached: load median | done* |")
+        print("|---|---|---|---|---|")
+        worst = 0.0
+        for path, cold, warm in rows:
+            key = "done" if "done" in cold[0] else "load"
+            worst = max(worst, max(t[key] for t in cold))
+            shown = path.split("?")[0].replace(uuid, "{uuid}").replace(job_id, "{job}")
+            print(f"| `{shown}` | {med(cold, 'load')} / {mx(cold, 'load')} ms | {med(cold, 'ttfb')} ms | "
+                  f"{med(warm, 'load')} ms | {med(cold, 'done') + ' ms' if key == 'done' else ''} |")
+        print(f"\nslowest first load (done* = charts drawn on the GPU page): {worst:.0f} ms   "
+              f"(reference: <= 1,000 ms per page) -> {'met' if worst <= 1000 else 'NOT met'}")
+    finally:
+        stack.stop()
+
+
+def med(ts: list[dict], key: str) -> str:
+    return f"{statistics.median(t[key] for t in ts):.0f}"
+
+
+def mx(ts: list[dict], key: str) -> str:
+    return f"{max(t[key] for t in ts):.0f}"
+
+
+# Recorded in the page: when each live event arrived (before htmx swaps it) and when its swap (and, for the heat
+# map, its redraw) was over.
+WATCH = """() => { window.__live = [];
+  document.body.addEventListener('htmx:sseBeforeMessage', e => { window.__t0 = performance.now(); });
+  document.body.addEventListener('htmx:sseMessage', e => {
+    const t = performance.now();
+    window.__live.push({type: e.detail.type, at: t, cost: t - (window.__t0 || t), bytes: e.detail.data.length}); });
+}"""
+
+
+def large(args) -> None:
+    from playwright.sync_api import sync_playwright
+
+    # The fleet page reads telemetry and the scheduler only; alerting, billing and inventory would each consume the
+    # same telemetry stream on the same two cores, so they are not started here.
+    stack = Stack("large", ("telemetry", "scheduler"), args.interval, args.upstream_timeout).start()
+    try:
+        con, sch = stack.urls["console"], stack.urls["scheduler"]
+        stack._until(lambda: len(httpx.get(sch + "/v1/nodes", timeout=30).json()) >= 1000, 300, "1,000 nodes in the scheduler")
+        with sync_playwright() as p:
+            browser = launch(p)
+            cookie = session_cookie(browser, con)
+            loads = []
+            for _ in range(args.repeat):
+                context = browser.new_context(viewport={"width": 1280, "height": 900})
+                context.add_cookies([cookie])
+                page = context.new_page()
+                loads.append(timed_load(page, con + "/fleet", "document.getElementById('heatmap').height > 100"))
+                context.close()
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context.add_cookies([cookie])
+            page = context.new_page()
+            page.goto(con + "/fleet", wait_until="load", timeout=60_000)
+            cells = page.evaluate("JSON.parse(document.getElementById('heat-data').textContent).gpus")
+            problems = page.locator(".errors, .error").all_inner_texts()
+            page.evaluate(WATCH)
+            meter = CpuMeter(stack.pids("console", "telemetry", "scheduler", "agent")).start()
+            builds0 = builds(con)
+            page.wait_for_timeout(args.seconds * 1000)
+            used = meter.stop()
+            built = builds(con) - builds0
+            live = page.evaluate("window.__live")
+            gpus_now = page.evaluate("JSON.parse(document.getElementById('heat-data').textContent).gpus")
+            browser.close()
+        heat = [e for e in live if e["type"] == "heat"]
+        frag = [e for e in live if e["type"] == "fleet"]
+        gaps = [b["at"] - a["at"] for a, b in zip(heat, heat[1:])]
+        wall = used.pop("_wall")
+        print(f"# console /fleet with 1,000 nodes x 8 GPUs ({cells} GPUs in the heat map), one agent process at a "
+              f"{args.interval:g} s interval, telemetry + scheduler + console; {machine()}")
+        print(f"first load, empty cache ({args.repeat} runs): load event median {med(loads, 'load')} ms, max {mx(loads, 'load')} ms; "
+              f"heat map drawn median {med(loads, 'done')} ms; server (TTFB) median {med(loads, 'ttfb')} ms; "
+              f"{loads[0]['bytes'] / 1e6:.2f} MB   (reference: renders in <= 2,000 ms) -> "
+              f"{'met' if max(t['done'] for t in loads) <= 2000 else 'NOT met'}")
+        rate = len(heat) / args.seconds
+        print(f"live, {args.seconds:g} s on one open page: {len(heat)} heat-map and {len(frag)} table updates "
+              f"({rate:.2f}/s; the console built the view {built} times); gap between updates median "
+              f"{statistics.median(gaps) if gaps else float('nan'):.0f} ms, max {max(gaps) if gaps else float('nan'):.0f} ms; "
+              f"in the browser per update: table swap median {statistics.median(e['cost'] for e in frag) if frag else 0:.0f} ms "
+              f"({statistics.mean(e['bytes'] for e in frag) / 1e3 if frag else 0:.0f} kB), heat map swap + redraw median "
+              f"{statistics.median(e['cost'] for e in heat) if heat else 0:.0f} ms ({statistics.mean(e['bytes'] for e in heat) / 1e3 if heat else 0:.0f} kB); "
+              f"{gpus_now} GPUs shown at the end   (reference: keeps up with 1 Hz updates) -> "
+              f"{'met' if rate >= 0.9 else 'NOT met'}")
+        if problems:
+            print("the page said: " + " / ".join(p.strip() for p in problems)[:500])
+        print("CPU over that window: " + ", ".join(f"{n} {100 * s / wall:.0f} %" for n, s in used.items()) + " of one core")
+    finally:
+        stack.stop()
+
+
+def builds(console: str) -> int:
+    text = httpx.get(console + "/metrics", timeout=30).text
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("whaleflux_console_view_builds_total ")))
+
+
+# --------------------------------------------------------------------------- CPU with N open pages
+
+class Streams:
+    """`n` plain SSE clients on /live/fleet (what an open fleet page asks for), in a thread of their own."""
+
+    def __init__(self, console: str, cookie: str, n: int):
+        self.console, self.cookie, self.n = console, cookie, n
+        self.events = [0] * n
+        self.stop = threading.Event()
+        self.opened = threading.Event()
+        self._open = 0
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _one(self, client: httpx.AsyncClient, i: int) -> None:
+        async with client.stream("GET", self.console + "/live/fleet") as resp:
+            resp.raise_for_status()
+            self._open += 1
+            if self._open == self.n:
+                self.opened.set()
+            async for line in resp.aiter_lines():
+                if line.startswith("event: heat"):
+                    self.events[i] += 1
+                if self.stop.is_set():
+                    return
+
+    async def _main(self) -> None:
+        limits = httpx.Limits(max_connections=self.n + 1, max_keepalive_connections=self.n + 1)
+        async with httpx.AsyncClient(cookies={"wf_session": self.cookie}, timeout=None, limits=limits) as client:
+            tasks = [asyncio.create_task(self._one(client, i)) for i in range(self.n)]
+            while not self.stop.is_set():
+                await asyncio.sleep(0.2)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __enter__(self) -> "Streams":
+        self.thread.start()
+        if not self.opened.wait(60):
+            raise SystemExit(f"only {self._open} of {self.n} streams opened")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def cpu(args) -> None:
+    from playwright.sync_api import sync_playwright
+
+    services = ALL_SERVICES if args.fleet == "demo" else ("telemetry", "scheduler")
+    stack = Stack(args.fleet, services, args.interval, args.upstream_timeout).start()
+    try:
+        con = stack.urls["console"]
+        with sync_playwright() as p:
+            browser = launch(p)
+            cookie = session_cookie(browser, con)["value"]
+            browser.close()
+        watched = ("console", "telemetry", "scheduler")
+        rows = []
+        for n in (0, 1, args.streams):
+            streams = Streams(con, cookie, n) if n else None
+            if streams:
+                streams.__enter__()
+            try:
+                time.sleep(3)  # past the first build and the connections' set-up
+                b0, meter = builds(con), CpuMeter(stack.pids(*watched)).start()
+                got0 = list(streams.events) if streams else []
+                time.sleep(args.seconds)
+                used, built = meter.stop(), builds(con) - b0
+                got = [b - a for a, b in zip(got0, streams.events)] if streams else []
+            finally:
+                if streams:
+                    streams.__exit__()
+            wall = used.pop("_wall")
+            rows.append((n, {k: 100 * v / wall for k, v in used.items()}, built / wall, got))
+        print(f"# control-plane CPU with open fleet pages (plain SSE clients on /live/fleet, as the page opens), "
+              f"{args.fleet} fleet ({GPUS[args.fleet]} GPUs, agent interval {args.interval:g} s), {args.seconds:g} s each; {machine()}")
+        print("| open pages | " + " | ".join(f"{w} CPU" for w in watched) + " | sum | view builds/s | updates per page (min-max) |")
+        print("|---|" + "---|" * (len(watched) + 3))
+        for n, pct, rate, got in rows:
+            print(f"| {n} | " + " | ".join(f"{pct[w]:.1f} %" for w in watched) + f" | {sum(pct.values()):.1f} % | {rate:.2f} | "
+                  + (f"{min(got)}-{max(got)}" if got else "—") + " |")
+        one, many = sum(rows[1][1].values()), sum(rows[2][1].values())
+        print(f"\n{args.streams} pages vs 1: {many:.1f} % vs {one:.1f} % of one core "
+              f"({many - one:+.1f} points; no pages: {sum(rows[0][1].values()):.1f} %)   "
+              "(reference: 50 open browsers cost almost nothing more than one)")
+    finally:
+        stack.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="figure", required=True)
+    a = sub.add_parser("pages", help="first load of each page on the demo fleet")
+    a.add_argument("--repeat", type=int, default=3)
+    a = sub.add_parser("large", help="/fleet with 1,000 nodes x 8 GPUs")
+    a.add_argument("--interval", type=float, default=5.0, help="the agent's sampling interval (1 = 8,000 GPU samples/s)")
+    a.add_argument("--seconds", type=float, default=30)
+    a.add_argument("--repeat", type=int, default=3)
+    # 8,000 GPUs are 8 MB from telemetry's /v1/gpus: on a busy 2-core machine that takes longer than the console's
+    # default 5 s, and the page then says telemetry did not answer.
+    a.add_argument("--upstream-timeout", type=float, default=30.0, help="the console's WHALEFLUX_UPSTREAM_TIMEOUT_S")
+    a = sub.add_parser("cpu", help="control-plane CPU with 0, 1 and N open fleet pages")
+    a.add_argument("--fleet", choices=sorted(FLEETS), default="demo")
+    a.add_argument("--interval", type=float, default=1.0)
+    a.add_argument("--streams", type=int, default=50)
+    a.add_argument("--upstream-timeout", type=float, default=30.0, help="the console's WHALEFLUX_UPSTREAM_TIMEOUT_S")
+    a.add_argument("--seconds", type=float, default=30)
+    args = ap.parse_args()
+    {"pages": pages, "large": large, "cpu": cpu}[args.figure](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -48,7 +48,8 @@ class Proc:
             self.popen = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         return self
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until /readyz answers 200. The deadline only catches a hang: a loaded machine starts services slowly."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:

@@ -139,8 +139,18 @@ class ServiceBase:
     async def _start(self) -> None:
         await self._connect()
         self.outbox = Outbox(self.redis, self.prefix)
-        await self.on_ready()
-        await self._ensure_state()
+        delay = 0.5
+        while True:
+            # A failure here (the store went away between connect and now, say) must not leave a
+            # service that never becomes ready: nothing has started yet, so it is tried again.
+            try:
+                await self.on_ready()
+                await self._ensure_state()
+                break
+            except (RedisError, OSError, nats.errors.Error, StateUnavailable) as exc:
+                self.log.error("startup.failed", error=repr(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
         specs = self.consumer_specs()
         for name, handler in self.consumers().items():
             self.bus.start_consumer(specs[name], self._store_guarded(handler), self.redis, self.prefix, self.state_ready)
@@ -324,6 +334,14 @@ class ServiceBase:
         app = FastAPI(title=f"WhaleFlux {self.name}", version=self.version, lifespan=lifespan,
                       docs_url=None, redoc_url=None)
         mount_api_docs(app)
+
+        @app.middleware("http")
+        async def not_before_connected(request: Request, call_next):
+            # The port may be bound (and asked) before the service has reached its store: say so.
+            if self.redis is None and request.url.path.startswith(("/v1/", "/admin/")):
+                return JSONResponse({"detail": f"{self.name} is starting: not connected to its store yet"},
+                                    status_code=503, headers={"Retry-After": "1"})
+            return await call_next(request)
         admin = self.require_admin()
         AdminDep = Depends(admin)
 

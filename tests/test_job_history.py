@@ -176,6 +176,11 @@ def test_an_attempt_the_node_runs_that_it_should_not_is_stopped():
     plan = reconcile(heartbeat(running("j1", 1), running("j2", 1), running("j3", 1)), at(20), [],
                      {"j1": moved, "j2": ended}, at(20), 30)
     assert sorted(a.job_id for a in plan.stop) == ["j1", "j2"]  # j3: unknown here, not ours to judge
+    # An attempt newer than the record we read (our view lags) and one already being stopped are left alone.
+    lagging = record(attempt=1, node="n2")
+    stopping = record("j4", state="pending", attempt=1)
+    plan = reconcile(heartbeat(running("j1", 2), running("j4", 1)), at(20), [], {"j1": lagging, "j4": stopping}, at(20), 30)
+    assert plan.stop == []
 
 
 def test_the_current_attempt_running_where_we_placed_it_changes_nothing():

@@ -8,7 +8,8 @@ recorded. Both ways:
   its way, and ending twice changes nothing);
 - one the node does not list at all is lost: its process is gone with no exit
   recorded (the node rebooted, or never got the placement);
-- one the node runs that is not the job's current attempt there is stopped.
+- one the node runs that is an older attempt of the job, or of a job that has
+  ended, is stopped (never one our possibly lagging read does not know yet).
 """
 
 from __future__ import annotations
@@ -77,8 +78,11 @@ def reconcile(hb: NodeHeartbeat, sent_at: datetime, ours: list[JobRecord], other
         job = mine.get(a.job_id) or others.get(a.job_id)
         if job is None:
             continue  # not ours to judge (another deployment's, or older than the history kept)
+        if a.attempt > job.attempt:
+            continue  # newer than what we read: our view lags, never the node's
         live, rank = _rank_here(job, hb.cluster, hb.node)
-        if job.state in ACTIVE and job.attempt == a.attempt and live and (rank or 0) == (a.rank or 0):
-            continue
+        here = job.state in ACTIVE and live and (rank or 0) == (a.rank or 0)
+        if a.attempt == job.attempt and (job.state == "pending" or here):
+            continue  # the current attempt where it belongs, or one being stopped already (the job is queued again)
         plan.stop.append(a)
     return plan

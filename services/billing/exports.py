@@ -1,7 +1,7 @@
 """Exports of a window's costs: CSV and FOCUS 1.2 rows. Pure, no I/O.
 
 FOCUS (FinOps Open Cost and Usage Specification) 1.2, columns from
-`../shared/data/focus/focus-1.2-columns.csv`. Rows:
+`tests/data/focus/focus-1.2-columns.csv`. Rows:
 
 - Usage, one per job attempt, GPU and rate segment (a calendar month, a price
   period): `EffectiveCost` = its share of the GPU's cost, `ConsumedQuantity`

@@ -76,6 +76,7 @@ class ServiceBase:
         self.state_ready = asyncio.Event()
         self.state_problem: str | None = "starting"
         self.epoch: str | None = None
+        self._starting = False  # the lifespan began connecting (an app served without it never connects)
         self._running = False
 
     # ----------------------------------------------------------------- to override
@@ -325,6 +326,7 @@ class ServiceBase:
     def create_app(self) -> FastAPI:
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            self._starting = True
             starter = asyncio.create_task(self._start(), name="startup")
             self._tasks.append(starter)
             yield
@@ -338,7 +340,7 @@ class ServiceBase:
         @app.middleware("http")
         async def not_before_connected(request: Request, call_next):
             # The port may be bound (and asked) before the service has reached its store: say so.
-            if self.redis is None and request.url.path.startswith(("/v1/", "/admin/")):
+            if self._starting and self.redis is None and request.url.path.startswith(("/v1/", "/admin/")):
                 return JSONResponse({"detail": f"{self.name} is starting: not connected to its store yet"},
                                     status_code=503, headers={"Retry-After": "1"})
             return await call_next(request)

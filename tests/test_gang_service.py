@@ -95,7 +95,7 @@ async def test_store_commits_one_placement_per_node_and_stops_every_part_in_one_
                              .policy_config().profile, 0.0)
         job = JobRecord(job_id="g1", spec=spec, submitted_at=datetime.now(timezone.utc))
         now = datetime.now(timezone.utc)
-        await store.commit_placement(job, placement, now, None)
+        await store.commit_placements([(job, placement, None)], now)
 
         async def staged() -> list[tuple[str, str]]:
             raw = await redis.hgetall("wf:scheduler:outbox")
@@ -113,14 +113,14 @@ async def test_store_commits_one_placement_per_node_and_stops_every_part_in_one_
         assert await store.alloc() == {} and await store.jobs_on("c1/n1") == []
         # A failed gang: the part still running is told to stop.
         job = await store.job("g1")
-        await store.commit_placement(job, placement, now, None)
+        await store.commit_placements([(job, placement, None)], now)
         await staged()
         job.state = "failed"
         await store.end(job, job.parts[:1], "gang failed", 2.0, now)
         assert await staged() == [("job.preempted.c1.n1", "stopped-g1-2")] and await store.alloc() == {}
         # Restart on failure: the part that failed is not told to stop, the others are.
         job = await store.job("g1")
-        await store.commit_placement(job, placement, now, None)
+        await store.commit_placements([(job, placement, None)], now)
         await staged()
         await store.requeue(job, "restart_on_failure", "rank 0 failed", now, 2.0, spare=frozenset({0}))
         assert await staged() == [("job.preempted.c1.n2", "preempted-g1-3-r1"), ("job.requeued", "requeued-g1-3")]

@@ -36,8 +36,9 @@ class FailoverMixin:
         self._dirty.set()
 
     async def on_heartbeat(self, env: Envelope, hb: NodeHeartbeat) -> None:
-        """Record liveness by our own clock, as received; a lost node that speaks again is back, and fenced;
-        what the node says it runs is reconciled with what we think it runs."""
+        """Record liveness by our own clock, as received; a lost node that speaks again is back; what the node
+        says it runs is reconciled with what we think it runs (which stops what a node back from the dead still
+        runs that moved elsewhere or ended)."""
         key = f"{hb.cluster}/{hb.node}"
         # First, in memory: a node is judged by what we heard, never by whether we could write it down.
         self._heard[key] = self.clock().timestamp()
@@ -50,9 +51,6 @@ class FailoverMixin:
             await self.store.set_condition(key, None)
             self.log.warning("node.back", node=key, lost_since=condition.since.isoformat())
             self._dirty.set()
-            if hb.attempts is None:
-                # An agent too old to list its attempts: stop what it runs that was moved elsewhere or ended.
-                await self._fence(hb)
         if hb.attempts is not None and self.leadership.is_leader:
             await self.reconcile(env, hb)
 
@@ -101,18 +99,6 @@ class FailoverMixin:
                             event_id=f"fence-{job_id}-{attempt}-{hb.node}-{window}", correlation_id=job_id, time=now)
         await self.bus.publish_envelope(subjects.job_preempted(hb.cluster, hb.node), env)
         self.log.warning("job.fenced", job_id=job_id, attempt=attempt, node=hb.node, reason=reason)
-
-    async def _fence(self, hb: NodeHeartbeat) -> None:
-        """Stop jobs a node back from the dead still runs that were moved elsewhere or ended (one run at a time)."""
-        if not hb.running_jobs or not self.leadership.is_leader:
-            return
-        jobs = await self.store.jobs(list(hb.running_jobs))
-        for job_id in hb.running_jobs:
-            job = jobs.get(job_id)
-            # A node of a gang runs one part of it: fenced only if the current attempt holds nothing there.
-            if job is None or (job.state in ("placed", "running") and job.holds(hb.cluster, hb.node)):
-                continue
-            await self._stop_stray(hb, job_id, max(job.attempt, 1), f"job {job.state} elsewhere or ended; this node was declared lost")
 
     def stop_hold(self, now: datetime) -> datetime:
         """Until when a job sent a stop order waits for its old attempt's end before it is placed again:

@@ -437,10 +437,6 @@ class SchedulerStore:
                     self.outbox.stage(pipe, subject, env)
             await pipe.execute()
 
-    async def commit_placement(self, job: JobRecord, p: Placement, now: datetime, expected_end: float | None) -> None:
-        """One job placed, its GPUs held and job.placed staged (one per node of a gang): all or nothing."""
-        await self.commit_placements([(job, p, expected_end)], now)
-
     def _stop_orders(self, pipe: Pipeline, job: JobRecord, parts: list[tuple[int, str, str]], reason: str,
                      grace_s: float, now: datetime, kind: str = "preempted") -> None:
         """Stage a job.preempted stop order to each (rank, cluster, node) of the current attempt."""

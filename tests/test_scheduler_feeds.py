@@ -86,7 +86,7 @@ def test_a_job_is_kept_off_a_node_whose_lease_ends_before_it_would_and_why_says_
         scheduler.wait_ready()
         inventory.wait_ready()
         wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json(), what="node registered")
-        wait_until(lambda: httpx.get(inventory.url + "/v1/leases").json(), what="lease known to inventory")
+        wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json()[0]["lease_ends_at"], what="lease known to the scheduler")
         long = _submit(scheduler, gpu_models=["H200"], expected_runtime_s=100 * 3600)
         why = wait_until(lambda: "lease ends in" in (w := httpx.get(f"{scheduler.url}/v1/jobs/{long}/why").json()["why"]) and w,
                          what="why mentions the lease")

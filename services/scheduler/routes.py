@@ -201,6 +201,8 @@ def add_routes(svc: "SchedulerService", app: FastAPI, admin) -> None:
                 "heartbeat_age_s": round(now - seen[key], 1) if key in seen else None,
                 # What telemetry says is free on each GPU (in index order; None: no recent sample).
                 "memory_free_mib": [round(measured[g.uuid]) if g.uuid in measured else None for g in reg.gpus],
+                # When its lease ends, as inventory says (None: owned, auto-renewing, or not heard yet).
+                "lease_ends_at": svc._leases.get(reg.node),
             })
         return out
 

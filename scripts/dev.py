@@ -3,14 +3,18 @@
 
     python3 scripts/dev.py run    # install into .venv, then `whaleflux up`
     python3 scripts/dev.py test   # install into .venv, validate docker-compose.yml, run the test suite
+    python3 scripts/dev.py lint [PATH...]   # ruff and mypy (config in pyproject.toml), on the tree or on PATHs
 
-Extra arguments go to `whaleflux up` or to pytest.
+Extra arguments go to `whaleflux up` or to pytest. `test --lint` (or WHALEFLUX_LINT=1) runs the lint step first
+and stops if it finds anything.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("WHALEFLUX_VENV", ROOT / ".venv"))
 BIN = VENV / "bin"
 STAMP = VENV / ".whaleflux-installed"
+TYPECHECK = ROOT / ".typecheck"
+# What `lint` checks when given no paths: every Python file of the tree.
+LINT_ROOTS = ("shared", "services", "whaleflux", "tests", "scripts", "bench")
 
 
 def wanted_stamp() -> str:
@@ -32,7 +39,7 @@ def wanted_stamp() -> str:
 
 
 def install() -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - dev.py runs on whatever `python3` is, to say it is too old
         sys.exit(f"WhaleFlux needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     stamp = wanted_stamp()
     if (BIN / "python").exists() and STAMP.exists() and STAMP.read_text() == stamp:
@@ -50,17 +57,169 @@ def install() -> None:
     STAMP.write_text(stamp)
 
 
+def pyproject() -> dict:
+    """pyproject.toml, parsed (tomllib is imported here: dev.py must start on an older Python to say it is too old)."""
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def package_dirs() -> dict[str, Path]:
+    """[tool.setuptools] package-dir of pyproject.toml: import name -> folder (whaleflux.shared -> shared/)."""
+    config = pyproject()
+    return {name: ROOT / folder for name, folder in config["tool"]["setuptools"]["package-dir"].items()}
+
+
+def _link(link: Path, target: Path) -> None:
+    """Point `link` at `target`, replacing whatever is there (atomic: engineers lint at the same time)."""
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    temporary = link.with_name(f".{link.name}.{os.getpid()}")
+    temporary.unlink(missing_ok=True)
+    temporary.symlink_to(target)
+    os.replace(temporary, link)
+
+
+def build_typecheck_tree() -> dict[Path, Path]:
+    """Lay out .typecheck/ as the installed package looks: whaleflux/ holding the CLI's files, and whaleflux/shared,
+    whaleflux/scheduler, ... linking to shared/, services/scheduler/, ...; tests/ links to tests/.
+
+    Why links and not setuptools' `editable_mode=strict`: a strict editable install links files, so each file added
+    (several a day while services are split) needs a reinstall before mypy sees it; linked folders show every file
+    as it is now. mypy cannot follow the default editable install, whose mapping lives in an import hook.
+    Returns each linked folder as mypy will name it -> the real folder, to print errors with real paths."""
+    dirs = package_dirs()
+    top = TYPECHECK / "whaleflux"
+    top.mkdir(parents=True, exist_ok=True)
+    mapped = {name.split(".", 1)[1]: folder for name, folder in dirs.items() if name.startswith("whaleflux.")}
+    wanted = {entry.name: entry for entry in dirs["whaleflux"].iterdir()
+              if entry.name != "__pycache__" and (entry.is_dir() or entry.suffix in (".py", ".pyi"))}
+    wanted.update(mapped)
+    for entry in top.iterdir():
+        if entry.name not in wanted and entry.is_symlink():
+            entry.unlink()
+    for name, target in wanted.items():
+        _link(top / name, target)
+    _link(TYPECHECK / "tests", ROOT / "tests")
+    views = {top / name: folder for name, folder in mapped.items()}
+    views[top] = dirs["whaleflux"]
+    views[TYPECHECK / "tests"] = ROOT / "tests"
+    return views
+
+
+def module_name(path: Path) -> str | None:
+    """The import name mypy knows a file by: whaleflux.scheduler.store for services/scheduler/store.py,
+    tests.test_up for tests/test_up.py, the file's stem for bench/ and scripts/ (on mypy's path)."""
+    path = path.resolve()
+    folders = sorted(((folder, name) for name, folder in package_dirs().items()),
+                     key=lambda item: len(item[0].parts), reverse=True)
+    for folder, name in [*folders, (ROOT / "tests", "tests")]:
+        if path.is_relative_to(folder):
+            parts = [*name.split("."), *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            return ".".join(parts)
+    if path.parent in (ROOT / "bench", ROOT / "scripts"):
+        return path.stem
+    return None
+
+
+def python_files(paths: list[str]) -> list[Path]:
+    found: list[Path] = []
+    for given in paths:
+        path = (ROOT / given) if not Path(given).is_absolute() else Path(given)
+        if path.is_dir():
+            found.extend(p for p in sorted(path.rglob("*.py")) if "__pycache__" not in p.parts)
+        elif path.suffix == ".py" and path.exists():
+            found.append(path)
+        else:
+            print(f"lint: {given} is no Python file or folder", file=sys.stderr)
+    return found
+
+
+def strict_hints(files: list[Path]) -> list[str]:
+    """Modules that call themselves pure (the docstring's first paragraph says "pure" or "No I/O") but are not in
+    mypy's strict list."""
+    config = pyproject()["tool"]["mypy"]
+    patterns = [p for o in config.get("overrides", []) if o.get("disallow_untyped_defs") for p in o["module"]]
+
+    def strict(module: str) -> bool:
+        return any(module == p or (p.endswith(".*") and (module + ".").startswith(p[:-1])) for p in patterns)
+
+    hints = []
+    for file in files:
+        module = module_name(file)
+        if not module or not module.startswith("whaleflux.") or strict(module):
+            continue
+        try:
+            docstring = (ast.get_docstring(ast.parse(file.read_text())) or "").split("\n\n")[0]
+        except SyntaxError:
+            continue  # ruff reports it
+        if re.search(r"\b[Pp]ure\b|\b[Nn]o I/O\b", docstring):
+            hints.append(f"{file.relative_to(ROOT)}: says it is pure; add {module} to the strict list")
+    return hints
+
+
+def lint(paths: list[str]) -> int:
+    """ruff and mypy on `paths` (default: the whole tree); prints each error with its real path, then the counts."""
+    os.chdir(ROOT)
+    files = python_files(paths or list(LINT_ROOTS))
+    if not files:
+        return 2
+    rel = [str(f.relative_to(ROOT)) for f in files]
+    ruff = subprocess.run([BIN / "ruff", "check", "--output-format", "concise", "--quiet", *rel],
+                          capture_output=True, text=True)
+    ruff_errors = [line for line in ruff.stdout.splitlines() if re.match(r"^\S+:\d+:\d+: ", line)]
+    print(ruff.stdout, end="")
+    print(ruff.stderr, end="", file=sys.stderr)
+    views = build_typecheck_tree()
+    modules = sorted({m for m in map(module_name, files) if m})
+    # Unused config sections are worth a note only when the whole tree is checked.
+    whole = [] if paths else ["--warn-unused-configs"]
+    mypy = subprocess.run([BIN / "mypy", "--no-error-summary", "--show-error-codes", *whole,
+                           *[arg for m in modules for arg in ("-m", m)]], capture_output=True, text=True)
+    mypy_errors = 0
+    # mypy names files by the links it went through: .typecheck/whaleflux/shared/bus.py is shared/bus.py.
+    by_length = sorted(views.items(), key=lambda item: len(str(item[0])), reverse=True)
+    for line in mypy.stdout.splitlines():
+        for view, real in by_length:
+            prefix = str(view.relative_to(ROOT)) + "/"
+            if line.startswith(prefix):
+                line = str(real.relative_to(ROOT)) + "/" + line[len(prefix):]
+                break
+        mypy_errors += bool(re.match(r"^\S+:\d+: error:", line))
+        print(line)
+    print(mypy.stderr, end="", file=sys.stderr)
+    for hint in strict_hints(files):
+        print(f"hint: {hint}")
+    failed = ruff.returncode not in (0, 1) or mypy.returncode not in (0, 1)
+    print(f"lint: {len(ruff_errors)} ruff errors, {mypy_errors} mypy errors in {len(files)} files"
+          + (" (a tool failed to run: see above)" if failed else ""))
+    return 1 if failed or ruff_errors or mypy_errors else 0
+
+
+def lint_wanted(extra: list[str]) -> bool:
+    if "--lint" in extra:
+        extra.remove("--lint")
+        return True
+    return os.environ.get("WHALEFLUX_LINT", "") not in ("", "0")
+
+
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("run", "test"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("run", "test", "lint"):
         print(__doc__)
         return 2
     command, extra = sys.argv[1], sys.argv[2:]
     install()
     os.chdir(ROOT)
     if command == "run":
-        os.execv(BIN / "whaleflux", [str(BIN / "whaleflux"), "up", *extra])
-    if shutil.which("bash"):
-        subprocess.run(["bash", str(ROOT / "scripts" / "check_compose.sh")], check=True)
+        os.execv(BIN / "whaleflux", [str(BIN / "whaleflux"), "up", *extra])  # noqa: S606 - an argument list
+    if command == "lint":
+        return lint(extra)
+    if lint_wanted(extra) and lint([]) != 0:
+        return 1
+    if bash := shutil.which("bash"):
+        subprocess.run([bash, str(ROOT / "scripts" / "check_compose.sh")], check=True)
     return subprocess.run([BIN / "python", "-m", "pytest", "-q", *extra]).returncode
 
 

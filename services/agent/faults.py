@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FaultKind = Literal["cooling", "ecc-dbe", "xid79", "xid48", "nvlink-crc", "vram-leak", "foreign-memory", "gpu-vanish",
-                    "node-silent"]
+                    "vram-flip", "pcie-degraded", "node-silent"]
 
 FAULT_HELP: dict[str, str] = {
     "cooling": "cooling failure: the GPU's temperature runs away past its slowdown limit and it throttles",
@@ -21,6 +21,8 @@ FAULT_HELP: dict[str, str] = {
     "vram-leak": "the process of the job on this GPU leaks memory until the GPU is full",
     "foreign-memory": "a process WhaleFlux did not start holds memory_mib of the GPU (busy or idle) until the agent restarts",
     "gpu-vanish": "the GPU disappears from the node without an XID",
+    "vram-flip": "a VRAM cell flips `bits` bits: a burn-in's memory test finds it (ECC corrects one bit, not two)",
+    "pcie-degraded": "the GPU's PCIe link trained at x4: host<->device copies run at a quarter of the spec",
     "node-silent": "the node stops publishing telemetry and heartbeats (for duration_s, or until restart)",
 }
 
@@ -39,6 +41,7 @@ class Fault(BaseModel):
     memory_mib: float = Field(65536.0, gt=0, description="foreign-memory: how much the foreign process holds")
     crc_errors: int = Field(5000, ge=1, description="nvlink-crc: errors in the burst")
     cooling_factor: float = Field(3.0, gt=1, le=20, description="cooling: thermal resistance multiplier")
+    bits: int = Field(1, ge=1, le=2, description="vram-flip: bits flipped in the cell (ECC corrects 1, not 2)")
 
     @model_validator(mode="after")
     def _gpu_for_gpu_faults(self) -> "Fault":

@@ -38,6 +38,16 @@ def _fraction(text: str) -> float:
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2**32
 
 
+@dataclass(frozen=True)
+class BurnInState:
+    """What a burn-in meets on one simulated GPU: its bad cell, its PCIe link, whether it is gone or throttled."""
+
+    flipped_bits: int
+    pcie_width: int
+    gone: bool
+    throttled: bool
+
+
 @dataclass
 class _Gpu:
     identity: GpuIdentity
@@ -60,6 +70,8 @@ class _Gpu:
     pending_xids: list[int] = field(default_factory=list)
     lost_after_report: bool = False  # XID 79: report it once, then stop answering
     gone: bool = False
+    flipped_bits: int = 0  # vram-flip: a cell of this many flipped bits, found by a burn-in's memory test
+    pcie_width: int = 16  # pcie-degraded: lanes the link trained at
 
 
 @dataclass
@@ -164,9 +176,28 @@ class SimulatedNode:
             g.foreign_mib = fault.memory_mib
         elif fault.kind == "gpu-vanish":
             g.gone = True
+        elif fault.kind == "vram-flip":
+            g.flipped_bits = fault.bits
+        elif fault.kind == "pcie-degraded":
+            g.pcie_width = 4
         else:
             raise ValueError(f"kind: {fault.kind!r} is not a GPU fault")
         return f"{fault.kind} on {self.node} GPU {fault.gpu}"
+
+    def burn_in_state(self, index: int) -> BurnInState:
+        """What a burn-in of GPU `index` meets now."""
+        g = self._gpus[index]
+        return BurnInState(g.flipped_bits, g.pcie_width, g.gone or g.lost_after_report,
+                           g.temperature_c >= self.model.temp_slowdown_c)
+
+    def memory_tested(self, index: int, reads: int) -> None:
+        """A memory test read the bad cell `reads` times: ECC counts each read of it (corrected or not)."""
+        g = self._gpus[index]
+        if g.flipped_bits and self.model.ecc:
+            if g.flipped_bits == 1:
+                g.ecc_corrected += reads
+            else:
+                g.ecc_uncorrected += reads
 
     def sample(self, now: datetime) -> list[GpuSample]:
         dt = 1.0 if self._last is None else max((now - self._last).total_seconds(), 0.0)

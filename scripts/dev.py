@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import venv
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,19 +138,24 @@ def python_files(paths: list[str]) -> list[Path]:
     return found
 
 
+def strict_patterns() -> list[str]:
+    """The module patterns mypy checks strictly (the override section that turns on --strict's flags)."""
+    overrides = pyproject()["tool"]["mypy"].get("overrides", [])
+    return [p for o in overrides if o.get("disallow_untyped_defs") for p in o["module"]]
+
+
+def is_strict(module: str, patterns: list[str]) -> bool:
+    return any(module == p or (p.endswith(".*") and (module + ".").startswith(p[:-1])) for p in patterns)
+
+
 def strict_hints(files: list[Path]) -> list[str]:
     """Modules that call themselves pure (the docstring's first paragraph says "pure" or "No I/O") but are not in
     mypy's strict list."""
-    config = pyproject()["tool"]["mypy"]
-    patterns = [p for o in config.get("overrides", []) if o.get("disallow_untyped_defs") for p in o["module"]]
-
-    def strict(module: str) -> bool:
-        return any(module == p or (p.endswith(".*") and (module + ".").startswith(p[:-1])) for p in patterns)
-
+    patterns = strict_patterns()
     hints = []
     for file in files:
         module = module_name(file)
-        if not module or not module.startswith("whaleflux.") or strict(module):
+        if not module or not module.startswith("whaleflux.") or is_strict(module, patterns):
             continue
         try:
             docstring = (ast.get_docstring(ast.parse(file.read_text())) or "").split("\n\n")[0]
@@ -160,42 +166,62 @@ def strict_hints(files: list[Path]) -> list[str]:
     return hints
 
 
-def lint(paths: list[str]) -> int:
-    """ruff and mypy on `paths` (default: the whole tree); prints each error with its real path, then the counts."""
-    os.chdir(ROOT)
-    files = python_files(paths or list(LINT_ROOTS))
-    if not files:
-        return 2
+@dataclass
+class Checked:
+    """What one tool said: its output lines (real paths), the error lines among them, and whether it ran."""
+    lines: list[str]
+    errors: list[str]
+    ran: bool
+    stderr: str
+
+
+def run_ruff(files: list[Path]) -> Checked:
     rel = [str(f.relative_to(ROOT)) for f in files]
-    ruff = subprocess.run([BIN / "ruff", "check", "--output-format", "concise", "--quiet", *rel],
-                          capture_output=True, text=True)
-    ruff_errors = [line for line in ruff.stdout.splitlines() if re.match(r"^\S+:\d+:\d+: ", line)]
-    print(ruff.stdout, end="")
-    print(ruff.stderr, end="", file=sys.stderr)
+    done = subprocess.run([BIN / "ruff", "check", "--output-format", "concise", "--quiet", *rel],
+                          capture_output=True, text=True, cwd=ROOT)
+    lines = done.stdout.splitlines()
+    errors = [line for line in lines if re.match(r"^\S+:\d+:\d+: ", line)]
+    return Checked(lines, errors, done.returncode in (0, 1), done.stderr)
+
+
+def run_mypy(files: list[Path], whole: bool) -> Checked:
+    """mypy on the modules of `files`, through .typecheck/; lines name the real files."""
     views = build_typecheck_tree()
     modules = sorted({m for m in map(module_name, files) if m})
     # Unused config sections are worth a note only when the whole tree is checked.
-    whole = [] if paths else ["--warn-unused-configs"]
-    mypy = subprocess.run([BIN / "mypy", "--no-error-summary", "--show-error-codes", *whole,
-                           *[arg for m in modules for arg in ("-m", m)]], capture_output=True, text=True)
-    mypy_errors = 0
+    flags = ["--warn-unused-configs"] if whole else []
+    done = subprocess.run([BIN / "mypy", "--no-error-summary", "--show-error-codes", *flags,
+                           *[arg for m in modules for arg in ("-m", m)]], capture_output=True, text=True, cwd=ROOT)
     # mypy names files by the links it went through: .typecheck/whaleflux/shared/bus.py is shared/bus.py.
-    by_length = sorted(views.items(), key=lambda item: len(str(item[0])), reverse=True)
-    for line in mypy.stdout.splitlines():
-        for view, real in by_length:
-            prefix = str(view.relative_to(ROOT)) + "/"
-            if line.startswith(prefix):
-                line = str(real.relative_to(ROOT)) + "/" + line[len(prefix):]
+    prefixes = sorted(((str(view.relative_to(ROOT)) + "/", str(real.relative_to(ROOT)) + "/")
+                       for view, real in views.items()), key=lambda item: len(item[0]), reverse=True)
+    lines = []
+    for line in done.stdout.splitlines():
+        for view, real in prefixes:
+            if line.startswith(view):
+                line = real + line[len(view):]
                 break
-        mypy_errors += bool(re.match(r"^\S+:\d+: error:", line))
-        print(line)
-    print(mypy.stderr, end="", file=sys.stderr)
+        lines.append(line)
+    errors = [line for line in lines if re.match(r"^\S+:\d+: error:", line)]
+    return Checked(lines, errors, done.returncode in (0, 1), done.stderr)
+
+
+def lint(paths: list[str]) -> int:
+    """ruff and mypy on `paths` (default: the whole tree); prints each error with its real path, then the counts."""
+    files = python_files(paths or list(LINT_ROOTS))
+    if not files:
+        return 2
+    ruff, mypy = run_ruff(files), run_mypy(files, whole=not paths)
+    for checked in (ruff, mypy):
+        for line in checked.lines:
+            print(line)
+        print(checked.stderr, end="", file=sys.stderr)
     for hint in strict_hints(files):
         print(f"hint: {hint}")
-    failed = ruff.returncode not in (0, 1) or mypy.returncode not in (0, 1)
-    print(f"lint: {len(ruff_errors)} ruff errors, {mypy_errors} mypy errors in {len(files)} files"
+    failed = not (ruff.ran and mypy.ran)
+    print(f"lint: {len(ruff.errors)} ruff errors, {len(mypy.errors)} mypy errors in {len(files)} files"
           + (" (a tool failed to run: see above)" if failed else ""))
-    return 1 if failed or ruff_errors or mypy_errors else 0
+    return 1 if failed or ruff.errors or mypy.errors else 0
 
 
 def lint_wanted(extra: list[str]) -> bool:

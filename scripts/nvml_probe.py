@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from whaleflux.agent.nvml import NvmlBackend
 
@@ -26,11 +26,12 @@ def main() -> None:
     print("identities:")
     for ident in backend.identities():
         print("  " + ident.model_dump_json())
-    samples, xids, costs = [], {}, []
+    samples, costs = [], []
+    xids: dict[str, list[int]] = {}
     end = time.monotonic() + args.seconds
     while time.monotonic() < end:
         t = time.perf_counter()
-        batch = backend.sample(datetime.now(timezone.utc))
+        batch = backend.sample(datetime.now(UTC))
         costs.append(time.perf_counter() - t)
         samples.append(batch)
         for s in batch:

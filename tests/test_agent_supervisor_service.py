@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from nats.js.errors import NotFoundError
@@ -57,7 +57,7 @@ def _mark(marks: Path, name: str) -> dict | None:
 
 
 def _at(mark: dict) -> datetime:
-    return datetime.fromtimestamp(mark["t"], timezone.utc)
+    return datetime.fromtimestamp(mark["t"], UTC)
 
 
 async def _last(bus, stream: str, subject: str):
@@ -118,7 +118,7 @@ async def test_a_job_that_ends_while_its_agent_is_dead_is_reported_once_with_its
         end = await until(lambda: _mark(marks, "end"), timeout=30, what="job ended on its own")
         recorded = tmp_path / "home" / "attempts" / CLUSTER / NODE / "outlives-1.1" / "exit.json"
         await until(recorded.exists, timeout=30, what="its supervisor recorded the end")
-        restarted = datetime.now(timezone.utc)
+        restarted = datetime.now(UTC)
         agent.start()
 
         heartbeat = await until(lambda: _heartbeat_after(bus, restarted), timeout=30, what="heartbeat after restart")
@@ -141,7 +141,7 @@ async def test_a_job_still_running_when_its_agent_restarts_is_re_adopted_and_rep
     try:
         await _place(bus, script, marks, "adopted-1")
         agent.kill9()
-        restarted = datetime.now(timezone.utc)
+        restarted = datetime.now(UTC)
         agent.start()
 
         heartbeat = await until(lambda: _heartbeat_after(bus, restarted), timeout=30, what="heartbeat after restart")
@@ -189,7 +189,7 @@ async def test_an_attempt_whose_supervisor_died_unrecorded_is_neither_reported_n
         os.kill(running.supervisor_pid, signal.SIGKILL)
         os.killpg(running.job_pid, signal.SIGKILL)
         await until(lambda: not attempts.supervisor_alive(running.supervisor_pid, attempt_dir), what="supervisor gone")
-        restarted = datetime.now(timezone.utc)
+        restarted = datetime.now(UTC)
         agent.start()
 
         heartbeat = await until(lambda: _heartbeat_after(bus, restarted), timeout=30, what="heartbeat after restart")

@@ -4,7 +4,7 @@ listed in heartbeats while it "runs", reports job.finished with exit 0 after N s
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from nats.js.errors import NotFoundError
 
@@ -60,7 +60,7 @@ async def test_a_virtual_job_reports_its_start_is_listed_while_it_runs_and_ends_
         cluster.agent(NODE, interval_s=0.3, WHALEFLUX_VIRTUAL_JOBS="1")
         await _place(bus, "virtual-1", ["sleep", "2"])
         await until(lambda: _count(bus, subjects.JOB_STARTED), timeout=30, what="job.started")
-        since = datetime.now(timezone.utc)
+        since = datetime.now(UTC)
         heartbeat = await until(lambda: _heartbeat_after(bus, since), timeout=30, what="a heartbeat while it runs")
         [listed] = heartbeat.attempts
         assert (listed.job_id, listed.attempt, listed.state) == ("virtual-1", 1, "running")
@@ -72,7 +72,7 @@ async def test_a_virtual_job_reports_its_start_is_listed_while_it_runs_and_ends_
         # No process ran: no log and no attempt folder were left.
         assert not (tmp_path / "home" / "jobs" / "virtual-1.1.log").exists()
         assert not (tmp_path / "home" / "attempts" / CLUSTER / NODE / "virtual-1.1").exists()
-        since = datetime.now(timezone.utc)
+        since = datetime.now(UTC)
         heartbeat = await until(lambda: _heartbeat_after(bus, since), timeout=30, what="a heartbeat after its end")
         [listed] = heartbeat.attempts
         assert (listed.state, listed.exit_code) == ("exited", 0)

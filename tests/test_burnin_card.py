@@ -1,4 +1,4 @@
-"""The burn-in's pure parts: options, the spec lookup in gpu_models.yaml, the report card's judgement, the PTX kernels."""
+"""The burn-in's pure parts: options, spec lookup in gpu_models.yaml, the report card's judgement, PTX kernels."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from whaleflux.agent.burnin.card import (
     report_card,
 )
 from whaleflux.agent.burnin.plan import PlanError, make_plan, parse_checks, parse_duration
-from whaleflux.agent.burnin.spec import gpu_spec
+from whaleflux.agent.burnin.spec import GpuSpec, gpu_spec
 from whaleflux.shared.events import GpuSample
 
 GB = 10**9
@@ -37,7 +37,8 @@ def sample(**over) -> GpuSample:
 # ------------------------------------------------------------------------------------------ options
 
 
-@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("5m", 300), ("12h", 43200), ("1h30m", 5400), ("1d", 86400)])
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("5m", 300), ("12h", 43200), ("1h30m", 5400),
+                                           ("1d", 86400)])
 def test_durations_read_as_people_write_them(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -66,13 +67,19 @@ def test_plan_from_the_command_line_words():
 # ------------------------------------------------------------------------------------------ spec
 
 
+def spec_of(model: str) -> GpuSpec:
+    spec = gpu_spec(model)
+    assert spec is not None, model
+    return spec
+
+
 def test_spec_lookup_by_key_or_device_name():
-    spec = gpu_spec("NVIDIA H200")
+    spec = spec_of("NVIDIA H200")
     assert spec == gpu_spec("H200")
     assert spec.fp32_tflops == 67 and spec.memory_bandwidth_gbps == 4800
     assert spec.pcie_gbps == 63.0  # PCIe gen 5 x16, one direction
     assert spec.nvlink_gbps == 450  # the datasheet's 900 GB/s is both directions
-    assert gpu_spec("RTX4090").nvlink_gbps is None and gpu_spec("RTX4090").pcie_gbps == 31.5
+    assert spec_of("RTX4090").nvlink_gbps is None and spec_of("RTX4090").pcie_gbps == 31.5
     assert gpu_spec("NVIDIA B300") is None
 
 
@@ -80,7 +87,7 @@ def test_spec_lookup_by_key_or_device_name():
 
 
 def test_compute_under_spec_warns_then_fails_with_the_figures():
-    spec, th = gpu_spec("H200"), Thresholds()
+    spec, th = spec_of("H200"), Thresholds()
     assert judge_compute(ComputeRun(60e12 * 10, 10), spec, th).verdict == "pass"
     warn = judge_compute(ComputeRun(45e12 * 10, 10), spec, th)
     assert warn.verdict == "warn" and warn.reasons == ["compute: 45.0 TFLOP/s fp32, 33% under the H200's 67"]
@@ -99,7 +106,7 @@ def test_memory_mismatches_fail_and_low_coverage_warns():
 
 
 def test_bandwidth_under_spec_says_how_far_under():
-    spec, th = gpu_spec("H200"), Thresholds()
+    spec, th = spec_of("H200"), Thresholds()
     ok = judge_bandwidth(BandwidthRun(52.0, 54.0, 4100.0, {1: 380.0}), spec, th)
     assert ok.verdict == "pass" and ok.figures["peer1_gbps"] == 380.0
     slow = judge_bandwidth(BandwidthRun(31.5, 54.0, 4100.0), spec, th)
@@ -111,10 +118,11 @@ def test_bandwidth_under_spec_says_how_far_under():
 
 
 def test_thermal_throttling_fails_with_the_temperature_and_a_hot_run_warns():
-    spec, th = gpu_spec("H200"), Thresholds()
+    spec, th = spec_of("H200"), Thresholds()
     cool = [sample(temperature_c=70.0, throttle_reasons=["sw_power_cap"]) for _ in range(5)]
     check = judge_thermal(cool, spec, th)
-    assert check.verdict == "pass" and check.figures["power_capped_samples"] == 5  # the power cap is normal under stress
+    # The power cap is normal under stress.
+    assert check.verdict == "pass" and check.figures["power_capped_samples"] == 5
     hot = cool + [sample(temperature_c=91.0, sm_clock_mhz=1188.0, throttle_reasons=["sw_thermal_slowdown"])]
     check = judge_thermal(hot, spec, th)
     assert check.verdict == "fail"
@@ -125,7 +133,8 @@ def test_thermal_throttling_fails_with_the_temperature_and_a_hot_run_warns():
 
 
 def test_health_counts_only_what_changed_during_the_run():
-    m = Measurements(before=sample(ecc_corrected=5, ecc_uncorrected=1), after=sample(ecc_corrected=5, ecc_uncorrected=1))
+    m = Measurements(before=sample(ecc_corrected=5, ecc_uncorrected=1),
+                     after=sample(ecc_corrected=5, ecc_uncorrected=1))
     assert judge_health(m).verdict == "pass"  # errors from before the run are not this run's
     m.after = sample(ecc_corrected=7, ecc_uncorrected=1)
     check = judge_health(m)
@@ -141,10 +150,11 @@ def test_health_counts_only_what_changed_during_the_run():
 def test_the_card_is_as_bad_as_its_worst_check_and_lists_every_reason():
     m = Measurements(compute=ComputeRun(45e12, 1), memory=MemoryRun(100 * GB, 150 * GB, 4, 2, 1.0), before=sample(),
                      during=[sample()], after=sample(), thermal=True)
-    card = report_card("GPU-1", 0, "H200", m, gpu_spec("H200"))
+    card = report_card("GPU-1", 0, "H200", m, spec_of("H200"))
     assert card.verdict == "fail"
     assert [c.check for c in card.checks] == ["compute", "memory", "thermal", "health"]
-    assert card.reasons == ["compute: 45.0 TFLOP/s fp32, 33% under the H200's 67", "memory: 2 mismatches in 100.0 GB tested"]
+    assert card.reasons == ["compute: 45.0 TFLOP/s fp32, 33% under the H200's 67",
+                            "memory: 2 mismatches in 100.0 GB tested"]
     # A model with no spec is measured, never judged against a guess.
     unknown = report_card("GPU-2", 1, "B300", Measurements(compute=ComputeRun(1e12, 1), after=sample()), None)
     assert unknown.verdict == "pass" and "spec_tflops_fp32" not in unknown.checks[0].figures
@@ -167,15 +177,16 @@ def test_ptx_module_declares_the_three_kernels_for_any_gpu_since_volta():
 def test_ptx_registers_are_declared_before_use():
     for kernel in (ptx.fma_kernel(), ptx.memory_kernels()):
         for body in kernel.split(".visible .entry")[1:]:
-            declared = {}
-            for kind, name, count in re.findall(r"\.reg \.(\w+) %(\w+?)(?:<(\d+)>)?;", body):
+            declared: dict[str, int | None] = {}
+            for _kind, name, count in re.findall(r"\.reg \.(\w+) %(\w+?)(?:<(\d+)>)?;", body):
                 declared[name] = int(count) if count else None
             for name, number in re.findall(r"%([a-z]+)(\d*)\b", body.split("}")[0]):
                 if name in ("ctaid", "ntid", "tid", "nctaid"):
                     continue
                 assert name + number in declared or name in declared, f"%{name}{number} not declared"
-                if number and declared.get(name) is not None:
-                    assert int(number) < declared[name], f"%{name}{number} beyond %{name}<{declared[name]}>"
+                bound = declared.get(name)
+                if number and bound is not None:
+                    assert int(number) < bound, f"%{name}{number} beyond %{name}<{bound}>"
 
 
 def test_memory_patterns_cover_address_in_address_and_its_inverse():

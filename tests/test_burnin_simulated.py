@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -14,7 +14,7 @@ from whaleflux.agent.faults import Fault
 from whaleflux.agent.simulated import SimulatedNode
 from whaleflux.shared.catalog import gpu_models
 
-T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def node(model="H200", gpus=8, interconnect="nvlink", name="h200-01") -> SimulatedNode:
@@ -52,8 +52,8 @@ def test_a_gpu_that_throttles_fails_thermal_and_computes_less():
     hot = report.gpus[2]
     assert report.verdict == "fail" and hot.verdict == "fail"
     assert [c.verdict for c in report.gpus if c.index != 2] == ["pass"] * 7
-    assert any(re.fullmatch(r"thermal: throttled at 9\d °C \(hw_thermal_slowdown, sw_thermal_slowdown\) in \d+ of 600 samples", r)
-               for r in hot.reasons), hot.reasons
+    throttled = r"thermal: throttled at 9\d °C \(hw_thermal_slowdown, sw_thermal_slowdown\) in \d+ of 600 samples"
+    assert any(re.fullmatch(throttled, r) for r in hot.reasons), hot.reasons
     assert figures(hot, "compute")["tflops_fp32"] < figures(report.gpus[0], "compute")["tflops_fp32"] * 0.8
     assert figures(hot, "thermal")["min_sm_clock_mhz"] < 1980
 

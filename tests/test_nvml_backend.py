@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pynvml
 
@@ -11,7 +11,7 @@ from whaleflux.agent.nvml import NvmlBackend, decode_throttle_reasons
 
 from .fake_nvml import FakeDevice, make
 
-NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
 H100 = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 R4090 = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from whaleflux.agent.simulated import SimulatedNode
 from whaleflux.shared.catalog import gpu_models, load_fleet
 
-T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def run(node, seconds):

@@ -10,6 +10,7 @@ it runs this machine as one node with its real GPUs. The HTTP server (port
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import signal
 import socket
@@ -21,10 +22,12 @@ import uvicorn
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field, model_validator
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from whaleflux.shared.apidocs import mount_api_docs
 from whaleflux.shared.bus import Bus
-from whaleflux.shared.catalog import DEFAULT_FLEET, FleetNode, gpu_models, load_fleet
+from whaleflux.shared.catalog import FleetNode, gpu_models, load_fleet
+from whaleflux.shared.datafiles import DEFAULT_FLEET
 from whaleflux.shared.localconfig import home
 from whaleflux.shared.logs import configure_logging
 from whaleflux.shared.settings import CommonSettings
@@ -57,7 +60,7 @@ class AgentSettings(CommonSettings):
     pool: str = "default"
 
     @model_validator(mode="after")
-    def _fence_outlasts_heartbeats(self) -> "AgentSettings":
+    def _fence_outlasts_heartbeats(self) -> AgentSettings:
         # Supervisors judge the agent by its heartbeats: a gap shorter than two of them would stop healthy jobs.
         if self.fence_after_s <= 2 * self.interval_s:
             raise ValueError("WHALEFLUX_FENCE_AFTER_S must be more than twice WHALEFLUX_INTERVAL_S")
@@ -70,7 +73,8 @@ def select_nodes(fleet_path: Path, node_names: list[str] | None) -> list[FleetNo
     if node_names:
         unknown = sorted(set(node_names) - {n.name for n in nodes})
         if unknown:
-            raise SystemExit(f"{fleet_path}: no node(s) named {', '.join(unknown)}; fleet has {', '.join(n.name for n in nodes)}")
+            have = ", ".join(n.name for n in nodes)
+            raise SystemExit(f"{fleet_path}: no node(s) named {', '.join(unknown)}; fleet has {have}")
         nodes = [n for n in nodes if n.name in node_names]
     return nodes
 
@@ -88,7 +92,8 @@ def simulated_agents(bus: Bus, nodes: list[FleetNode], settings: AgentSettings) 
             bus,
             node,
             SimulatedNode(
-                node.name, models[node.gpu_model], node.gpus, seed=settings.seed, rack=node.rack, interconnect=node.interconnect
+                node.name, models[node.gpu_model], node.gpus, seed=settings.seed, rack=node.rack,
+                interconnect=node.interconnect,
             ),
             **_job_settings(settings),
             virtual_jobs=settings.virtual_jobs,
@@ -157,7 +162,8 @@ def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
         """Inject a fault into a simulated node (or one of its GPUs)."""
         agent = by_name.get(fault.node)
         if agent is None:
-            raise HTTPException(404, f"node: this agent runs no node {fault.node!r} (it runs {', '.join(sorted(by_name))})")
+            runs = ", ".join(sorted(by_name))
+            raise HTTPException(404, f"node: this agent runs no node {fault.node!r} (it runs {runs})")
         if fault.kind == "node-silent":
             agent.go_silent(fault.duration_s)
             done = f"node-silent on {fault.node}" + (f" for {fault.duration_s:g}s" if fault.duration_s else "")
@@ -177,8 +183,8 @@ def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
 def http_server(app: FastAPI, settings: AgentSettings) -> uvicorn.Server:
     config = uvicorn.Config(app, host=settings.http_host, port=settings.http_port, log_config=None, lifespan="off")
     server = uvicorn.Server(config)
-    # The agent's signal handlers stop it; uvicorn must not install its own.
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    # The agent's signal handlers stop it; uvicorn must not capture SIGINT/SIGTERM itself.
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     return server
 
 
@@ -191,28 +197,29 @@ async def serve_http(server: uvicorn.Server, port: int) -> None:
         log.error("agent.http_failed", port=port, error=repr(exc))
 
 
+def _waiting(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    log.warning("agent.waiting_for_nats", error=repr(error), retry_in_s=state.upcoming_sleep)
+
+
 async def _connect(settings: AgentSettings) -> Bus:
-    delay = 0.2
-    while True:
-        bus = None
-        try:
-            bus = await Bus.connect(
-                settings.nats_url,
-                source=f"whaleflux/agent/{settings.instance}",
-                user=settings.nats_user,
-                password=settings.secret("nats_password"),
-            )
-            await bus.ensure_streams()
-            return bus
-        except Exception as exc:
-            if bus is not None:
+    """Connect to NATS and declare the streams, waiting (with back-off up to 5 s) for as long as it takes."""
+    backoff = wait_exponential(multiplier=0.2, max=5)
+    async for attempt in AsyncRetrying(wait=backoff, before_sleep=_waiting, reraise=True):
+        with attempt:
+            bus = await Bus.connect(settings.nats_url, source=f"whaleflux/agent/{settings.instance}",
+                                    user=settings.nats_user, password=settings.secret("nats_password"))
+            try:
+                await bus.ensure_streams()
+            except BaseException:
                 await bus.close()
-            log.warning("agent.waiting_for_nats", error=repr(exc), retry_in_s=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+                raise
+            return bus
+    raise AssertionError("unreachable: tenacity retries until connected")
 
 
-async def run_agent(settings: AgentSettings, fleet_path: Path = DEFAULT_FLEET, node_names: list[str] | None = None, nvml: bool = False) -> None:
+async def run_agent(settings: AgentSettings, fleet_path: Path = DEFAULT_FLEET, node_names: list[str] | None = None,
+                    nvml: bool = False) -> None:
     """Run the nodes (simulated from the fleet file, or this machine's GPUs) until signalled."""
     nodes = [] if nvml else select_nodes(fleet_path, node_names)
     bus = await _connect(settings)
@@ -228,10 +235,7 @@ async def run_agent(settings: AgentSettings, fleet_path: Path = DEFAULT_FLEET, n
     await stop.wait()
     log.info("agent.stopping")
     server.should_exit = True
-    try:
-        await asyncio.wait_for(http, 5)
-    except (asyncio.TimeoutError, Exception):
-        pass
+    await asyncio.wait({http}, timeout=5)  # serve_http logs its own failures
     await asyncio.gather(*(a.stop() for a in agents))
     await bus.close()
     for agent in agents:
@@ -240,7 +244,8 @@ async def run_agent(settings: AgentSettings, fleet_path: Path = DEFAULT_FLEET, n
             close()
 
 
-async def run_simulated(settings: AgentSettings, fleet_path: Path = DEFAULT_FLEET, node_names: list[str] | None = None) -> None:
+async def run_simulated(settings: AgentSettings, fleet_path: Path = DEFAULT_FLEET,
+                        node_names: list[str] | None = None) -> None:
     """Simulate the named nodes of a fleet file (all of them when none are named) until signalled."""
     await run_agent(settings, fleet_path, node_names)
 

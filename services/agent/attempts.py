@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 SUPERVISOR = "whaleflux.agent.supervise"  # the module each attempt's supervisor runs
@@ -55,7 +55,7 @@ class Exit:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def dir_name(job_id: str, attempt: int, part: int) -> str:
@@ -101,7 +101,9 @@ def write_running(attempt_dir: Path, running: Running) -> None:
 
 def read_running(attempt_dir: Path) -> Running | None:
     raw = _read_json(attempt_dir / RUNNING)
-    return None if raw is None else Running(raw["supervisor_pid"], raw["job_pid"], datetime.fromisoformat(raw["started_at"]))
+    if raw is None:
+        return None
+    return Running(raw["supervisor_pid"], raw["job_pid"], datetime.fromisoformat(raw["started_at"]))
 
 
 def write_exit(attempt_dir: Path, ended: Exit) -> None:

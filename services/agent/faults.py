@@ -19,7 +19,8 @@ FAULT_HELP: dict[str, str] = {
     "xid48": "XID 48, a double-bit ECC error the driver reports as an XID event",
     "nvlink-crc": "a burst of NVLink CRC errors over the next seconds",
     "vram-leak": "the process of the job on this GPU leaks memory until the GPU is full",
-    "foreign-memory": "a process WhaleFlux did not start holds memory_mib of the GPU (busy or idle) until the agent restarts",
+    "foreign-memory": "a process WhaleFlux did not start holds memory_mib of the GPU (busy or idle)"
+                      " until the agent restarts",
     "gpu-vanish": "the GPU disappears from the node without an XID",
     "vram-flip": "a VRAM cell flips `bits` bits: a burn-in's memory test finds it (ECC corrects one bit, not two)",
     "pcie-degraded": "the GPU's PCIe link trained at x4: host<->device copies run at a quarter of the spec",
@@ -44,7 +45,7 @@ class Fault(BaseModel):
     bits: int = Field(1, ge=1, le=2, description="vram-flip: bits flipped in the cell (ECC corrects 1, not 2)")
 
     @model_validator(mode="after")
-    def _gpu_for_gpu_faults(self) -> "Fault":
+    def _gpu_for_gpu_faults(self) -> Fault:
         if self.kind in GPU_FAULTS and self.gpu is None:
             raise ValueError(f"gpu: fault {self.kind!r} needs the index of a GPU on the node")
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import structlog
@@ -45,7 +45,8 @@ LISTED_AFTER_END_S = 60.0
 
 def _base(placed: JobPlaced) -> dict:
     """The fields every job event of this attempt (and part) carries."""
-    return dict(cluster=placed.cluster, node=placed.node, job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank)
+    return dict(cluster=placed.cluster, node=placed.node, job_id=placed.job_id, attempt=placed.attempt,
+                rank=placed.rank)
 
 
 def _event_id(kind: str, placed: JobPlaced) -> str:
@@ -113,10 +114,11 @@ class NodeAgent:
         self.node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         left = recovery.scan(self.node_dir)
         for attempt in left:
-            if attempt.reported_at is not None:
-                self._list_ended(attempt.dir, attempt.placed, attempt.running, attempt.ended, attempt.reported_at)
-            elif attempt.ended is None:
-                self._adopt(attempt)
+            running, ended = attempt.running, attempt.ended
+            if attempt.reported_at is not None and running is not None and ended is not None:
+                self._list_ended(attempt.dir, attempt.placed, running, ended, attempt.reported_at)
+            elif ended is None and running is not None:  # scan() keeps an unended attempt only while it runs
+                self._adopt(attempt.dir, attempt.placed, running)
         await self._publish(
             subjects.node_registered(self.node.cluster, self.node.name),
             NodeRegistered(
@@ -137,10 +139,9 @@ class NodeAgent:
         log.info("agent.node_started", node=self.node.name, gpus=len(self.backend.identities()),
                  adopted=sorted(k[0] for k in self.jobs))
 
-    def _adopt(self, attempt: recovery.LeftAttempt) -> None:
+    def _adopt(self, attempt_dir: Path, placed: JobPlaced, running: attempts.Running) -> None:
         """Hold an attempt whose supervisor outlived the earlier agent as if this agent had launched it."""
-        placed = attempt.placed
-        job = runner.adopt(placed, attempt.dir, attempt.running)
+        job = runner.adopt(placed, attempt_dir, running)
         self.jobs[(placed.job_id, placed.attempt)] = job
         self.backend.job_started(placed.gpu_uuids, placed.job_id, job.running.job_pid)
         log.info("job.adopted", job_id=placed.job_id, attempt=placed.attempt, pid=job.running.job_pid, rank=placed.rank)
@@ -162,7 +163,8 @@ class NodeAgent:
         # Thousands of (virtual) jobs come and go: forget each waiter once it is done.
         task.add_done_callback(lambda t: self._waiters.remove(t) if t in self._waiters else None)
 
-    async def _publish(self, subject: str, data: EventData, event_id: str | None = None, correlation: str | None = None) -> Envelope:
+    async def _publish(self, subject: str, data: EventData, event_id: str | None = None,
+                       correlation: str | None = None) -> Envelope:
         """Publish, retrying until the bus takes it: a job's end must never be lost."""
         env = make_envelope(data, source=self.source, event_id=event_id, correlation_id=correlation)
         async for attempt in AsyncRetrying(wait=wait_exponential(multiplier=0.2, max=5), reraise=True):
@@ -177,14 +179,15 @@ class NodeAgent:
             now = self.clock()
             try:
                 await self._sample(now)
-            except Exception as exc:  # a failed sample must not stop the next one
+            except Exception as exc:  # noqa: BLE001  (a failed sample must not stop the next one)
                 log.warning("agent.sample_failed", node=self.node.name, error=repr(exc))
             next_at += self.interval_s
             await asyncio.sleep(max(0.0, next_at - loop.time()))
 
     def go_silent(self, duration_s: float | None) -> None:
         """Stop publishing telemetry and heartbeats for `duration_s` (None: until the agent restarts)."""
-        self.silent_until = datetime.max.replace(tzinfo=timezone.utc) if duration_s is None else self.clock() + timedelta(seconds=duration_s)
+        forever = datetime.max.replace(tzinfo=UTC)
+        self.silent_until = forever if duration_s is None else self.clock() + timedelta(seconds=duration_s)
 
     async def _sample(self, now: datetime) -> None:
         self._forget_ended(now)
@@ -197,9 +200,10 @@ class NodeAgent:
         batch = GpuTelemetry(cluster=cluster, node=name, seq=self._seq, sample_time=now, gpus=self.backend.sample(now))
         env = make_envelope(batch, source=self.source, time=now)
         await self.bus.publish_envelope(subjects.gpu_telemetry(cluster, name), env)
-        heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq, running_jobs=sorted({k[0] for k in self.jobs}),
-                                  attempts=self.attempt_reports())
-        await self.bus.publish_envelope(subjects.node_heartbeat(cluster, name), make_envelope(heartbeat, source=self.source, time=now))
+        heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq,
+                                  running_jobs=sorted({k[0] for k in self.jobs}), attempts=self.attempt_reports())
+        beat = make_envelope(heartbeat, source=self.source, time=now)
+        await self.bus.publish_envelope(subjects.node_heartbeat(cluster, name), beat)
         # Only a heartbeat the bus took counts as a sign of life: a node the scheduler no longer
         # hears is declared lost, and its supervisors stop their jobs (supervise.py).
         (self.node_dir / attempts.ALIVE).touch()
@@ -248,13 +252,17 @@ class NodeAgent:
             if key[0] == order.job_id and key[1] <= order.attempt:
                 # Recorded as the attempt's `interrupted`: a stop we were told to make is never the job's own failure.
                 self._stop_in_background(key, job, order.grace_s, f"stopped by the scheduler: {order.reason}")
-                log.info("job.preempting", job_id=order.job_id, attempt=key[1], reason=order.reason, grace_s=order.grace_s)
+                log.info("job.preempting", job_id=order.job_id, attempt=key[1], reason=order.reason,
+                         grace_s=order.grace_s)
 
     def _stop_in_background(self, key: tuple[str, int], job: runner.RunningJob | virtual.VirtualJob, grace_s: float,
                             reason: str | None = None) -> asyncio.Task:
         task = self._stops.get(key)
         if task is None:
-            stopping = virtual.stop(job, reason) if isinstance(job, virtual.VirtualJob) else runner.stop(job, grace_s, reason)
+            if isinstance(job, virtual.VirtualJob):
+                stopping = virtual.stop(job, reason)
+            else:
+                stopping = runner.stop(job, grace_s, reason)
             task = self._stops[key] = asyncio.create_task(stopping)
             task.add_done_callback(lambda _t: self._stops.pop(key, None))
         return task
@@ -291,7 +299,8 @@ class NodeAgent:
         self.jobs[key] = job
         self.backend.job_started(placed.gpu_uuids, placed.job_id, job.running.job_pid)
         await self._publish_started(placed, job.running)
-        log.info("job.started", job_id=placed.job_id, pid=job.running.job_pid, gpus=placed.gpu_indices, rank=placed.rank)
+        log.info("job.started", job_id=placed.job_id, pid=job.running.job_pid, gpus=placed.gpu_indices,
+                 rank=placed.rank)
         self._watch(job)
 
     async def _start_virtual(self, placed: JobPlaced) -> None:
@@ -304,7 +313,8 @@ class NodeAgent:
         self._watch(job)
 
     async def _publish_started(self, placed: JobPlaced, running: attempts.Running) -> None:
-        started = JobStarted(**_base(placed), gpu_uuids=placed.gpu_uuids, pid=running.job_pid, started_at=running.started_at)
+        started = JobStarted(**_base(placed), gpu_uuids=placed.gpu_uuids, pid=running.job_pid,
+                             started_at=running.started_at)
         await self._publish(subjects.JOB_STARTED, started, _event_id("started", placed), placed.job_id)
 
     async def _wait(self, job: runner.RunningJob | virtual.VirtualJob) -> None:
@@ -327,7 +337,8 @@ class NodeAgent:
                           ended: attempts.Exit) -> None:
         """Publish how the attempt ended, as its supervisor recorded it, and list it in heartbeats for a while."""
         if ended.error is not None or running is None:
-            await self._report_failed(attempt_dir, placed, ended.error or "the command never started", ended.finished_at)
+            reason = ended.error or "the command never started"
+            await self._report_failed(attempt_dir, placed, reason, ended.finished_at)
             return
         finished = JobFinished(**_base(placed), exit_code=ended.exit_code, started_at=running.started_at,
                                finished_at=ended.finished_at, interrupted=ended.interrupted)
@@ -339,7 +350,8 @@ class NodeAgent:
         log.info("job.finished", job_id=placed.job_id, attempt=placed.attempt, exit_code=ended.exit_code,
                  interrupted=ended.interrupted)
 
-    async def _report_failed(self, attempt_dir: Path | None, placed: JobPlaced, reason: str, failed_at: datetime) -> None:
+    async def _report_failed(self, attempt_dir: Path | None, placed: JobPlaced, reason: str,
+                             failed_at: datetime) -> None:
         """The command never ran: job.failed, and nothing to list (the scheduler never saw it start)."""
         failed = JobFailed(**_base(placed), reason=reason, failed_at=failed_at)
         await self._publish(subjects.JOB_FAILED, failed, _event_id("failed", placed), placed.job_id)

@@ -65,8 +65,10 @@ class NvmlBackend:
 
     def __init__(self, nvml: ModuleType | None = None):
         if nvml is None:
-            import pynvml as nvml
-        self.nvml = nvml
+            import pynvml
+
+            nvml = pynvml
+        self.nvml: ModuleType = nvml
         nvml.nvmlInit()
         self._jobs_by_pid: dict[int, str] = {}
         self._jobs_by_uuid: dict[str, str] = {}
@@ -115,7 +117,8 @@ class NvmlBackend:
 
     def _field(self, dev: _Device, metric: str, field_id: int, scope: int | None = None) -> float | None:
         """One NVML field value, or None when the device does not report it."""
-        values = self._maybe(dev, metric, self.nvml.nvmlDeviceGetFieldValues, dev.handle, [(field_id, scope) if scope is not None else field_id])
+        wanted = [(field_id, scope) if scope is not None else field_id]
+        values = self._maybe(dev, metric, self.nvml.nvmlDeviceGetFieldValues, dev.handle, wanted)
         if values is None:
             return None
         v = values[0]
@@ -217,8 +220,9 @@ class NvmlBackend:
         if mem is None:
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
         temp = nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)
-        slowdown = m(dev, "slowdown", nvml.nvmlDeviceGetTemperatureThreshold, h, nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
-        shutdown = m(dev, "shutdown", nvml.nvmlDeviceGetTemperatureThreshold, h, nvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+        threshold = nvml.nvmlDeviceGetTemperatureThreshold
+        slowdown = m(dev, "slowdown", threshold, h, nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        shutdown = m(dev, "shutdown", threshold, h, nvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
         margin = m(dev, "margin", nvml.nvmlDeviceGetMarginTemperature, h)
         power = m(dev, "power", nvml.nvmlDeviceGetPowerUsage, h)
         limit = m(dev, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
@@ -229,7 +233,8 @@ class NvmlBackend:
         pcie_rx = m(dev, "pcie_rx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES)
         ecc = {
             kind: m(dev, f"ecc_{kind}", nvml.nvmlDeviceGetTotalEccErrors, h, err, nvml.NVML_VOLATILE_ECC)
-            for kind, err in (("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED), ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
+            for kind, err in (("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                              ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
         }
         nvlink = self._nvlink(dev)
         procs = m(dev, "processes", nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
@@ -281,7 +286,8 @@ class NvmlBackend:
             ("nvlink_recovery_errors", (nvml.NVML_NVLINK_ERROR_DL_RECOVERY,)),
         ):
             values = [
-                self._maybe(dev, f"{name}:{c}", nvml.nvmlDeviceGetNvLinkErrorCounter, h, link, c) for link in dev.nvlinks for c in counters
+                self._maybe(dev, f"{name}:{c}", nvml.nvmlDeviceGetNvLinkErrorCounter, h, link, c)
+                for link in dev.nvlinks for c in counters
             ]
             totals[name] = sum(v for v in values if v is not None) if any(v is not None for v in values) else None
         kib = [

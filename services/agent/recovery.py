@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 import structlog
+
 from whaleflux.shared.events import JobPlaced
 
 from . import attempts

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +23,10 @@ def checkpoint_dir(placed: JobPlaced, home: Path) -> Path:
     return Path(placed.checkpoint_dir) if placed.checkpoint_dir else home / "checkpoints" / placed.job_id
 
 
-def job_environment(placed: JobPlaced, base: dict[str, str] | None = None, home: Path | None = None) -> dict[str, str]:
-    base = os.environ if base is None else base
-    env = {k: v for k, v in base.items() if not k.startswith(_PRIVATE_ENV)}
+def job_environment(placed: JobPlaced, base: Mapping[str, str] | None = None,
+                    home: Path | None = None) -> dict[str, str]:
+    source = os.environ if base is None else base
+    env = {k: v for k, v in source.items() if not k.startswith(_PRIVATE_ENV)}
     env.update(placed.env)
     env.update(
         {
@@ -90,10 +92,10 @@ def _supervisor_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV)}
 
 
-async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, *, grace_s: float, fence_after_s: float) -> RunningJob:
-    """Start the command under a supervisor (supervise.py) and wait until it runs; raise CannotStart if it cannot."""
+def _prepare(placed: JobPlaced, log_dir: Path, node_dir: Path, grace_s: float,
+             fence_after_s: float) -> tuple[Path, Path]:
+    """The attempt's folder with its placement and spec, and the job's log path (local files, fsynced)."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / log_name(placed.job_id, placed.attempt, placed.part)
     # Logs live in <home>/jobs, default checkpoints in <home>/checkpoints.
     env = job_environment(placed, home=log_dir.parent)
     Path(env["WHALEFLUX_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
@@ -104,7 +106,16 @@ async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, *, grace_s: f
     spec = attempts.Spec(argv=placed.command, env=env, cwd=placed.workdir, alive=str(node_dir / attempts.ALIVE),
                          grace_s=grace_s, fence_after_s=fence_after_s)
     attempts.write_spec(attempt_dir, spec)
-    with open(log_path, "ab") as log:
+    return attempt_dir, log_dir / log_name(placed.job_id, placed.attempt, placed.part)
+
+
+async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, *, grace_s: float,
+                 fence_after_s: float) -> RunningJob:
+    """Start the command under a supervisor (supervise.py) and wait until it runs; raise CannotStart if it cannot."""
+    # The files are fsynced: off the event loop, which carries every other job's events meanwhile.
+    attempt_dir, log_path = await asyncio.to_thread(_prepare, placed, log_dir, node_dir, grace_s, fence_after_s)
+    log = await asyncio.to_thread(log_path.open, "ab")
+    with log:
         try:
             supervisor = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", attempts.SUPERVISOR, str(attempt_dir),
@@ -142,15 +153,18 @@ def adopt(placed: JobPlaced, attempt_dir: Path, running: attempts.Running) -> Ru
     return RunningJob(placed, attempt_dir, running, ended)
 
 
-async def _exit_of_child(attempt_dir: Path, supervisor: asyncio.subprocess.Process, job_pid: int) -> attempts.Exit | None:
+async def _exit_of_child(attempt_dir: Path, supervisor: asyncio.subprocess.Process,
+                         job_pid: int) -> attempts.Exit | None:
     await supervisor.wait()
     return _recorded_exit(attempt_dir, job_pid)
 
 
 async def _exit_of_adopted(attempt_dir: Path, running: attempts.Running) -> attempts.Exit | None:
     # Not this agent's child: nothing to wait on but the files.
-    while (ended := attempts.read_exit(attempt_dir)) is None and attempts.supervisor_alive(running.supervisor_pid, attempt_dir):
-        await asyncio.sleep(0.2)
+    while (ended := attempts.read_exit(attempt_dir)) is None:
+        if not attempts.supervisor_alive(running.supervisor_pid, attempt_dir):
+            break
+        await asyncio.sleep(0.2)  # noqa: ASYNC110  (another process's files: nothing to await but a poll)
     return ended or _recorded_exit(attempt_dir, running.job_pid)
 
 

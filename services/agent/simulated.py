@@ -112,7 +112,8 @@ class SimulatedNode:
         return (self.model.temp_slowdown_c - 20 - NOMINAL_AMBIENT_C) / self.model.tdp_w
 
     def _steady(self, power_w: float, cooling: float = 1.0) -> float:
-        return self.ambient_c + power_w * self._resistance() * cooling
+        ambient = self.ambient_c if self.ambient_c is not None else NOMINAL_AMBIENT_C
+        return ambient + power_w * self._resistance() * cooling
 
     def identities(self) -> list[GpuIdentity]:
         return [g.identity for g in self._gpus]
@@ -227,7 +228,8 @@ class SimulatedNode:
             g.leak_mib += g.leak_rate * dt
         reserved = round(m.memory_mib * 0.0056)
         used = min(job_mib + g.leak_mib + g.foreign_mib + 512, m.memory_mib - reserved)
-        processes = [GpuProcess(pid=g.pid or 0, used_mib=round(max(used - 512 - g.foreign_mib, 0.0), 1), job_id=g.job)] if g.job else []
+        own_mib = round(max(used - 512 - g.foreign_mib, 0.0), 1)
+        processes = [GpuProcess(pid=g.pid or 0, used_mib=own_mib, job_id=g.job)] if g.job else []
         if g.foreign_mib:
             processes.append(GpuProcess(pid=FOREIGN_PID, used_mib=round(g.foreign_mib, 1), job_id=None))
 

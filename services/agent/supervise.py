@@ -88,7 +88,8 @@ def supervise(attempt_dir: Path) -> None:
             code = _stop(job, spec.grace_s)
     # A stop the agent asked for names its reason; else this supervisor's own reason, if it stopped the job.
     interrupted = attempts.stop_reason(attempt_dir) or fenced or (SIGTERM_REASON if got_sigterm else None)
-    attempts.write_exit(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), exit_code=code, interrupted=interrupted))
+    ended = attempts.Exit(finished_at=attempts.utcnow(), exit_code=code, interrupted=interrupted)
+    attempts.write_exit(attempt_dir, ended)
 
 
 if __name__ == "__main__":

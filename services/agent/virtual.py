@@ -48,7 +48,7 @@ class VirtualJob:
     placed: JobPlaced
     running: attempts.Running
     ended: asyncio.Task[attempts.Exit | None]
-    stop_reason: asyncio.Future[str | None] = field(repr=False, default=None)  # type: ignore[assignment]
+    stop_reason: asyncio.Future[str | None] = field(repr=False)
     dir: None = None  # no attempt folder
 
 

@@ -59,6 +59,9 @@ class Thresholds:
     margin_warn_c: float = 3.0  # hottest sample within this of the slowdown limit
 
 
+DEFAULT_THRESHOLDS = Thresholds()
+
+
 @dataclass(frozen=True)
 class ComputeRun:
     flops: float
@@ -124,8 +127,8 @@ def judge_compute(run: ComputeRun, spec: GpuSpec | None, th: Thresholds) -> GpuC
     ratio = run.tflops / spec.fp32_tflops
     figures |= {"spec_tflops_fp32": spec.fp32_tflops, "of_spec": round(ratio, 3)}
     verdict = _grade(ratio, th.compute_warn, th.compute_fail)
-    reasons = [] if verdict == "pass" else [
-        f"compute: {run.tflops:.1f} TFLOP/s fp32, {100 * (1 - ratio):.0f}% under the {spec.model}'s {spec.fp32_tflops:g}"]
+    under = f"{100 * (1 - ratio):.0f}% under the {spec.model}'s {spec.fp32_tflops:g}"
+    reasons = [] if verdict == "pass" else [f"compute: {run.tflops:.1f} TFLOP/s fp32, {under}"]
     return GpuCheck(check="compute", verdict=verdict, reasons=reasons, figures=figures)
 
 
@@ -168,7 +171,8 @@ def judge_bandwidth(run: BandwidthRun, spec: GpuSpec | None, th: Thresholds) -> 
         verdict = _grade(ratio, th.bandwidth_warn, th.bandwidth_fail)
         verdicts.append(verdict)
         if verdict != "pass":
-            reasons.append(f"bandwidth: {what} {gbps:.1f} GB/s, {100 * (1 - ratio):.0f}% under the {link} spec of {wanted:g}")
+            under = f"{100 * (1 - ratio):.0f}% under the {link} spec of {wanted:g}"
+            reasons.append(f"bandwidth: {what} {gbps:.1f} GB/s, {under}")
     return GpuCheck(check="bandwidth", verdict=worst(verdicts), reasons=reasons, figures=figures)
 
 
@@ -199,7 +203,8 @@ def judge_thermal(samples: list[GpuSample], spec: GpuSpec | None, th: Thresholds
                        f"in {len(thermal)} of {len(samples)} samples")
         verdicts.append("fail")
     elif slowdown is not None and hottest.temperature_c >= slowdown - th.margin_warn_c:
-        reasons.append(f"thermal: reached {hottest.temperature_c:.0f} °C, within {th.margin_warn_c:g} °C of slowdown at {slowdown:g}")
+        reasons.append(f"thermal: reached {hottest.temperature_c:.0f} °C, "
+                       f"within {th.margin_warn_c:g} °C of slowdown at {slowdown:g}")
         verdicts.append("warn")
     if hw:
         names = sorted({r for s in hw for r in s.throttle_reasons if r in HW_REASONS})
@@ -233,8 +238,10 @@ def judge_health(m: Measurements) -> GpuCheck:
     if sbe:
         reasons.append(f"health: {sbe} new corrected ECC error(s)")
         verdicts.append("warn")
-    if remapped or any(s.row_remap_failure for s in seen):
-        reasons.append("health: rows remapped for uncorrectable errors" + (" and a remap failed" if any(s.row_remap_failure for s in seen) else ""))
+    remap_failed = any(s.row_remap_failure for s in seen)
+    if remapped or remap_failed:
+        failed = " and a remap failed" if remap_failed else ""
+        reasons.append(f"health: rows remapped for uncorrectable errors{failed}")
         verdicts.append("fail")
     if xids:
         critical = [x for x in xids if x in CRITICAL_XIDS]
@@ -243,7 +250,8 @@ def judge_health(m: Measurements) -> GpuCheck:
     return GpuCheck(check="health", verdict=worst(verdicts), reasons=reasons, figures=figures)
 
 
-def report_card(uuid: str, index: int, model: str, m: Measurements, spec: GpuSpec | None, th: Thresholds = Thresholds()) -> GpuReportCard:
+def report_card(uuid: str, index: int, model: str, m: Measurements, spec: GpuSpec | None,
+                th: Thresholds = DEFAULT_THRESHOLDS) -> GpuReportCard:
     """Judge one GPU's measurements; checks that did not run are not on the card."""
     checks: list[GpuCheck] = []
     if m.compute is not None:

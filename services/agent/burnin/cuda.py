@@ -15,10 +15,9 @@ import ctypes
 import importlib
 import math
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from whaleflux.shared.events import GpuIdentity
@@ -76,7 +75,7 @@ class CudaExerciser:
     """Exerciser over this machine's GPUs (those of `identities`, by NVML index)."""
 
     def __init__(self, identities: list[GpuIdentity], intensity: Intensity = "normal", peer_link: str = "pcie",
-                 driver: Any = None, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
+                 driver: Any = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
         # CUDA's ordinals then follow the PCI bus, like NVML's indices, where a bus id cannot be matched.
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         self.cu = driver or load_driver()
@@ -114,8 +113,9 @@ class CudaExerciser:
         self._call("cuCtxSetCurrent", ctx)
         image = ctypes.create_string_buffer(ptx.module().encode())
         module = self._call("cuModuleLoadData", ctypes.addressof(image))
-        fns = {n: self._call("cuModuleGetFunction", module, n.encode()) for n in ("wf_fma", "wf_mem_write", "wf_mem_verify")}
-        sms = self._call("cuDeviceGetAttribute", self.cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
+        fns = {n: self._call("cuModuleGetFunction", module, n.encode()) for n in ptx.KERNELS}
+        sm_count = self.cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+        sms = self._call("cuDeviceGetAttribute", sm_count, device)
         gpu = _Gpu(g.index, device, ctx, self._call("cuStreamCreate", 0), module, fns, int(sms))
         gpu.out = self._alloc(gpu, self._threads(gpu) * 4)
         return gpu
@@ -134,7 +134,8 @@ class CudaExerciser:
 
     def _launch(self, gpu: _Gpu, fn: str, blocks: int, *values: Any) -> None:
         params, _keep = _args(*values)
-        self._call("cuLaunchKernel", gpu.fns[fn], blocks, 1, 1, THREADS, 1, 1, 0, gpu.stream, ctypes.addressof(params), 0)
+        self._call("cuLaunchKernel", gpu.fns[fn], blocks, 1, 1, THREADS, 1, 1, 0, gpu.stream,
+                   ctypes.addressof(params), 0)
 
     def _timed(self, gpu: _Gpu, work: Callable[[], None]) -> float:
         """Seconds the work queued on the GPU's stream took, by CUDA events."""
@@ -191,7 +192,8 @@ class CudaExerciser:
             took = float(self._call("cuEventElapsedTime", start, end)) / 1000
             self._call("cuEventDestroy", start)
             self._call("cuEventDestroy", end)
-            out[i] = ComputeRun(flops=float(launches * self._threads(gpu) * ptx.flops_per_thread(gpu.iters)), seconds=took)
+            flops = launches * self._threads(gpu) * ptx.flops_per_thread(gpu.iters)
+            out[i] = ComputeRun(flops=float(flops), seconds=took)
         return out
 
     # ----------------------------------------------------------------- memory
@@ -220,7 +222,7 @@ class CudaExerciser:
         try:
             for _name, mask, pattern in ptx.PATTERNS:
                 self._call("cuMemsetD32", errors, 0, 4)
-                args = (ctypes.c_uint64(int(base)), ctypes.c_uint64(words), ctypes.c_uint64(mask), ctypes.c_uint64(pattern))
+                args = tuple(ctypes.c_uint64(v) for v in (int(base), words, mask, pattern))
 
                 def write_and_verify(a: tuple[Any, ...] = args) -> None:
                     self._launch(gpu, "wf_mem_write", blocks, *a)
@@ -279,7 +281,8 @@ class CudaExerciser:
         dst = self._alloc(peer, COPY_BYTES)
         try:
             self._use(gpu)
-            return self._gbps(gpu, lambda: self._call("cuMemcpyPeerAsync", dst, peer.ctx, src, gpu.ctx, COPY_BYTES, gpu.stream))
+            return self._gbps(gpu, lambda: self._call("cuMemcpyPeerAsync", dst, peer.ctx, src, gpu.ctx, COPY_BYTES,
+                                                      gpu.stream))
         finally:
             self._use(peer)
             self._free(peer, dst)

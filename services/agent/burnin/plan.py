@@ -24,7 +24,7 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class BurnInPlan:
-    """`gpus` is "all", an index or a UUID; `duration_s` is the compute/thermal stress (memory and bandwidth add theirs)."""
+    """`gpus`: "all", an index or a UUID; `duration_s`: the compute and thermal stress (memory and copies follow)."""
 
     gpus: str = "all"
     duration_s: float = 120.0
@@ -67,10 +67,11 @@ def parse_checks(text: str) -> tuple[Check, ...]:
     return tuple(c for c in CHECKS if c in names)
 
 
-def make_plan(gpus: str = "all", duration: str = "2m", intensity: str = "normal", checks: str = ",".join(CHECKS)) -> BurnInPlan:
+def make_plan(gpus: str = "all", duration: str = "2m", intensity: str = "normal",
+              checks: str = ",".join(CHECKS)) -> BurnInPlan:
     """A plan from the command line's words; PlanError names the option that is wrong."""
     level = intensity.strip().lower()
     if level not in INTENSITIES:
         raise PlanError(f"--intensity: {intensity!r}; choose from {', '.join(INTENSITIES)}")
-    return BurnInPlan(gpus=gpus.strip() or "all", duration_s=parse_duration(duration), intensity=level,  # type: ignore[arg-type]
+    return BurnInPlan(gpus=gpus.strip() or "all", duration_s=parse_duration(duration), intensity=level,
                       checks=parse_checks(checks))

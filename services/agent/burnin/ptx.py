@@ -17,6 +17,7 @@ that tests check it without a GPU.
 from __future__ import annotations
 
 ACCUMULATORS = 8
+KERNELS = ("wf_fma", "wf_mem_write", "wf_mem_verify")
 UNROLL = 16
 HEADER = ".version 7.0\n.target sm_70\n.address_size 64\n"
 # Patterns of the memory test: (name, addr_mask, pattern).

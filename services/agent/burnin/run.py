@@ -20,7 +20,17 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from whaleflux.shared.events import GpuIdentity, GpuSample
 
 from ..backend import GpuBackend
-from .card import BandwidthRun, ComputeRun, GpuReportCard, Measurements, MemoryRun, Thresholds, report_card, worst
+from .card import (
+    DEFAULT_THRESHOLDS,
+    BandwidthRun,
+    ComputeRun,
+    GpuReportCard,
+    Measurements,
+    MemoryRun,
+    Thresholds,
+    report_card,
+    worst,
+)
 from .plan import BurnInPlan, PlanError
 from .ptx import PATTERNS
 from .spec import gpu_spec
@@ -121,7 +131,7 @@ def _stress(backend: GpuBackend, ex: Exerciser, plan: BurnInPlan, gpus: list[Gpu
                 m[i].compute = ComputeRun(flops, seconds)
 
 
-def run_burnin(backend: GpuBackend, ex: Exerciser, plan: BurnInPlan, thresholds: Thresholds = Thresholds(),
+def run_burnin(backend: GpuBackend, ex: Exerciser, plan: BurnInPlan, thresholds: Thresholds = DEFAULT_THRESHOLDS,
                progress: Callable[[str], None] = lambda _: None) -> BurnInReport:
     """Run the plan on the chosen GPUs and judge each; the exerciser is closed at the end."""
     gpus = select_gpus(backend.identities(), plan.gpus)

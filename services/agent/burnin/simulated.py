@@ -96,8 +96,8 @@ class SimulatedExerciser:
                 h2d_gbps=pcie * COPY_EFFICIENCY["h2d"] * self._jitter(i, "h2d"),
                 d2h_gbps=pcie * COPY_EFFICIENCY["d2h"] * self._jitter(i, "d2h"),
                 d2d_gbps=(self.spec.memory_bandwidth_gbps or 0.0) * COPY_EFFICIENCY["d2d"] * self._jitter(i, "d2d"),
-                peer_gbps={p: peer_spec * COPY_EFFICIENCY["peer"] * self._jitter(i, f"peer{p}") for p in indices if p != i
-                           and not self.node.burn_in_state(p).gone},
+                peer_gbps={p: peer_spec * COPY_EFFICIENCY["peer"] * self._jitter(i, f"peer{p}")
+                           for p in indices if p != i and not self.node.burn_in_state(p).gone},
                 peer_link="nvlink" if nvlink else "pcie",
             )
         return out

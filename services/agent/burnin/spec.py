@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from whaleflux.shared.catalog import DATA_DIR, model_key
+from whaleflux.shared.catalog import model_key
+from whaleflux.shared.datafiles import DATA_DIR
 
 # One direction of an x16 link, GB/s, by PCIe generation (128b/130b encoding from gen 3 on).
 PCIE_X16_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
@@ -31,7 +33,7 @@ class GpuSpec:
 
 
 @lru_cache(maxsize=4)
-def _models(path: str | None) -> dict[str, dict]:
+def _models(path: str | None) -> dict[str, dict[str, Any]]:
     doc = yaml.safe_load(Path(path or DATA_DIR / "gpu_models.yaml").read_text())
     return dict(doc["models"])
 
@@ -59,5 +61,5 @@ def gpu_spec(model: str, path: str | None = None) -> GpuSpec | None:
     )
 
 
-def _opt(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
+def _opt(value: float | int | None) -> float | None:
+    return None if value is None else float(value)

@@ -31,9 +31,11 @@ MEM_CLOCK = {"H100": 2619, "H200": 3201, "A100": 1593, "RTX4090": 10501}
 DATACENTER = {"H100", "H200", "A100"}
 NVLINK_LINKS = {"H100": 18, "H200": 18, "A100": 12}
 CRC_BURST_S = 5
+# SM clock (and so dynamic power) of a thermally throttled GPU, as a share of its base clock.
+THROTTLED_CLOCK = 0.6
 
 
-def _fraction(text: str) -> float:
+def stable_fraction(text: str) -> float:
     """A stable number in [0, 1) derived from `text` (no global random state)."""
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2**32
 
@@ -90,7 +92,7 @@ class SimulatedNode:
         self._rng = random.Random(f"{self.seed}:{self.node}")
         if self.ambient_c is None:
             # Racks differ: 22-28 C inlet, fixed per rack (or node when no rack is given).
-            self.ambient_c = 22.0 + 6.0 * _fraction(f"{self.seed}:{self.rack or self.node}")
+            self.ambient_c = 22.0 + 6.0 * stable_fraction(f"{self.seed}:{self.rack or self.node}")
         for i in range(self.gpu_count):
             digest = hashlib.sha256(f"{self.node}:{i}".encode()).hexdigest()
             uuid = f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
@@ -212,19 +214,23 @@ class SimulatedNode:
         datacenter = m.key in DATACENTER
         util = min(100.0, max(0.0, self._rng.gauss(g.util_pct, 4))) if g.job else 0.0
         power = m.idle_power_w + (m.tdp_w - m.idle_power_w) * util / 100
+        if g.temperature_c >= m.temp_slowdown_c:
+            power = m.idle_power_w + (power - m.idle_power_w) * THROTTLED_CLOCK  # slower clocks draw less
         target = self._steady(power, g.cooling_factor)
         g.temperature_c += (target - g.temperature_c) * min(dt / TAU_S, 1.0)
+        # The hardware slowdown holds a GPU under its shutdown limit (a real one would otherwise power off).
+        g.temperature_c = min(g.temperature_c, m.temp_shutdown_c - 1)
         g.energy_j += power * dt
         reasons = []
         if g.temperature_c >= m.temp_slowdown_c:
             reasons += ["sw_thermal_slowdown", "hw_thermal_slowdown"]
         if power >= 0.99 * m.tdp_w:
             reasons.append("sw_power_cap")
-        sm_clock = BASE_SM_CLOCK.get(m.key, 1500) * (0.6 if "sw_thermal_slowdown" in reasons else 1.0)
+        sm_clock = BASE_SM_CLOCK.get(m.key, 1500) * (THROTTLED_CLOCK if "sw_thermal_slowdown" in reasons else 1.0)
 
         job_mib = 0.0
         if g.job:
-            job_mib = (0.3 + 0.6 * _fraction(g.job)) * m.memory_mib
+            job_mib = (0.3 + 0.6 * stable_fraction(g.job)) * m.memory_mib
             g.leak_mib += g.leak_rate * dt
         reserved = round(m.memory_mib * 0.0056)
         used = min(job_mib + g.leak_mib + g.foreign_mib + 512, m.memory_mib - reserved)

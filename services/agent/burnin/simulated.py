@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from ..simulated import SimulatedNode, _fraction
+from ..simulated import THROTTLED_CLOCK, SimulatedNode, stable_fraction
 from .card import BandwidthRun, ComputeRun, MemoryRun
 from .ptx import PATTERNS
 from .spec import gpu_spec
@@ -22,7 +22,6 @@ MIB = 1024 * 1024
 COMPUTE_EFFICIENCY = 0.88
 MEMORY_EFFICIENCY = 0.80
 COPY_EFFICIENCY = {"h2d": 0.83, "d2h": 0.86, "d2d": 0.88, "peer": 0.85}
-THROTTLED_CLOCK = 0.6  # the simulator's thermal slowdown clock, as a share of the base clock
 BAD_CELL_ADDRESS = 0x7F3A_4000_1000
 BANDWIDTH_TEST_S = 4.0
 
@@ -43,7 +42,7 @@ class SimulatedExerciser:
 
     def _jitter(self, index: int, what: str) -> float:
         """A stable ±2% per GPU and figure, so two GPUs of a node do not read exactly alike."""
-        return 1 + 0.04 * (_fraction(f"{self.node.seed}:{self.node.node}:{index}:{what}") - 0.5)
+        return 1 + 0.04 * (stable_fraction(f"{self.node.seed}:{self.node.node}:{index}:{what}") - 0.5)
 
     def compute(self, indices: list[int], seconds: float) -> dict[int, ComputeRun]:
         uuids = [g.uuid for g in self.node.identities() if g.index in indices]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import typing
 
-from whaleflux.cli import Priority, Workload
+from whaleflux.commands.submit import Priority, Workload
 from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import JobSubmitted
 

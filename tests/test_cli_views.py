@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from whaleflux.cli import exit_status
+from whaleflux.commands.jobs import exit_status
 from whaleflux.costs_view import group_notes
 from whaleflux.scheduler.simulator.run import simulate_files
 from whaleflux.shared.catalog import DATA_DIR

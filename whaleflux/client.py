@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from whaleflux.shared.bus import Bus
@@ -12,7 +12,9 @@ if TYPE_CHECKING:
 # httpx is imported where a request is made, the config file's model (pydantic) where it is read, and the
 # bus (nats-py, event models) only by `bus()`: `whaleflux --help` starts without any of them.
 
-DEFAULT_PORTS = {"telemetry": 8701, "scheduler": 8702, "alerting": 8703, "billing": 8704, "inventory": 8705, "agent": 8710}
+DEFAULT_PORTS = {
+    "telemetry": 8701, "scheduler": 8702, "alerting": 8703, "billing": 8704, "inventory": 8705, "agent": 8710,
+}
 
 
 class ClientError(Exception):
@@ -32,7 +34,7 @@ class Connection:
     services: dict[str, str]
 
     @classmethod
-    def discover(cls) -> "Connection":
+    def discover(cls) -> Connection:
         from whaleflux.shared import localconfig
 
         cfg = localconfig.load()
@@ -51,7 +53,7 @@ class Connection:
             services=services,
         )
 
-    async def bus(self) -> "Bus":
+    async def bus(self) -> Bus:
         import asyncio
 
         from whaleflux.shared.bus import Bus
@@ -68,14 +70,16 @@ class Connection:
                 f"cannot reach NATS at {self.nats_url} ({type(exc).__name__}); is `whaleflux up` running?"
             ) from None
 
-    def get(self, service: str, path: str, **params) -> object:
+    def get(self, service: str, path: str, **params: Any) -> Any:
+        """GET a service's JSON (parameters that are None are left out); 404 is NotFound, other errors ClientError."""
         import httpx
 
         url = self.services[service] + path
         try:
             resp = httpx.get(url, params={k: v for k, v in params.items() if v is not None}, timeout=10)
         except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach the {service} service at {self.services[service]} ({type(exc).__name__})") from None
+            raise ClientError(
+                f"cannot reach the {service} service at {self.services[service]} ({type(exc).__name__})") from None
         if resp.status_code == 404:
             try:
                 detail = resp.json().get("detail", f"not found: {path}")
@@ -86,7 +90,7 @@ class Connection:
             raise ClientError(f"{service} answered {resp.status_code}: {resp.text[:300]}")
         return resp.json()
 
-    def post_admin(self, service: str, path: str, body: dict) -> object:
+    def post_admin(self, service: str, path: str, body: dict[str, Any]) -> Any:
         """POST to an admin endpoint with the admin token; the service's `detail` becomes the error."""
         import httpx
 
@@ -95,7 +99,8 @@ class Connection:
         try:
             resp = httpx.post(url, json=body, headers=headers, timeout=10)
         except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach the {service} at {self.services[service]} ({type(exc).__name__})") from None
+            raise ClientError(
+                f"cannot reach the {service} at {self.services[service]} ({type(exc).__name__})") from None
         if resp.status_code >= 400:
             try:
                 detail = resp.json().get("detail", resp.text)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -27,7 +27,8 @@ def _get_text(conn: Connection, path: str, params: dict) -> str:
     try:
         resp = httpx.get(url, params={k: v for k, v in params.items() if v is not None}, timeout=60)
     except httpx.HTTPError as exc:
-        raise ClientError(f"cannot reach the billing service at {conn.services['billing']} ({type(exc).__name__})") from None
+        raise ClientError(
+            f"cannot reach the billing service at {conn.services['billing']} ({type(exc).__name__})") from None
     if resp.status_code >= 400:
         try:
             detail = resp.json().get("detail", resp.text)
@@ -43,10 +44,11 @@ def _eff(x: float | None) -> str:
 def costs(
     ctx: typer.Context,
     by: Annotated[str, typer.Option(help="job | team | project | model")] = "team",
-    from_: Annotated[Optional[str], typer.Option("--from", help="start, ISO 8601 (default: start of this month, UTC)")] = None,
-    to: Annotated[Optional[str], typer.Option(help="end, ISO 8601 (default: now)")] = None,
+    from_: Annotated[str | None, typer.Option(
+        "--from", help="start, ISO 8601 (default: start of this month, UTC)")] = None,
+    to: Annotated[str | None, typer.Option(help="end, ISO 8601 (default: now)")] = None,
     share_idle: Annotated[bool, typer.Option(help="share idle cost back in proportion to use")] = False,
-    export: Annotated[Optional[str], typer.Option(help="focus | csv | json: print the export instead of tables")] = None,
+    export: Annotated[str | None, typer.Option(help="focus | csv | json: print the export instead of tables")] = None,
     running: Annotated[bool, typer.Option(help="include jobs still running, at their cost up to now (marked)")] = True,
 ) -> None:
     """Cost per job, team, project or model over a window, the idle line per pool and model, and the fleet total."""
@@ -83,7 +85,8 @@ def costs(
     if live and by != "job":
         console.print(f"includes {len(live)} job(s) still running, at their cost up to now")
     elif not running and report["totals"].get("running_usd") not in (None, "0", "0.00"):
-        console.print(f"jobs still running, not in the rows: ${report['totals']['running_usd']} so far (--running shows them)")
+        console.print(f"jobs still running, not in the rows: ${report['totals']['running_usd']} so far "
+                      "(--running shows them)")
     idle = Table(title="Fleet and idle per pool and model")
     for col in ("pool", "model", "ownership", "GPUs", "fleet", "allocated", "idle", "idle %"):
         idle.add_column(col, justify="left" if col in ("pool", "model", "ownership") else "right")
@@ -95,7 +98,8 @@ def costs(
         console.print(idle)
     t = report["totals"]
     console.print(f"fleet ${t['fleet_usd']} = allocated ${t['allocated_usd']}"
-                  + (f" + idle ${t['unshared_idle_usd']} (rest shared back)" if share_idle else f" + idle ${t['idle_usd']}"))
+                  + (f" + idle ${t['unshared_idle_usd']} (rest shared back)" if share_idle
+                     else f" + idle ${t['idle_usd']}"))
     pricing = report["pricing"]
     console.print(f"prices: {escape(pricing['inventory']['basis'])}; price book: {escape(pricing['pricebook'])}")
     for note in group_notes(pricing["notes"]):
@@ -111,7 +115,8 @@ def _running_jobs(conn: Connection) -> set[str] | None:
 
 
 def group_notes(notes: list[str]) -> list[str]:
-    """One line per distinct note: "GPU-…: no owned A100 price book entry …" on 8 GPUs becomes one line with the count."""
+    """One line per distinct note: "GPU-…: no owned A100 price book entry …" on 8 GPUs becomes one line with the
+    count."""
     import re
 
     gpu_note = re.compile(r"^(GPU-[0-9A-Fa-f-]+): (.+)$")
@@ -124,7 +129,8 @@ def group_notes(notes: list[str]) -> list[str]:
     for what, who in counts.items():
         gpus = [w for w in who if w]
         if gpus:
-            out.append(f"{what} ({len(gpus)} GPU{'s' if len(gpus) > 1 else ''}: {', '.join(g[:12] + '…' for g in gpus[:3])}"
+            shown = ", ".join(g[:12] + "…" for g in gpus[:3])
+            out.append(f"{what} ({len(gpus)} GPU{'s' if len(gpus) > 1 else ''}: {shown}"
                        + (f" and {len(gpus) - 3} more" if len(gpus) > 3 else "") + ")")
         else:
             out.append(what + (f" ({len(who)} times)" if len(who) > 1 else ""))
@@ -146,11 +152,11 @@ def costs_tco(
     gpus: Annotated[int, typer.Option(min=1)] = 8,
     utilization: Annotated[float, typer.Option(min=0, max=1, help="expected share of the time in use, 0-1")] = 0.6,
     months: Annotated[int, typer.Option(min=1, max=120)] = 36,
-    purchase_price: Annotated[Optional[str], typer.Option(help="USD per GPU; default: price book")] = None,
-    usd_per_kwh: Annotated[Optional[str], typer.Option(help="default: price book")] = None,
-    overhead: Annotated[Optional[str], typer.Option(help="USD per GPU-month; default: price book")] = None,
-    lease_monthly: Annotated[Optional[str], typer.Option(help="USD per GPU-month; default: price book")] = None,
-    cloud_hourly: Annotated[Optional[str], typer.Option(help="USD per GPU-hour; default: price book")] = None,
+    purchase_price: Annotated[str | None, typer.Option(help="USD per GPU; default: price book")] = None,
+    usd_per_kwh: Annotated[str | None, typer.Option(help="default: price book")] = None,
+    overhead: Annotated[str | None, typer.Option(help="USD per GPU-month; default: price book")] = None,
+    lease_monthly: Annotated[str | None, typer.Option(help="USD per GPU-month; default: price book")] = None,
+    cloud_hourly: Annotated[str | None, typer.Option(help="USD per GPU-hour; default: price book")] = None,
 ) -> None:
     """Owning vs leasing vs renting in a cloud for a workload, with the break-even month."""
     try:

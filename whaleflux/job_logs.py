@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from whaleflux.shared.localconfig import home
 

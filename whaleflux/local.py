@@ -116,7 +116,8 @@ class Stack:
             self.state_dir / "servers", self.cfg.nats_user, self.cfg.nats_password, self.cfg.redis_password
         ).start(nats_port=14222, redis_port=16379)
         self.cfg.nats_url, self.cfg.redis_url = self.servers.nats_url, self.servers.redis_url
-        console.print(f"  NATS at {self.cfg.nats_url}, Redis at {self.cfg.redis_url} ({time.monotonic() - began:.1f} s)")
+        console.print(f"  NATS at {self.cfg.nats_url}, Redis at {self.cfg.redis_url} "
+                      f"({time.monotonic() - began:.1f} s)")
 
     def start_children(self) -> None:
         env = self.base_env()
@@ -180,7 +181,8 @@ class Stack:
                 self.supervise()
                 time.sleep(0.3)
         for name in sorted(pending):
-            console.print(f"[red]{name} not ready after {timeout:.0f}s; see {self.state_dir / 'logs' / (name + '.log')}[/red]")
+            log = self.state_dir / "logs" / f"{name}.log"
+            console.print(f"[red]{name} not ready after {timeout:.0f}s; see {log}[/red]")
         return not pending
 
     def supervise(self) -> None:
@@ -192,7 +194,8 @@ class Stack:
             if child.next_restart == 0.0:
                 delay = min(2 ** child.restarts, 30)
                 child.next_restart = now + delay
-                console.print(f"[yellow]{child.name} exited with {child.proc.returncode}; restarting in {delay}s[/yellow]")
+                console.print(f"[yellow]{child.name} exited with {child.proc.returncode}; "
+                              f"restarting in {delay}s[/yellow]")
             elif now >= child.next_restart:
                 child.restarts += 1
                 child.next_restart = 0.0
@@ -207,7 +210,8 @@ class Stack:
         for name in SERVICES:
             table.add_row(name, f"{self.cfg.services[name]}  (docs: {self.cfg.services[name]}/docs)")
         if "console" in self.cfg.services:
-            table.add_row("console (web)", f"{self.cfg.services['console']}  (log in with admin_token from the config file)")
+            table.add_row("console (web)",
+                          f"{self.cfg.services['console']}  (log in with admin_token from the config file)")
         table.add_row("simulated fleet", str(self.fleet))
         if self.assets:
             table.add_row("declared assets", str(self.assets))
@@ -250,7 +254,8 @@ def up(fleet: Path, assets: Path | None = None) -> int:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        console.print(f"[red]error:[/red] another `whaleflux up` is running with {state_dir}; stop it first or set WHALEFLUX_HOME")
+        console.print(f"[red]error:[/red] another `whaleflux up` is running with {state_dir}; "
+                      "stop it first or set WHALEFLUX_HOME")
         return 1
     cfg = localconfig.load_or_create()
     cfg.services = {}

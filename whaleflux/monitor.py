@@ -48,14 +48,16 @@ def build_table(gpus: list[dict], title: str = "") -> Table:
         job_text = ""
         if job:
             job_text = (job.get("name") or job["job_id"])[:24] + (f" ({job['team']})" if job.get("team") else "")
-        power = "" if g.get("power_w") is None else f"{g['power_w']:.0f}" + (f"/{g['power_limit_w']:.0f}" if g.get("power_limit_w") else "")
+        limit = f"/{g['power_limit_w']:.0f}" if g.get("power_limit_w") else ""
+        power = "" if g.get("power_w") is None else f"{g['power_w']:.0f}" + limit
         flags = list(st.get("flags", []))
         if "stale" in flags:
             flags[flags.index("stale")] = f"stale {st['age_s']:.0f}s"
         if st.get("last_xid"):
             flags = [f"xid {st['last_xid']}" if f == "xid" else f for f in flags]
         table.add_row(
-            st["node"], f"GPU{g['index']}", g["model"], f"{g['utilization_gpu_pct']:.0f}%", f"{g['temperature_c']:.0f}°C",
+            st["node"], f"GPU{g['index']}", g["model"], f"{g['utilization_gpu_pct']:.0f}%",
+            f"{g['temperature_c']:.0f}°C",
             f"{_gb(g['memory_used_mib'])}/{_gb(g['memory_total_mib'])}", power, job_text, Text(" ".join(flags)),
             style=row_style(st.get("flags", [])),
         )
@@ -84,7 +86,8 @@ def run(node: str | None, gpu: str, watch: bool, interval_s: float, console: Con
     if not watch:
         gpus = fetch(conn, node, gpu)
         if not gpus:
-            console.print("no GPU samples" + (f" from node {node!r}" if node else "") + (f" for GPU {gpu!r}" if gpu != "all" else ""))
+            console.print("no GPU samples" + (f" from node {node!r}" if node else "")
+                          + (f" for GPU {gpu!r}" if gpu != "all" else ""))
             return 1
         console.print(build_table(gpus))
         return 0

@@ -103,7 +103,7 @@ def _start_owned(start, owned, what: str, log: Path, preferred: int | None, trie
     counts; otherwise it starts again on another port.
     """
     port = free_port(preferred)
-    for attempt in range(tries):
+    for _attempt in range(tries):
         proc = start(port)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -144,7 +144,7 @@ class LocalServers:
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
-    def start(self, nats_port: int | None = None, redis_port: int | None = None) -> "LocalServers":
+    def start(self, nats_port: int | None = None, redis_port: int | None = None) -> LocalServers:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._start_nats(nats_port)
@@ -224,7 +224,8 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 
 def serve_http(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
-    """A threaded HTTP server on a free 127.0.0.1 port, serving from a daemon thread (receivers in tests and benches)."""
+    """A threaded HTTP server on a free 127.0.0.1 port, serving from a daemon thread (receivers in tests and
+    benches)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

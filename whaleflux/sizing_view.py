@@ -37,9 +37,11 @@ def _billions(n: int) -> str:
 
 def render_catalogue(console: Console, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({n: {**a.model_dump(exclude={"notes"}), **a.summary()} for n, a in CATALOGUE.items()}, indent=2))
+        catalogue = {n: {**a.model_dump(exclude={"notes"}), **a.summary()} for n, a in CATALOGUE.items()}
+        print(json.dumps(catalogue, indent=2))
         return
-    table = Table("model", "parameters", "active", "layers", "hidden", "heads / KV", "head dim", "MLP", "vocab", "max context", "source")
+    table = Table("model", "parameters", "active", "layers", "hidden", "heads / KV", "head dim", "MLP", "vocab",
+                  "max context", "source")
     for name, a in CATALOGUE.items():
         mlp = f"{a.experts}x{a.expert_intermediate} top-{a.experts_per_token}" if a.is_moe else str(a.intermediate)
         table.add_row(
@@ -54,7 +56,8 @@ def render_report(console: Console, report: SizingReport, all_splits: bool) -> N
     m, w = report.model, report.workload
     training = w["task"] != "serve"
     console.print(f"[bold]{escape(report.summary)}[/bold]", soft_wrap=True)
-    shape = f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads / {m['kv_heads']} KV heads x {m['head_dim']}"
+    shape = (f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads / {m['kv_heads']} KV heads "
+             f"x {m['head_dim']}")
     if m["experts"]:
         shape += f", {m['experts']} experts (top-{m['experts_per_token']})"
     active = f" ({_billions(m['active_params'])} active)" if m["experts"] else ""
@@ -78,14 +81,16 @@ def render_report(console: Console, report: SizingReport, all_splits: bool) -> N
         line = f"training: {flops / 1e9:,.0f} GFLOPs per token (forward + backward)"
         if w["dataset_tokens"]:
             total = flops * w["dataset_tokens"] * w["epochs"]
-            line += f"; {w['dataset_tokens']:,} tokens x {w['epochs']:g} epoch{'' if w['epochs'] == 1 else 's'} = {total:.2e} FLOPs; MFU {w['mfu']:.0%} on A100"
+            epochs = f"{w['epochs']:g} epoch{'' if w['epochs'] == 1 else 's'}"
+            line += f"; {w['dataset_tokens']:,} tokens x {epochs} = {total:.2e} FLOPs; MFU {w['mfu']:.0%} on A100"
         console.print(line)
 
     shown = [o for o in report.options if all_splits or o.best_split]
     if not shown:
         console.print("[red]no GPU configuration fits[/red] (raise --max-gpus, or shrink context, batch or dtype)")
     else:
-        title = "Every feasible configuration" if all_splits else "Feasible configurations (fastest split per GPU count)"
+        title = ("Every feasible configuration" if all_splits
+                 else "Feasible configurations (fastest split per GPU count)")
         table = Table(title=f"{title}, cheapest first", title_justify="left")
         for col in ("#", "GPU", "count", "split", "memory / GPU"):
             table.add_column(col, justify="right" if col in ("#", "count") else "left", no_wrap=True)

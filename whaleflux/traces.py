@@ -22,7 +22,7 @@ import io
 import lzma
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import whaleflux.shared  # a docstring only: cheap
@@ -71,7 +71,8 @@ class WorkloadJob:
 
     def row(self) -> list[str]:
         return [self.job_id, f"{self.submit_time_s:.0f}", f"{self.duration_s:.0f}", str(self.num_gpus), self.team,
-                self.workload_class, str(self.min_vram_gb), self.priority, "true" if self.priority == "low" else "false"]
+                self.workload_class, str(self.min_vram_gb), self.priority,
+                "true" if self.priority == "low" else "false"]
 
 
 def open_text(path: Path) -> io.TextIOBase:
@@ -97,7 +98,7 @@ def read_philly(path: Path) -> Iterator[TraceJob]:
     """Philly extract: timestamp,duration,num_gpus,gpu_time,cluster (rows in any order)."""
     for n, (line, row) in enumerate(_rows(path, ("timestamp", "duration", "num_gpus", "cluster"))):
         try:
-            submit = datetime.strptime(row["timestamp"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+            submit = datetime.strptime(row["timestamp"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
             yield TraceJob(f"philly-{n:06d}", submit.timestamp(), float(row["duration"]), int(row["num_gpus"]),
                            f"vc-{row['cluster']}")
         except ValueError as exc:

@@ -1,0 +1,61 @@
+"""`whaleflux inventory`, `leases` and `findings`: what the inventory service knows about the GPUs and their cost."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from whaleflux.client import ClientError, Connection
+
+from .terminal import fail, print_table
+
+
+def _get(path: str, **params: Any) -> Any:
+    try:
+        return Connection.discover().get("inventory", path, **params)
+    except ClientError as exc:
+        fail(str(exc))
+
+
+def inventory(
+    by: Annotated[str, typer.Option(help="model | pool | ownership")] = "model",
+    hours: Annotated[float, typer.Option(min=0.1, help="window of the mean utilization, hours")] = 24,
+) -> None:
+    """GPUs by model, pool or ownership: count, missing, allocated now, mean utilization while allocated."""
+    if by not in ("model", "pool", "ownership"):
+        fail(f"--by {by!r}: choose model, pool or ownership")
+    rows = _get("/v1/inventory", by=by, hours=hours)
+    table = Table(by, "GPUs", "missing", "allocated", f"mean util while allocated ({hours:g} h)")
+    for r in rows:
+        util = "" if r["mean_util_allocated"] is None else f"{r['mean_util_allocated']:.1f}%"
+        table.add_row(r["key"], str(r["gpus"]), str(r["missing"]), str(r["allocated"]), util)
+    print_table(table, "no GPUs registered")
+
+
+def leases() -> None:
+    """Leases: days left, notice deadline, monthly cost, renewal."""
+    rows = _get("/v1/leases")
+    table = Table("contract", "provider", "state", "GPUs", "ends", "days left", "notice by", "monthly cost", "renewal")
+    for r in rows:
+        renewal = (f"renewed by {r['renewed_by']}" if r["renewed_by"]
+                   else "auto-renews" if r["auto_renew"] else "manual")
+        notice = (r["notice_deadline"] or "")[:10]
+        if r["notice_days_left"] is not None and r["notice_days_left"] < 0 and r["state"] == "active":
+            notice += " (passed)"
+        table.add_row(
+            r["contract_id"], r["provider"], r["state"], f"{r['gpu_count']} {'/'.join(r['gpu_models'])}",
+            r["ends_at"][:10], f"{r['days_left']:.1f}", notice, f"${r['monthly_cost_usd']}", renewal,
+        )
+    print_table(table, "no leases declared")
+
+
+def findings() -> None:
+    """Idle allocated GPUs, reserved GPUs idle for days, pools to consolidate, capacity, undeclared GPUs."""
+    rows = _get("/v1/findings")
+    table = Table("kind", "severity", "finding", "at stake / month")
+    for f in rows:
+        at_stake = "" if f["monthly_usd"] is None else f"${f['monthly_usd']}"
+        table.add_row(f["kind"], f["severity"], f["summary"], at_stake)
+    print_table(table, "no findings")

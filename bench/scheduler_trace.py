@@ -1,68 +1,140 @@
 #!/usr/bin/env python3
-"""Benchmark: the Philly workload (seed 1) on mixed-256 under fifo, backfill and whaleflux.
+"""Benchmark: trace replays under backfill and whaleflux, side by side, overall and per class of job.
 
-Prepares the workload as `whaleflux trace prepare` does (whaleflux/traces.py;
-default trace: the bundled shared/data/traces/philly.csv.xz) at time scales 2
-(the benchmark workload), 1.5 and 3, replays each through the simulator and
-prints the policies side by side, then the figures against the issue's targets.
+Workloads (each replayed under every policy, decisions carried out with the
+live executor's rules, see services/scheduler/simulator/rules.py):
 
-    python bench/scheduler_trace.py [--trace PATH] [--format philly|generic] [--fleet PATH] [--scales 2,1.5,3] [--seed 1]
+- `philly-sN`: the bundled Philly trace prepared as `whaleflux trace prepare
+  --seed N --time-scale 2` does, on shared/data/fleets/mixed-256.yaml (seed 1
+  is the benchmark workload);
+- `philly-s1-noisy`: seed 1 with runtime estimates off by a log-normal
+  factor (sigma 1: a quarter of the jobs say less than half or more than
+  twice their runtime);
+- `synth-s1`: the synthetic trace of bench/synth_trace.py (seed 1) on
+  bench/data/scarce-h200-176.yaml, where jobs above 80 GB share 16 H200s.
+
+For each: the policies side by side, the targets of issue 14, and a table per
+class (GPU count, memory tier, priority, team, workload, duration) with jobs,
+mean JCT and mean/p99/max wait under both policies; `WORSE` marks a class the
+default policy serves worse than backfill. Prints the machine's load average,
+since replay times depend on it.
+
+    python bench/scheduler_trace.py [--workloads philly-s1,...] [--policies backfill,whaleflux] [--workers 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-from whaleflux import traces
-from whaleflux.scheduler.simulator.metrics import side_by_side
-from whaleflux.scheduler.simulator.run import simulate_files
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from synth_trace import generate  # noqa: E402  (a sibling script)
+
+from whaleflux import traces  # noqa: E402
+from whaleflux.scheduler.simulator import SimReport  # noqa: E402
+from whaleflux.scheduler.simulator.classes import ClassRow, class_rows, table  # noqa: E402
+from whaleflux.scheduler.simulator.metrics import side_by_side  # noqa: E402
+from whaleflux.scheduler.simulator.run import simulate_files  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-POLICIES = ["fifo", "backfill", "whaleflux"]
+MIXED = ROOT / "shared/data/fleets/mixed-256.yaml"
+SCARCE = ROOT / "bench/data/scarce-h200-176.yaml"
+DEFAULT = "philly-s1,philly-s2,philly-s3,philly-s1-noisy,synth-s1"
 
 
-def _run(args: tuple[str, str, str]):
-    jobs, fleet, policy = args
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    jobs: Path
+    fleet: Path
+    noise: float = 0.0
+
+
+def prepare(name: str, tmp: Path) -> Workload:
+    """Write the workload's job CSV into `tmp`."""
+    out = tmp / f"{name}.csv"
+    if name.startswith("philly-s"):
+        seed = int(name.removeprefix("philly-s").split("-")[0])
+        traces.write_csv(traces.prepare(traces.read_trace(traces.PHILLY, "philly"), seed, 2.0), out)
+        return Workload(name, out, MIXED, 1.0 if name.endswith("-noisy") else 0.0)
+    if name.startswith("synth-s"):
+        seed = int(name.removeprefix("synth-s"))
+        traces.write_csv(traces.prepare(generate(seed), seed, 1.0), out)
+        return Workload(name, out, SCARCE)
+    raise SystemExit(f"unknown workload {name}; choose from philly-sN, philly-sN-noisy, synth-sN")
+
+
+def _run(args: tuple[Workload, str]) -> tuple[SimReport, float]:
+    w, policy = args
     t = time.perf_counter()
-    (report,) = simulate_files(jobs, fleet, [policy])
+    (report,) = simulate_files(w.jobs, w.fleet, [policy], estimate_noise=w.noise)
     return report, time.perf_counter() - t
 
 
+def _print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def targets(wf: SimReport, bf: SimReport, rows: list[ClassRow]) -> str:
+    """The issue's targets for one workload, each with its verdict."""
+    ratio = wf.mean_jct_s / bf.mean_jct_s if bf.mean_jct_s else 0.0
+    worse = [f"{r.dimension} {r.value}" for r in rows if r.worse]
+    return (
+        f"targets: mean JCT whaleflux/backfill = {ratio:.2f} (<= 0.50, bar 0.60: "
+        f"{'met' if ratio <= 0.5 else 'bar met' if ratio <= 0.6 else 'NOT met'}); "
+        f"p99 JCT {wf.p99_jct_s / 3600:.1f} h vs {bf.p99_jct_s / 3600:.1f} h "
+        f"({'met' if wf.p99_jct_s <= bf.p99_jct_s else 'NOT met'}); "
+        f"busy utilization, usable GPUs {wf.busy_utilization_usable:.3f} "
+        f"({'met' if wf.busy_utilization_usable >= 0.93 else 'NOT met'} >= 0.93); "
+        f"classes worse than backfill: {len(worse)} of {len(rows)}" + (f" ({', '.join(worse)})" if worse else "")
+    )
+
+
+def report(w: Workload, results: list[tuple[SimReport, float]]) -> str:
+    """Print one workload's tables; returns its targets line."""
+    reports = [r for r, _ in results]
+    print(f"\n## {w.name}: {w.jobs.name} on {w.fleet.stem}" + (f", estimate noise sigma {w.noise:g}" if w.noise else ""))
+    _print_table(side_by_side(reports) + [["simulation wall time (s)", *(f"{s:.1f}" for _, s in results)]])
+    by = {r.policy: r for r in reports}
+    if "backfill" not in by or "whaleflux" not in by:
+        return ""
+    rows = class_rows(by["backfill"], by["whaleflux"])
+    line = targets(by["whaleflux"], by["backfill"], rows)
+    print(line)
+    print(f"\n### {w.name}: per class (hours; wait = first start - submit)")
+    _print_table(table(rows, "backfill", "whaleflux"))
+    return line
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", type=Path, default=traces.PHILLY)
-    ap.add_argument("--format", choices=traces.FORMATS, default="philly")
-    ap.add_argument("--fleet", default=str(ROOT / "shared/data/fleets/mixed-256.yaml"))
-    ap.add_argument("--scales", default="2,1.5,3")
-    ap.add_argument("--seed", type=int, default=1)
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--workloads", default=DEFAULT)
+    ap.add_argument("--policies", default="backfill,whaleflux")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-
-    trace = list(traces.read_trace(args.trace, args.format))
+    policies = args.policies.split(",")
+    began = time.perf_counter()
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    lines = []
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.workers) as pool:
-        for scale in args.scales.split(","):
-            jobs = Path(tmp) / f"{args.trace.name.split('.')[0]}-s{args.seed}-x{scale}.csv"
-            traces.write_csv(traces.prepare(trace, args.seed, float(scale)), jobs)
-            results = list(pool.map(_run, [(str(jobs), args.fleet, p) for p in POLICIES]))
-            reports = [r for r, _ in results]
-            print(f"\n## {args.trace.name} seed {args.seed}, time scale {scale}, {Path(args.fleet).stem}")
-            rows = side_by_side(reports) + [["simulation wall time (s)", *(f"{s:.1f}" for _, s in results)]]
-            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-            for row in rows:
-                print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
-            by = {r.policy: r for r in reports}
-            wf, bf = by["whaleflux"], by["backfill"]
-            print(
-                f"targets: mean JCT whaleflux/backfill = {wf.mean_jct_s / bf.mean_jct_s:.2f} (<= 0.60); "
-                f"p99 JCT {wf.p99_jct_s / 3600:.1f} h vs {bf.p99_jct_s / 3600:.1f} h (no worse); "
-                f"busy utilization {wf.busy_utilization:.3f} (>= 0.92; usable GPUs only {wf.busy_utilization_usable:.3f}, "
-                f"literal formula {wf.busy_utilization_literal:.3f})"
-            )
+        loads = [prepare(name, Path(tmp)) for name in args.workloads.split(",")]
+        futures = [[pool.submit(_run, (w, p)) for p in policies] for w in loads]
+        for w, fs in zip(loads, futures):
+            lines.append((w.name, report(w, [f.result() for f in fs])))
+    print("\n## Summary")
+    for name, line in lines:
+        print(f"{name}: {line}")
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+          f"whole run {time.perf_counter() - began:.0f} s")
     return 0
 
 

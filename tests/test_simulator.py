@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from whaleflux.scheduler.placement import GpuState, Interconnects, ModelFacts, NodeState
 from whaleflux.scheduler.queueing import BACKFILL, FIFO, WHALEFLUX
-from whaleflux.scheduler.simulator import SimJob, read_jobs, simulate
+from whaleflux.scheduler.simulator import ExecutorRules, SimJob, read_jobs, simulate, with_estimate_noise
 
 FACTS = {"A100": ModelFacts("A100", {"small": 1.0, "llm-train": 1.0}), "H100": ModelFacts("H100", {"small": 1.5, "llm-train": 2.5})}
 
@@ -58,7 +60,7 @@ def test_whaleflux_puts_long_training_on_the_fast_gpu_where_first_fit_does_not()
 
 def test_high_priority_arrival_preempts_and_the_victim_resumes_its_work():
     jobs = [sim_job("low", 0, 2000, priority="low"), sim_job("urgent", 1000, 100, priority="high")]
-    r = simulate(jobs, [node("a")], WHALEFLUX, FACTS, restart_overhead_s=60)
+    r = simulate(jobs, [node("a")], WHALEFLUX, FACTS, rules=ExecutorRules(stop_s=0, resume_s=60))
     # urgent runs 1000-1100; low did 1000 s, resumes at 1100 with 60 s overhead and 1000 s left.
     assert r.preemptions == 1 and r.makespan_s == 2160.0
 
@@ -76,11 +78,15 @@ def test_job_csv_is_read_sorted_and_stretched(tmp_path):
 
 def test_a_long_job_started_on_a_slow_gpu_moves_to_the_fast_one_when_it_frees_and_keeps_its_work():
     jobs = [sim_job("first", 0, 2500, klass="llm-train"), sim_job("long", 1, 100_000, klass="llm-train")]
-    r = simulate(jobs, [node("a100"), node("h100", "H100")], WHALEFLUX, FACTS, restart_overhead_s=60)
+    rules = ExecutorRules(stop_s=5, resume_s=60)
+    r = simulate(jobs, [node("a100"), node("h100", "H100")], WHALEFLUX, FACTS, rules=rules)
     # "first" runs 0-1000 on the H100; "long" starts at 1 on the A100 (no waiting), did 999 s of work by
-    # t=1000, then moves: 60 s restart + 99,001 / 2.5 s on the H100.
+    # t=1000, is stopped, held until its old attempt ends (5 s), placed again at 1005 (the H100 is
+    # still the best free placement): 60 s start-up + 99,001 / 2.5 s there.
     assert r.migrations == 1 and r.preemptions == 0
-    assert r.makespan_s == pytest.approx(1000 + 60 + 99_001 / 2.5)
+    assert r.makespan_s == pytest.approx(1005 + 60 + 99_001 / 2.5)
+    (_, long) = r.outcomes
+    assert (long.moves, long.models, long.first_start_s) == (1, ("A100", "H100"), 1.0)
 
 
 def test_usable_busy_utilization_counts_only_gpus_a_waiting_job_could_use():
@@ -89,3 +95,88 @@ def test_usable_busy_utilization_counts_only_gpus_a_waiting_job_could_use():
     r = simulate(jobs, [small, node("a")], FIFO, FACTS)
     # j2 waits 0-100 for the only 80 GB GPU while the 24 GB one is idle: strict 1 of 2 held, usable 1 of 1.
     assert r.busy_utilization == 0.5 and r.busy_utilization_usable == 1.0
+
+
+# ---------------------------------------------------------------- parity with the live executor
+
+
+def test_a_job_that_fits_one_node_waits_for_one_instead_of_spanning_nodes_as_live():
+    # Two 3-GPU nodes, two GPUs busy on each until t=1000; a 2-GPU job arrives at t=1.
+    jobs = [sim_job("x", 0, 1000, gpus=2), sim_job("y", 0, 1000, gpus=2), sim_job("pair", 1, 500, gpus=2)]
+    fleet = [node("a", gpus=3), node("b", gpus=3)]
+    live = {o.job_id: o for o in simulate(jobs, fleet, WHALEFLUX, FACTS).outcomes}
+    assert live["pair"].first_start_s == 1000.0  # waited for a node of its own
+    split = simulate(jobs, fleet, WHALEFLUX, FACTS, rules=ExecutorRules(split_jobs_that_fit_one_node=True))
+    assert {o.job_id: o for o in split.outcomes}["pair"].first_start_s == 1.0  # the old simulator's shortcut
+
+
+def test_only_a_one_node_job_that_keeps_a_checkpoint_is_moved():
+    fleet = [node("a100"), node("h100", "H100")]
+
+    def moves(klass, preemptible=False, rules=ExecutorRules()):
+        first = sim_job("first", 0, 2500, klass="llm-train")
+        long = SimJob("long", 1, 100_000, 1, "t", klass, 10, "normal", preemptible)
+        return simulate([first, long], fleet, WHALEFLUX, FACTS, rules=rules).migrations
+
+    assert moves("llm-train") == 1  # a training job keeps checkpoints
+    assert moves("small") == 0  # nothing says it does: never moved
+    assert moves("small", preemptible=True) == 1  # it accepts a stop and a resume
+    assert moves("small", rules=ExecutorRules(move_any_job=True)) == 1  # the old simulator moved every job
+    pinned = SimJob("long", 1, 100_000, 1, "t", "llm-train", 10, "normal", False, checkpoint=False)
+    assert simulate([sim_job("first", 0, 2500, klass="llm-train"), pinned], fleet, WHALEFLUX, FACTS).migrations == 0
+
+
+def test_a_move_is_a_stop_a_hold_and_a_new_placement_wherever_the_job_then_fits():
+    # "long" is moved off the A100 when the H100 frees at 1000; while it is held (its old attempt takes
+    # 5 s to end) another long job arrives and takes the H100; "long" is placed again where it then fits.
+    jobs = [sim_job("first", 0, 2500, klass="llm-train"), sim_job("long", 1, 100_000, klass="llm-train"),
+            sim_job("late", 1002, 500_000, klass="llm-train")]
+    r = simulate(jobs, [node("a100"), node("h100", "H100")], WHALEFLUX, FACTS, rules=ExecutorRules(stop_s=5, resume_s=60))
+    out = {o.job_id: o for o in r.outcomes}
+    assert out["late"].models == ("H100",) and out["late"].first_start_s == 1002.0
+    assert out["long"].moves == 1 and out["long"].models == ("A100",)
+    # 999 s done before the stop; 60 s start-up at 1005, then the rest on the A100.
+    assert out["long"].finish_s == pytest.approx(1005 + 60 + 99_001)
+
+
+def test_the_policy_plans_with_the_estimate_and_the_job_runs_its_true_duration():
+    # One 2-GPU node: "short" (100 s, but says 1000 s) runs; "pair" needs both GPUs and reserves the
+    # start at 1000 by that estimate; "fill" (500 s) backfills because it ends before then.
+    def fill_start(estimate):
+        jobs = [replace(sim_job("short", 0, 100), estimate_s=estimate), sim_job("pair", 1, 100, gpus=2),
+                sim_job("fill", 2, 500)]
+        r = simulate(jobs, [node("a", gpus=2)], BACKFILL, FACTS)
+        out = {o.job_id: o for o in r.outcomes}
+        assert out["short"].finish_s == 100.0  # the true duration, whatever it said
+        return out["fill"].first_start_s, r.backfilled
+
+    assert fill_start(1000.0) == (2.0, 1)
+    assert fill_start(None) == (200.0, 0)  # exact: "fill" would delay "pair" (free at 100), so it waits
+
+
+def test_estimate_noise_is_seeded_and_centred_on_the_true_runtime():
+    jobs = [sim_job(f"j{i}", i, 1000) for i in range(2000)]
+    noisy = with_estimate_noise(jobs, 0.5, seed=7)
+    assert noisy == with_estimate_noise(jobs, 0.5, seed=7) != with_estimate_noise(jobs, 0.5, seed=8)
+    ratios = sorted(j.expected_runtime_s / j.duration_s for j in noisy)
+    assert 0.9 < ratios[len(ratios) // 2] < 1.1 and ratios[0] < 0.5 and ratios[-1] > 2.0
+    assert with_estimate_noise(jobs, 0.0) == jobs
+    with pytest.raises(ValueError, match="noise"):
+        with_estimate_noise(jobs, -1.0)
+
+
+def test_the_job_csv_may_give_estimates_and_checkpoints(tmp_path):
+    path = tmp_path / "jobs.csv"
+    path.write_text(
+        "job_id,submit_time_s,duration_s,num_gpus,team,class,min_vram_gb,priority,preemptible,expected_runtime_s,checkpoint\n"
+        "a,0,120,1,t,small,8,normal,false,600,true\n"
+        "b,5,60,1,t,llm-train,8,normal,false,,false\n"
+        "c,9,60,1,t,llm-train,8,normal,false,,\n"
+    )
+    a, b, c = read_jobs(path)
+    assert (a.expected_runtime_s, a.keeps_checkpoint) == (600.0, True)
+    assert (b.expected_runtime_s, b.keeps_checkpoint, c.keeps_checkpoint) == (60.0, False, True)
+    path.write_text("job_id,submit_time_s,duration_s,num_gpus,team,class,min_vram_gb,priority,preemptible\n"
+                    "a,0,soon,1,t,small,8,normal,false\n")
+    with pytest.raises(ValueError, match=r"jobs.csv:2"):
+        read_jobs(path)

@@ -1,4 +1,4 @@
-"""`whaleflux simulate` with progress: jobs replayed, elapsed and time left, per policy.
+"""`whaleflux simulate` with progress: jobs replayed, elapsed and time left, per policy; `--jobs-out` rows.
 
 The simulator (`whaleflux.scheduler.simulator`) has no progress hook; it walks
 the job list by index, so the list it gets here notes the furthest index it has
@@ -8,17 +8,49 @@ worker thread.
 
 from __future__ import annotations
 
+import csv
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+if TYPE_CHECKING:
+    from whaleflux.scheduler.simulator import SimReport
+
+JOB_COLUMNS = ("policy", "job_id", "team", "class", "gpus", "min_vram_gb", "priority", "duration_s", "submit_s",
+               "first_start_s", "finish_s", "jct_s", "wait_s", "pending_s", "run_s", "moves", "preemptions", "models",
+               "rejected")
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def write_job_rows(reports: Sequence[SimReport], path: Path) -> int:
+    """One CSV row per job and policy (times in seconds from the trace's start; empty: never); returns rows."""
+    tmp = path.with_name(path.name + ".tmp")
+    rows = 0
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(JOB_COLUMNS)
+        for r in reports:
+            for o in r.outcomes:
+                w.writerow([r.policy, o.job_id, o.team, o.workload_class, o.gpus, f"{o.min_vram_gb:g}", o.priority,
+                            _num(o.duration_s), _num(o.submit_s), _num(o.first_start_s), _num(o.finish_s),
+                            _num(o.jct_s), _num(o.wait_s), _num(o.pending_s), _num(o.run_s), o.moves, o.preemptions,
+                            ";".join(o.models), o.rejected or ""])
+                rows += 1
+    tmp.replace(path)
+    return rows
+
+
 LITERAL_NOTE = (
-    "busy utilization (literal) is the formula read literally: every allocated GPU-second, also those while no job "
-    "waited, over fleet GPUs x seconds in which a job waited; it exceeds 1 when GPUs stay busy after the queue "
-    "empties. busy utilization counts only the GPU-seconds while a job waited."
+    "busy utilization, usable GPUs: in each second in which a job waited, the share held of the GPUs some waiting "
+    "job could use (model allowed, memory fits). Over all GPUs it counts GPUs no waiting job can use as idle."
 )
 
 
@@ -36,18 +68,19 @@ class WatchedJobs(list):
 
 
 def simulate_with_progress(jobs_csv: Path, fleet_yaml: Path, policies: list[str], time_scale: float,
-                           err: Console) -> list:
+                           err: Console, estimate_noise: float = 0.0) -> list:
     """Replay the job CSV on the fleet once per policy (as `simulate_files`), showing progress on `err`."""
     from whaleflux.scheduler.queueing import POLICIES
     from whaleflux.scheduler.simulator.engine import simulate
     from whaleflux.scheduler.simulator.fleet import fleet_nodes, interconnects, model_facts
-    from whaleflux.scheduler.simulator.workload import read_jobs
+    from whaleflux.scheduler.simulator.run import check_policies, load_jobs
     from whaleflux.shared.catalog import load_fleet
 
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise ValueError(f"--policy {', '.join(unknown)}: choose from {', '.join(POLICIES)}")
-    jobs = read_jobs(jobs_csv, time_scale)
+    try:
+        check_policies(policies)
+    except ValueError as exc:
+        raise ValueError(f"--policy: {exc}") from None
+    jobs = load_jobs(jobs_csv, time_scale, estimate_noise)
     fleet = load_fleet(fleet_yaml)
     facts, links = model_facts(), interconnects()
     reports = []

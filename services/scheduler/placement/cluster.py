@@ -9,8 +9,8 @@ the job). Pure data structure, no I/O.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
 
 from .model import GpuState, Interconnects, ModelFacts, NodeShare, NodeState, Placement
 
@@ -34,10 +34,10 @@ class ClusterState:
         self,
         nodes: Iterable[NodeState],
         facts: Mapping[str, ModelFacts] | None = None,
-        interconnects: Interconnects = Interconnects(),
-    ):
+        interconnects: Interconnects | None = None,
+    ) -> None:
         self.facts: dict[str, ModelFacts] = dict(facts or {})
-        self.interconnects = interconnects
+        self.interconnects = interconnects or Interconnects()
         self.nodes: dict[str, NodeState] = {}
         self.order: dict[str, int] = {}
         self.gpus: dict[str, dict[int, GpuState]] = {}
@@ -50,7 +50,7 @@ class ClusterState:
         self.holdings: dict[str, tuple[NodeShare, ...]] = {}
         self.services_on: dict[str, Counter[str]] = {}
         self._service_of: dict[str, str] = {}
-        self._static: dict[tuple, StaticView] = {}
+        self._static: dict[tuple[object, ...], StaticView] = {}
         # Shapes with the same eligible nodes share one view (and so one cache key in a pass).
         self._interned: dict[tuple[str, ...], StaticView] = {}
         self.has_memory_telemetry = False
@@ -58,7 +58,7 @@ class ClusterState:
         for node in nodes:
             self._add(node)
         # Jobs already holding GPUs in the snapshot (the service's bookkeeping).
-        for name, node in self.nodes.items():
+        for node in self.nodes.values():
             for gpu in node.gpus:
                 if gpu.allocated_to is not None:
                     held = self.holdings.get(gpu.allocated_to, ())
@@ -88,7 +88,7 @@ class ClusterState:
         facts = self.facts.get(model)
         return facts.speed_for(workload_class) if facts else 1.0
 
-    def static_view(self, key: tuple, build) -> StaticView:
+    def static_view(self, key: tuple[object, ...], build: Callable[[], StaticView]) -> StaticView:
         """The cached static eligibility for one job shape; `build` computes it once."""
         view = self._static.get(key)
         if view is None:

@@ -9,7 +9,7 @@ free so that a process WhaleFlux did not start cannot cause an OOM.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .model import GpuState, JobRequest, NodeState
 
@@ -22,7 +22,7 @@ DynamicFilter = Callable[[JobRequest, NodeState, float, "FilterSettings"], "str 
 class FilterSettings:
     """Knobs of the dynamic filters."""
 
-    def __init__(self, xid_quarantine_s: float = 600.0, speed_of=None):
+    def __init__(self, xid_quarantine_s: float = 600.0, speed_of: Callable[[str, str], float] | None = None) -> None:
         self.xid_quarantine_s = xid_quarantine_s
         # (model, class) -> relative speed, to turn an A100 runtime into this node's runtime.
         self.speed_of = speed_of or (lambda model, klass: 1.0)
@@ -74,8 +74,9 @@ def healthy(req: JobRequest, node: NodeState, now: float, settings: FilterSettin
         return "draining"
     if not node.schedulable:
         return "not schedulable"
-    if node.temperature_c is not None and node.thermal_limit_c is not None and node.temperature_c >= node.thermal_limit_c:
-        return f"at {node.temperature_c:.0f} C, thermal limit {node.thermal_limit_c:.0f} C"
+    temp, limit = node.temperature_c, node.thermal_limit_c
+    if temp is not None and limit is not None and temp >= limit:
+        return f"at {temp:.0f} C, thermal limit {limit:.0f} C"
     if node.last_critical_xid_at is not None and now - node.last_critical_xid_at < settings.xid_quarantine_s:
         return f"critical XID {now - node.last_critical_xid_at:.0f} s ago"
     return None
@@ -97,7 +98,8 @@ def lease_covers_runtime(req: JobRequest, node: NodeState, now: float, settings:
 
 def held_elsewhere(req: JobRequest, gpu: GpuState) -> bool:
     """Large enough for the job, but telemetry says less than it needs is actually free."""
-    return gpu.memory_total_mib >= req.min_memory_mib and gpu.memory_free_mib is not None and gpu.memory_free_mib < req.min_memory_mib
+    free = gpu.memory_free_mib
+    return gpu.memory_total_mib >= req.min_memory_mib and free is not None and free < req.min_memory_mib
 
 
 def usable_gpus(req: JobRequest, gpus: dict[int, GpuState], free: list[int]) -> list[int]:

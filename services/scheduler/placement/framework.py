@@ -9,8 +9,8 @@ can read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from . import filters as F
 from . import scorers as S
@@ -105,11 +105,15 @@ def place_on(
 
 
 def _static_view(cluster: ClusterState, req: JobRequest, profile: Profile) -> StaticView:
-    key = (req.gpu_models, req.min_memory_mib, req.pool, req.labels, req.allow_multi_node or req.gpus, req.nvlink, profile.static_filters)
+    key = (req.gpu_models, req.min_memory_mib, req.pool, req.labels, req.allow_multi_node or req.gpus, req.nvlink,
+           profile.static_filters)
 
     def build() -> StaticView:
         checks = [F.STATIC_FILTERS[n] for n in profile.static_filters]
-        names, rejections, models, biggest, total = [], {}, [], 0, 0
+        names: list[str] = []
+        rejections: dict[str, list[str]] = {}
+        models: list[str] = []
+        biggest = total = 0
         for name, node in cluster.nodes.items():
             reason = next((r for r in (c(req, node) for c in checks) if r), None)
             if reason:
@@ -140,7 +144,9 @@ def usable(cluster: ClusterState, req: JobRequest, node: str) -> list[int]:
     return _usable(cluster, req, node, None)
 
 
-def _dynamic_reason(req: JobRequest, node: NodeState, now: float, profile: Profile, settings: F.FilterSettings) -> str | None:
+def _dynamic_reason(
+    req: JobRequest, node: NodeState, now: float, profile: Profile, settings: F.FilterSettings
+) -> str | None:
     for name in profile.dynamic_filters:
         reason = F.DYNAMIC_FILTERS[name](req, node, now, settings)
         if reason:
@@ -155,7 +161,10 @@ def _usable(cluster: ClusterState, req: JobRequest, name: str, caps: Mapping[str
     return usable
 
 
-def _first_fit(cluster, req, profile, now, view, settings, caps) -> Placement | None:
+def _first_fit(
+    cluster: ClusterState, req: JobRequest, profile: Profile, now: float, view: StaticView,
+    settings: F.FilterSettings, caps: Mapping[str, int] | None,
+) -> Placement | None:
     for name in view.nodes:
         if len(cluster.free[name]) < req.gpus:
             continue
@@ -170,7 +179,10 @@ def _first_fit(cluster, req, profile, now, view, settings, caps) -> Placement | 
     return None
 
 
-def _candidates(cluster, req, profile, now, view, settings, caps) -> list[S.Candidate]:
+def _candidates(
+    cluster: ClusterState, req: JobRequest, profile: Profile, now: float, view: StaticView,
+    settings: F.FilterSettings, caps: Mapping[str, int] | None,
+) -> list[S.Candidate]:
     out: list[S.Candidate] = []
     for model in view.models:
         buckets = cluster.buckets[model]
@@ -230,7 +242,10 @@ def _group(node: NodeState) -> tuple[str, str]:
     return node.cluster, node.pool or "default"
 
 
-def _place_gang(cluster, req, profile, now, view, settings, caps) -> Decision:
+def _place_gang(
+    cluster: ClusterState, req: JobRequest, profile: Profile, now: float, view: StaticView,
+    settings: F.FilterSettings, caps: Mapping[str, int] | None,
+) -> Decision:
     """All or nothing across nodes of one cluster and pool, for a job larger than any node."""
     groups: dict[tuple[str, str], list[tuple[NodeState, list[int]]]] = {}
     for name in view.nodes:
@@ -264,12 +279,15 @@ def _place_gang(cluster, req, profile, now, view, settings, caps) -> Decision:
         else:
             chosen = sorted(pools, key=lambda p: (-cluster.speed(p[0].model, req.workload_class), -len(p[1]),
                                                   cluster.order[p[0].name]))
-            placement = _gang(cluster, req, chosen, f"gang across models of {cl}/{pool} (no single model has enough free)")
-        options.append((bool(fitting), placement.speed, -len(placement.shares), -cluster.order[placement.node], placement))
+            why = f"gang across models of {cl}/{pool} (no single model has enough free)"
+            placement = _gang(cluster, req, chosen, why)
+        options.append(
+            (bool(fitting), placement.speed, -len(placement.shares), -cluster.order[placement.node], placement)
+        )
     return max(options, key=lambda o: o[:4])[-1]
 
 
-def _gang(cluster: ClusterState, req: JobRequest, pools, why: str) -> Placement:
+def _gang(cluster: ClusterState, req: JobRequest, pools: list[tuple[NodeState, list[int]]], why: str) -> Placement:
     shares: list[NodeShare] = []
     left = req.gpus
     for node, usable in pools:
@@ -290,7 +308,9 @@ def _gang(cluster: ClusterState, req: JobRequest, pools, why: str) -> Placement:
     )
 
 
-def explain_wait(cluster: ClusterState, req: JobRequest, profile: Profile, now: float, caps: Mapping[str, int] | None = None) -> str:
+def explain_wait(
+    cluster: ClusterState, req: JobRequest, profile: Profile, now: float, caps: Mapping[str, int] | None = None
+) -> str:
     """Why a feasible job cannot start now: its needs, the largest free block, what ruled nodes out."""
     view = _static_view(cluster, req, profile)
     settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
@@ -310,7 +330,8 @@ def explain_wait(cluster: ClusterState, req: JobRequest, profile: Profile, now: 
         if len(usable) > best:
             best, best_node = len(usable), name
     gang = req.allow_multi_node and req.gpus > view.max_gpus_per_node
-    text = f"{_needs(req, gang)}; " + (f"largest free block is {best} on {best_node}" if best_node else "no usable GPU free")
+    block = f"largest free block is {best} on {best_node}" if best_node else "no usable GPU free"
+    text = f"{_needs(req, gang)}; {block}"
     if held:
         where = ", ".join(f"{n} on {name}" for name, n in sorted(held.items()))
         text += f"; free GPU(s) whose memory is held by processes WhaleFlux did not start: {where}"

@@ -7,8 +7,8 @@ configuration of plugins, not a fork of the scheduler.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .cluster import ClusterState
 from .model import JobRequest, NodeState
@@ -70,7 +70,9 @@ def comparative_advantage(req: JobRequest, cand: Candidate, ctx: ScoreContext) -
     if facts is None or not facts.speed:
         return 100.0
     mean = sum(facts.speed.values()) / len(facts.speed)
-    return min(100.0, 100.0 * facts.speed_for(req.workload_class) / mean / ctx.best_advantage) if ctx.best_advantage else 100.0
+    if not ctx.best_advantage:
+        return 100.0
+    return min(100.0, 100.0 * facts.speed_for(req.workload_class) / mean / ctx.best_advantage)
 
 
 def memory_right_size(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:

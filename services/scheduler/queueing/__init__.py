@@ -8,7 +8,8 @@ from .reservation import Reservation
 from .schedule import ScheduleReply, ScheduleRequest, Started, expected_runtime, schedule
 
 __all__ = [
-    "BACKFILL", "FIFO", "POLICIES", "WHALEFLUX", "Migration", "PendingJob", "PendingQueue", "PolicyConfig", "Preemption",
+    "BACKFILL", "FIFO", "POLICIES", "WHALEFLUX", "Migration", "PendingJob", "PendingQueue", "PolicyConfig",
+    "Preemption",
     "Reservation", "RunningJob", "ScheduleReply", "ScheduleRequest", "Started", "TeamPolicy", "expected_runtime",
     "rank", "schedule",
 ]

@@ -11,8 +11,9 @@ GPU at once (a slower GPU that fits is used rather than left idle). Pure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Mapping
+from typing import Any
 
 from ..placement import ClusterState, Placement
 from ..placement.framework import eligible
@@ -28,7 +29,7 @@ def faster_start(
     running: Mapping[str, RunningJob],
     config: PolicyConfig,
     now: float,
-    cache: dict | None = None,
+    cache: dict[object, Any] | None = None,
 ) -> str | None:
     """Why the job should wait for a faster model rather than take `placement`, or None to start now.
 

@@ -88,15 +88,20 @@ class PolicyConfig:
     migrate_max_ratio: float = 0.85
     migration_overhead_s: float = 60.0
     max_migrations_per_job: int = 4
-    # Upward moves skip the largest-memory model when the job fits a smaller one (keeps it for
-    # the jobs only it can hold; better busy utilization, worse mean JCT on the Philly workload).
-    migrate_spares_largest_memory: bool = False
+    # Moves (up and out of the way) never put a job that fits a smaller GPU on the largest-memory
+    # model: those GPUs are the only ones the largest jobs can use.
+    migrate_spares_largest_memory: bool = True
     # The first blocked job may have running checkpointable jobs moved off GPUs it needs to free GPUs
     # elsewhere, when the time they lose (GPU-seconds) is at most `make_room_budget` x its wait x its GPUs.
     make_room_by_migration: bool = True
     make_room_budget: float = 12.0
     # Within a class and team, the least work (expected runtime x GPUs) first, instead of oldest first.
     shortest_first: bool = False
+    # Aging: a job waiting this long comes before every job that has not, oldest first, whatever its
+    # priority class or team (None: never), so its wait is bounded as under FIFO with backfill.
+    aging_s: float | None = None
+    # Reservations in one pass: the head's, then one for each blocked job past the aging bound.
+    max_reservations: int = 8
 
 
 FIFO = PolicyConfig(
@@ -107,5 +112,6 @@ BACKFILL = PolicyConfig(
     name="backfill", profile=FIRST_FIT, use_priorities=False, fair_share=False, backfill=True,
     preemption=False, estimates_scale_with_speed=False, migrate_min_gain_s=None, make_room_by_migration=False,
 )
-WHALEFLUX = PolicyConfig(name="whaleflux")
+# The default: every mechanism, waits bounded by aging after 4 h (bench/RESULTS.md, issue 14).
+WHALEFLUX = PolicyConfig(name="whaleflux", aging_s=4 * 3600.0)
 POLICIES = {p.name: p for p in (FIFO, BACKFILL, WHALEFLUX)}

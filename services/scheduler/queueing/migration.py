@@ -16,20 +16,25 @@ have an estimate:
   elsewhere off the GPUs it needs, when the time they lose is within
   `make_room_budget` x its wait.
 
+With `migrate_spares_largest_memory` neither kind of move puts a job that
+fits a smaller GPU on the largest-memory model: those GPUs are the only ones
+the largest jobs can use.
+
 Every move counts towards `max_migrations_per_job`, so a job cannot be moved
 down and up again without end. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Mapping
 
-from ..placement import ClusterState, NodeShare, Placement, place_on
+from ..placement import ClusterState, JobRequest, NodeShare, Placement, place_on
+from ..placement.cluster import StaticView
 from ..placement.framework import eligible, unavailable, usable
 from ..placement.scorers import candidate_speed
 from .jobs import PendingJob, PolicyConfig, RunningJob
-from .reservation import Reservation
+from .reservation import Reservations
 
 
 @dataclass(frozen=True)
@@ -42,47 +47,71 @@ class Migration:
     reason: str
 
 
+NO_PLACEMENT = Migration("", Placement("", "", "", (), ()), None, "no placement")
+
+
+@dataclass(frozen=True)
+class _Movable:
+    """A running job the policy may move: what it asked for, how fast it runs, how long it has left."""
+
+    job: RunningJob
+    request: JobRequest
+    speed: float
+    left: float
+
+
+def movable(r: RunningJob, now: float, config: PolicyConfig) -> _Movable | None:
+    """The job as a candidate for a move, or None (no request, estimate or checkpoint; moved too often)."""
+    if r.request is None or r.expected_end is None or not r.checkpointable or not r.speed:
+        return None
+    if r.migrations >= config.max_migrations_per_job:
+        return None
+    return _Movable(r, r.request, r.speed, r.expected_end - now)
+
+
+def _up_candidates(
+    cluster: ClusterState, running: Mapping[str, RunningJob], config: PolicyConfig, now: float, min_gain: float
+) -> list[_Movable]:
+    """Jobs whose gain, were they to run at the fastest free model's speed for their class, is enough."""
+    overhead, ratio = config.migration_overhead_s, config.migrate_max_ratio
+    free_models = [m for m, n in cluster.free_by_model.items() if n > 0]
+    if not free_models:
+        return []
+    scored: list[tuple[float, str, _Movable]] = []
+    best_by_class: dict[str, float] = {}
+    for r in running.values():
+        c = movable(r, now, config)
+        if c is None or c.left < min_gain:
+            continue
+        cls = c.request.workload_class
+        best = best_by_class.get(cls)
+        if best is None:
+            best = best_by_class[cls] = max(cluster.speed(m, cls) for m in free_models)
+        then = overhead + c.left * c.speed / best
+        if c.left - then >= min_gain and then <= ratio * c.left:
+            scored.append((c.left - then, r.job_id, c))
+    scored.sort(key=lambda x: (-x[0], x[1]))
+    return [c for _, _, c in scored]
+
+
 def plan_migrations(
     cluster: ClusterState,
     running: Mapping[str, RunningJob],
     config: PolicyConfig,
     now: float,
-    reservation: Reservation | None = None,
+    reservation: Reservations | None = None,
 ) -> list[Migration]:
     """Move long jobs to faster free GPUs; applies the moves to `cluster` and returns them."""
     min_gain = config.migrate_min_gain_s
     if min_gain is None or cluster.total_free == 0:
         return []
-    overhead, ratio = config.migration_overhead_s, config.migrate_max_ratio
-    free_models = [m for m, n in cluster.free_by_model.items() if n > 0]
-    if not free_models:
-        return []
-    # Cheap bound first: the gain if the job ran at the fastest free model's speed for its class.
-    candidates: list[tuple[float, RunningJob, float]] = []
-    best_by_class: dict[str, float] = {}
-    for r in running.values():
-        if r.request is None or r.expected_end is None or not r.checkpointable or not r.speed:
-            continue
-        left = r.expected_end - now
-        if left < min_gain or r.migrations >= config.max_migrations_per_job:
-            continue
-        cls = r.request.workload_class
-        best = best_by_class.get(cls)
-        if best is None:
-            best = best_by_class[cls] = max(cluster.speed(m, cls) for m in free_models)
-        bound = left - (overhead + left * r.speed / best)
-        if bound >= min_gain and overhead + left * r.speed / best <= ratio * left:
-            candidates.append((bound, r, left))
-    if not candidates:
-        return []
-    candidates.sort(key=lambda c: (-c[0], c[1].job_id))
     moves: list[Migration] = []
-    models_of: dict[tuple, list[tuple[str, float]]] = {}  # per view and class: (model, the job's speed there)
-    failed: set[tuple] = set()  # target shapes that found no placement in this pass
-    for _, r, left in candidates:
-        if cluster.total_free < r.gpus:
+    models_of: dict[tuple[int, str, bool], list[tuple[str, float]]] = {}  # per view and class: (model, speed)
+    failed: set[tuple[int, int, tuple[str, ...]]] = set()  # target shapes that found no placement in this pass
+    for c in _up_candidates(cluster, running, config, now, min_gain):
+        if cluster.total_free < c.job.gpus:
             continue
-        req = r.request
+        req = c.request
         view = eligible(cluster, req, config.profile)
         key = (id(view), req.workload_class, req.gpus > 1)
         if key not in models_of:
@@ -90,36 +119,51 @@ def plan_migrations(
         # Only models fast enough for the ratio with the overhead: a job never moves sideways or back.
         faster = tuple(
             m for m, speed in models_of[key]
-            if cluster.free_by_model[m] >= r.gpus and left * r.speed / speed + overhead <= ratio * left
+            if cluster.free_by_model[m] >= c.job.gpus
+            and c.left * c.speed / speed + config.migration_overhead_s <= config.migrate_max_ratio * c.left
         )
         if not faster or (id(view), req.gpus, faster) in failed:
             continue
-        target = replace(req, gpu_models=faster)
-        decision = place_on(cluster, target, config.profile, now)
-        if not isinstance(decision, Placement):
+        move = _move_up(cluster, c, replace(req, gpu_models=faster), config, now, min_gain, reservation)
+        if move is NO_PLACEMENT:
             failed.add((id(view), req.gpus, faster))
             continue
-        new_left = overhead + left * r.speed / decision.speed if decision.speed > 0 else float("inf")
-        end = now + new_left
-        if reservation is not None and not reservation.allows(decision, end):
-            decision = place_on(cluster, target, config.profile, now, caps=reservation.spare)
-            if not isinstance(decision, Placement):
-                continue
-            new_left = overhead + left * r.speed / decision.speed if decision.speed > 0 else float("inf")
-            end = now + new_left
-        if left - new_left < min_gain or new_left > ratio * left:
+        if move is None:
             continue
-        if reservation is not None:
-            reservation.take(decision, end)
-        cluster.release(r.job_id)
-        cluster.allocate(r.job_id, decision, req.service)
         failed.clear()  # the GPUs it left are free now
-        moves.append(Migration(
-            r.job_id, decision, end,
-            f"migrate to faster GPUs: {decision.model} on {decision.node} finishes it in "
-            f"{new_left / 3600:.1f} h instead of {left / 3600:.1f} h",
-        ))
+        moves.append(move)
     return moves
+
+
+def _move_up(
+    cluster: ClusterState, c: _Movable, target: JobRequest, config: PolicyConfig, now: float, min_gain: float,
+    reservation: Reservations | None,
+) -> Migration | None:
+    """Place the job on `target`'s faster models if that gains enough within the reservations; apply it.
+
+    `NO_PLACEMENT` when no GPUs of those models can take it (so no job of that shape can, this pass).
+    """
+    decision = place_on(cluster, target, config.profile, now)
+    if not isinstance(decision, Placement) or decision.speed <= 0:
+        return NO_PLACEMENT
+    new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
+    if reservation and not reservation.allows(decision, now + new_left):
+        decision = place_on(cluster, target, config.profile, now, caps=reservation.spare)
+        if not isinstance(decision, Placement) or decision.speed <= 0:
+            return None
+        new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
+    if c.left - new_left < min_gain or new_left > config.migrate_max_ratio * c.left:
+        return None
+    end = now + new_left
+    if reservation:
+        reservation.take(decision, end)
+    cluster.release(c.job.job_id)
+    cluster.allocate(c.job.job_id, decision, c.request.service)
+    return Migration(
+        c.job.job_id, decision, end,
+        f"migrate to faster GPUs: {decision.model} on {decision.node} finishes it in "
+        f"{new_left / 3600:.1f} h instead of {c.left / 3600:.1f} h",
+    )
 
 
 def make_room(
@@ -161,11 +205,11 @@ def make_room(
         # A gang: free GPUs on any of its nodes, by moving jobs to nodes it cannot use.
         have = sum(len(usable(cluster, req, n)) for n in view.nodes
                    if unavailable(cluster, req, cluster.nodes[n], config.profile, now) is None)
-        movable = sorted((r for n, jobs in by_node.items()
+        in_way = sorted((r for n, jobs in by_node.items()
                           if unavailable(cluster, req, cluster.nodes[n], config.profile, now) is None for r in jobs),
                          key=remaining)
         chosen, freed = [], 0
-        for r in movable:
+        for r in in_way:
             if have + freed >= req.gpus:
                 break
             chosen.append(r)
@@ -175,7 +219,7 @@ def make_room(
         node = f"{len({cluster.holdings[r.job_id][0].node for r in chosen})} node(s)"
         caps = dict.fromkeys(view.nodes, 0)
     else:
-        best: tuple[tuple, str, list[RunningJob]] | None = None
+        best: tuple[tuple[int, float, int], str, list[RunningJob]] | None = None
         for n, jobs in by_node.items():
             if unavailable(cluster, req, cluster.nodes[n], config.profile, now):
                 continue
@@ -202,16 +246,20 @@ def make_room(
     moves: list[tuple[Migration, tuple[NodeShare, ...]]] = []
     lost = 0.0
     for r in chosen:
-        decision = place_on(cluster, r.request, config.profile, now, caps=caps)
-        left = (r.expected_end or now) - now
+        c = movable(r, now, config)
+        if c is None:  # never: `by_node` holds only movable jobs
+            break
+        target = _off_largest(cluster, c.request, config) if config.migrate_spares_largest_memory else c.request
+        decision = place_on(cluster, target, config.profile, now, caps=caps)
+        left = c.left
         if not isinstance(decision, Placement) or decision.speed <= 0:
             break
-        new_left = config.migration_overhead_s + left * r.speed / decision.speed
+        new_left = config.migration_overhead_s + left * c.speed / decision.speed
         lost += max(0.0, new_left - left) * r.gpus
         if lost > config.make_room_budget * budget * req.gpus:
             break
         old = cluster.release(r.job_id)
-        cluster.allocate(r.job_id, decision, r.request.service)
+        cluster.allocate(r.job_id, decision, c.request.service)
         moves.append((Migration(
             r.job_id, decision, now + new_left,
             f"moved to {decision.model} on {decision.node} to make room for {req.job_id} on {node}",
@@ -236,7 +284,25 @@ def undo(
         cluster.allocate(m.job_id, back, req.service if req else None)
 
 
-def _models(cluster: ClusterState, req, view, spare_largest: bool) -> list[tuple[str, float]]:
+def _off_largest(cluster: ClusterState, req: JobRequest, config: PolicyConfig) -> JobRequest:
+    """The request kept off the largest-memory model when the job fits a smaller one (for moves)."""
+    view = eligible(cluster, req, config.profile)
+    mem = {m: max(g.memory_total_mib for g in cluster.nodes[n].gpus) for m, n in _first_node_of(cluster, view)}
+    if len(set(mem.values())) <= 1:
+        return req
+    largest = max(mem.values())
+    return replace(req, gpu_models=tuple(m for m, v in mem.items() if v < largest))
+
+
+def _first_node_of(cluster: ClusterState, view: StaticView) -> list[tuple[str, str]]:
+    """(model, one node of it) for each model of the view."""
+    seen: dict[str, str] = {}
+    for name in view.nodes:
+        seen.setdefault(cluster.nodes[name].model, name)
+    return list(seen.items())
+
+
+def _models(cluster: ClusterState, req: JobRequest, view: StaticView, spare_largest: bool) -> list[tuple[str, float]]:
     """The job's speed on each model of its view; without the largest-memory model when it fits a smaller one."""
     speeds: dict[str, float] = {}
     mem: dict[str, float] = {}
@@ -246,5 +312,5 @@ def _models(cluster: ClusterState, req, view, spare_largest: bool) -> list[tuple
             speeds[node.model] = candidate_speed(cluster, req, node)
             mem[node.model] = max(g.memory_total_mib for g in node.gpus)
     if spare_largest and len(set(mem.values())) > 1:
-        del speeds[max(mem, key=mem.get)]
+        del speeds[max(mem, key=lambda m: mem[m])]
     return [(m, s) for m, s in speeds.items() if s > 0]

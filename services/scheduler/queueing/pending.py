@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
-from typing import Iterator, Mapping
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterator, Mapping
 
 from .jobs import PendingJob, PolicyConfig, TeamPolicy, rank
 
+_Key = tuple[float, float, int, str]
 
-def _order(job: PendingJob) -> tuple[float, float, int, str]:
+
+def _order(job: PendingJob) -> _Key:
     return (0.0, job.submit_time, job.seq, job.job_id)
 
 
-def _shortest_first(job: PendingJob) -> tuple[float, float, int, str]:
+def _shortest_first(job: PendingJob) -> _Key:
     work = (job.request.expected_runtime_s or float("inf")) * job.request.gpus
     return (work, job.submit_time, job.seq, job.job_id)
 
@@ -21,9 +23,9 @@ def _shortest_first(job: PendingJob) -> tuple[float, float, int, str]:
 class PendingQueue:
     """Jobs waiting to start. Pure data structure: no I/O, no clock."""
 
-    def __init__(self, config: PolicyConfig):
+    def __init__(self, config: PolicyConfig) -> None:
         self.config = config
-        self._lanes: dict[tuple[int, str], list[tuple[tuple, PendingJob]]] = {}
+        self._lanes: dict[tuple[int, str], list[tuple[_Key, PendingJob]]] = {}
         self._jobs: dict[str, PendingJob] = {}
         self._key = _shortest_first if config.shortest_first else _order
 
@@ -68,21 +70,33 @@ class PendingQueue:
     def get(self, job_id: str) -> PendingJob | None:
         return self._jobs.get(job_id)
 
-    def ordered(self, usage: Mapping[str, int], teams: Mapping[str, TeamPolicy]) -> Iterator[PendingJob]:
-        """Jobs in the order a pass considers them: priority class, then weighted fair share, then age.
+    def ordered(
+        self, usage: Mapping[str, int], teams: Mapping[str, TeamPolicy], now: float | None = None
+    ) -> Iterator[PendingJob]:
+        """Jobs in the order a pass considers them: aged jobs, then priority class, weighted fair share, age.
 
-        Between teams of one class the next job comes from the team furthest
-        below its quota, then the one using least per unit of weight; `usage`
-        is read at each step, so placements made during the pass count.
+        With `config.aging_s` and `now`, every job that has waited that long
+        comes first, oldest first, whatever its class or team: so no job waits
+        behind an endless stream of higher-ranked ones (its wait is bounded as
+        under FIFO). Then, between teams of one class, the next job comes from
+        the team furthest below its quota, then the one using least per unit
+        of weight; `usage` is read at each step, so placements made during the
+        pass count.
         """
+        aged = self._aged(now)
+        if aged:
+            yield from (job for _, job in heapq.merge(*aged.values(), key=lambda e: e[0][1:]))
         for r in sorted({k[0] for k in self._lanes}):
             lanes = {team: lane for (lr, team), lane in self._lanes.items() if lr == r}
             if len(lanes) == 1:
-                for _, job in next(iter(lanes.values())):
+                key = next(iter(lanes))
+                lane = lanes[key]
+                for _, job in lane[len(aged.get((r, key), ())):] if aged else lane:
                     yield job
                 continue
-            pos = dict.fromkeys(lanes, 0)
-            heap = [(self._team_key(team, usage, teams), lanes[team][0][0], team) for team in lanes]
+            pos = {team: len(aged.get((r, team), ())) for team in lanes}
+            lanes = {team: lane for team, lane in lanes.items() if pos[team] < len(lane)}
+            heap = [(self._team_key(team, usage, teams), lanes[team][pos[team]][0], team) for team in lanes]
             heapq.heapify(heap)
             while heap:
                 _, _, team = heapq.heappop(heap)
@@ -92,6 +106,19 @@ class PendingQueue:
                 pos[team] = i + 1
                 if i + 1 < len(lane):
                     heapq.heappush(heap, (self._team_key(team, usage, teams), lane[i + 1][0], team))
+
+    def _aged(self, now: float | None) -> dict[tuple[int, str], list[tuple[_Key, PendingJob]]]:
+        """Per lane, the jobs submitted at least `aging_s` before `now` (a prefix: lanes are kept by age)."""
+        aging = self.config.aging_s
+        if aging is None or now is None or self.config.shortest_first:
+            return {}
+        cutoff = now - aging
+        out = {}
+        for key, lane in self._lanes.items():
+            n = bisect_right(lane, cutoff, key=lambda e: e[0][1])
+            if n:
+                out[key] = lane[:n]
+        return out
 
     @staticmethod
     def _team_key(team: str, usage: Mapping[str, int], teams: Mapping[str, TeamPolicy]) -> tuple[int, float]:

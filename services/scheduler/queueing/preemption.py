@@ -11,8 +11,8 @@ times, is left alone so no job starves by repeated preemption.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from ..placement import ClusterState
 from ..placement.framework import eligible, unavailable, usable
@@ -79,7 +79,7 @@ def choose_victims(
         why = victim_reason(job, r, usage, teams, config, now)
         if why:
             by_node.setdefault(share.node, []).append((r, why, len(share.gpu_indices)))
-    best: tuple[tuple, list[Preemption]] | None = None
+    best: tuple[tuple[int, int, int], list[Preemption]] | None = None
     for node, victims in by_node.items():
         if unavailable(cluster, req, cluster.nodes[node], config.profile, now):
             continue

@@ -1,4 +1,4 @@
-"""EASY backfill: reserve the start of the first job that cannot start now.
+"""EASY backfill: reserve the start of the first job that cannot start now (and of aged jobs).
 
 The reservation says when (the shadow time: running jobs end, by their
 estimates, until the job fits) and where (nodes, with how many GPUs others may
@@ -14,8 +14,8 @@ fitting on, not the whole fleet.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from ..placement import ClusterState, Placement, Profile
 from ..placement.framework import eligible, unavailable, usable
@@ -51,14 +51,54 @@ class Reservation:
         return f"reserved to start {when} on {nodes}"
 
 
+@dataclass
+class Reservations:
+    """The reservations of one pass (the head's, then those of aged jobs): a later job must keep them all."""
+
+    held: list[Reservation] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.held)
+
+    def allows(self, placement: Placement, end: float | None) -> bool:
+        """A job placed so, ending at `end`, leaves every reserved start intact."""
+        return all(r.allows(placement, end) for r in self.held)
+
+    def take(self, placement: Placement, end: float | None) -> None:
+        """Account for a job that starts within the reservations."""
+        for r in self.held:
+            r.take(placement, end)
+
+    @property
+    def spare(self) -> dict[str, int]:
+        """GPUs others may still take per reserved node (the least any reservation spares)."""
+        out: dict[str, int] = {}
+        for r in self.held:
+            for node, n in r.spare.items():
+                out[node] = min(n, out.get(node, n))
+        return out
+
+    def blocking(self, placement: Placement, end: float | None) -> Reservation:
+        """The first reservation the placement would break (the head's if none)."""
+        return next((r for r in self.held if not r.allows(placement, end)), self.held[0])
+
+    def holds(self, job_id: str) -> bool:
+        return any(r.job_id == job_id for r in self.held)
+
+
 def reserve(
     cluster: ClusterState,
     job: PendingJob,
     running: Mapping[str, RunningJob],
     profile: Profile,
     now: float,
+    taken: Reservations | None = None,
 ) -> Reservation:
-    """Where and when the job will start if nothing else starts before it."""
+    """Where and when the job will start if nothing else starts before it.
+
+    With `taken`, nodes that earlier reservations hold whole are left to them (unless no other node
+    could ever hold the job), so a second reservation is not stacked on the first one's nodes.
+    """
     req = job.request
     view = eligible(cluster, req, profile)
     gang = req.gpus > view.max_gpus_per_node
@@ -68,6 +108,11 @@ def reserve(
         if unavailable(cluster, req, cluster.nodes[n], profile, now) is None
         and (gang or len(cluster.nodes[n].gpus) >= req.gpus)
     }
+    held = taken.spare if taken else {}
+    if held:
+        rest = {n: f for n, f in free.items() if held.get(n) != 0}
+        if rest and (gang or any(len(cluster.nodes[n].gpus) >= req.gpus for n in rest)):
+            free = rest
     ends = sorted(
         (r for r in running.values() if r.job_id in cluster.holdings),
         key=lambda r: (_end(r) is None, _end(r) or 0.0, r.job_id),
@@ -78,10 +123,11 @@ def reserve(
     for r in ends:
         if found:
             break
-        if _end(r) is None:
+        end = _end(r)
+        if end is None:
             start = None
             break
-        start = max(now, _end(r))
+        start = max(now, end)
         for share in cluster.holdings[r.job_id]:
             if share.node in free:
                 free[share.node] += len(share.gpu_indices)

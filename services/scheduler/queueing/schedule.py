@@ -12,17 +12,21 @@ started and rejected jobs from `request.queue`; the caller acts on the reply
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any
 
-from ..placement import ClusterState, Infeasible, Placement, place_on
+from ..placement import ClusterState, Infeasible, JobRequest, Placement, place_on
 from ..placement.framework import eligible
 from .faster_wait import faster_start
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
 from .migration import Migration, make_room, plan_migrations, undo
 from .pending import PendingQueue
 from .preemption import Preemption, choose_victims
-from .reservation import Reservation, reserve
+from .reservation import Reservation, Reservations, reserve
+
+# Jobs of one shape fit or not alike in one pass: (view, GPUs[, memory][, runtime, class]).
+Shape = tuple[object, ...]
 
 
 @dataclass
@@ -50,7 +54,7 @@ class ScheduleReply:
     infeasible: dict[str, str] = field(default_factory=dict)
     # Why each examined job still waits, in the order the policy considered them.
     waiting: dict[str, str] = field(default_factory=dict)
-    reservation: Reservation | None = None
+    reservation: Reservation | None = None  # the head's
     # Running jobs moved (to faster GPUs, or out of a blocked job's way): stop each and resume it
     # from its checkpoint on the new placement, in this pass.
     migrated: list[Migration] = field(default_factory=list)
@@ -66,89 +70,130 @@ def expected_runtime(job: PendingJob, placement: Placement, config: PolicyConfig
 
 def schedule(request: ScheduleRequest) -> ScheduleReply:
     """One pass: start what fits in policy order, backfill safely, preempt for the first blocked job."""
-    cfg, cluster, now = request.config, request.cluster, request.now
-    reply = ScheduleReply()
-    usage: Counter[str] = Counter()
-    for r in request.running.values():
-        usage[r.team] += r.gpus
-    has_quotas = any(t.quota_gpus is not None for t in request.teams.values())
-    blocked: dict[tuple, str] = {}  # job shape -> why it cannot start now (cached for this pass)
-    faster_starts: dict[tuple, tuple] = {}  # job shape -> when a faster model frees (cached for this pass)
-    examined = misses = 0
-    reservation: Reservation | None = None
-    head_seen = False
+    return _Pass(request).run()
 
-    for job in request.queue.ordered(usage, request.teams):
-        if examined >= cfg.scan_depth or misses >= cfg.max_misses_in_a_row:
-            break
-        req = job.request
-        may_preempt = cfg.preemption and (req.priority in cfg.preempt_for or has_quotas)
-        if cluster.total_free == 0 and not may_preempt:
-            if not cfg.preemption or (cfg.use_priorities and not has_quotas and _cannot_preempt(req.priority, cfg)):
-                break  # nothing is free and no later job may preempt either (classes come in rank order)
-            reply.waiting[job.job_id] = "no GPU free"
-            misses += 1
-            continue
-        examined += 1
-        shape = _shape(cluster, req, cfg)
-        why = blocked.get(shape)
-        decision = None
+
+class _Pass:
+    """The state of one pass over the queue."""
+
+    def __init__(self, request: ScheduleRequest) -> None:
+        self.request, self.cfg, self.cluster, self.now = request, request.config, request.cluster, request.now
+        self.reply = ScheduleReply()
+        self.usage: Counter[str] = Counter()
+        for r in request.running.values():
+            self.usage[r.team] += r.gpus
+        self.has_quotas = any(t.quota_gpus is not None for t in request.teams.values())
+        self.blocked: dict[Shape, str] = {}  # job shape -> why it cannot start now (cached for this pass)
+        self.faster_starts: dict[object, Any] = {}  # job shape -> when a faster model frees (cached for this pass)
+        self.reservations = Reservations()
+        self.head_seen = False
+        self.misses = 0
+
+    def run(self) -> ScheduleReply:
+        cfg, cluster, reply = self.cfg, self.cluster, self.reply
+        examined = 0
+        for job in self.request.queue.ordered(self.usage, self.request.teams, self.now):
+            if examined >= cfg.scan_depth or self.misses >= cfg.max_misses_in_a_row:
+                break
+            req = job.request
+            may_preempt = cfg.preemption and (req.priority in cfg.preempt_for or self.has_quotas)
+            if cluster.total_free == 0 and not may_preempt:
+                if not cfg.preemption or (cfg.use_priorities and not self.has_quotas
+                                          and _cannot_preempt(req.priority, cfg)):
+                    break  # nothing is free and no later job may preempt either (classes come in rank order)
+                reply.waiting[job.job_id] = "no GPU free"
+                self.misses += 1
+                continue
+            examined += 1
+            if self._consider(job, may_preempt):
+                break
+        if cfg.migrate_min_gain_s is not None and cluster.total_free:
+            reply.migrated += plan_migrations(cluster, _unmoved(self.request, reply), cfg, self.now, self.reservations)
+        for s in reply.started:
+            self.request.queue.remove(s.job.job_id)
+        for job_id in reply.infeasible:
+            self.request.queue.remove(job_id)
+        return reply
+
+    def _consider(self, job: PendingJob, may_preempt: bool) -> bool:
+        """Start the job, or say why it waits (reserving for it if it is the head or aged); True: stop the pass."""
+        cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
+        shape = _shape(cluster, job.request, cfg)
+        why = self.blocked.get(shape)
         if why is None:
-            decision = place_on(cluster, req, cfg.profile, now)
+            decision = place_on(cluster, job.request, cfg.profile, now)
             if isinstance(decision, Infeasible):
                 reply.infeasible[job.job_id] = decision.reason
-                continue
-            if not isinstance(decision, Placement):
-                why = blocked[shape] = decision.reason
-        if why is None:
-            end = _end(now, job, decision, cfg)
-            if reservation is not None and not reservation.allows(decision, end):
-                decision = _place_within(cluster, job, cfg, now, reservation, shape, blocked)
-                end = _end(now, job, decision, cfg) if decision else None
-            if decision is not None and cfg.wait_for_faster_gain is not None:
-                later = faster_start(cluster, job, decision, request.running, cfg, now, faster_starts)
-                if later:
-                    # Waiting by choice, not blocked: it takes no reservation and preempts nothing.
-                    reply.waiting[job.job_id] = later
-                    misses += 1
-                    continue
-            if decision is not None:
-                if reservation is not None:
-                    reservation.take(decision, end)
-                _start(reply, cluster, usage, job, decision, end, backfilled=reservation is not None)
-                misses = 0
-                continue
-            why = f"would delay {reservation.job_id}, {reservation.describe()}" if reservation else "no room"
+                return False
+            if isinstance(decision, Placement):
+                why = self._start_within(job, decision, shape)
+                if why is None:
+                    return False
+            else:
+                why = self.blocked[shape] = decision.reason
         # The job cannot start now.
-        misses += 1
-        if not head_seen:
-            head_seen = True
-            # Only the first blocked job preempts, so preemption never undercuts a reservation.
-            if may_preempt and _try_preemption(request, reply, usage, job):
-                misses = 0
-                continue
-            if not cfg.backfill:
-                reply.waiting[job.job_id] = why
-                break  # strict FIFO: nothing overtakes the head
-            reservation = reply.reservation = reserve(cluster, job, request.running, cfg.profile, now)
-            if cfg.make_room_by_migration and _try_make_room(request, reply, usage, job, reservation):
-                reservation = reply.reservation = None
-                head_seen = False  # it started: the next blocked job is the one to reserve for
-                misses = 0
-                continue
-            reply.waiting[job.job_id] = f"{why}; {reservation.describe()}"
-            continue
+        self.misses += 1
+        if not self.head_seen:
+            return self._head(job, may_preempt, why)
+        aging = cfg.aging_s
+        if (aging is not None and cfg.backfill and now - job.submit_time >= aging
+                and len(self.reservations.held) < cfg.max_reservations):
+            # A job waiting past the aging bound holds a start of its own too, so backfill cannot starve it.
+            held = reserve(cluster, job, self.request.running, cfg.profile, now, self.reservations)
+            self.reservations.held.append(held)
+            reply.waiting[job.job_id] = f"{why}; waited past the aging bound, {held.describe()}"
+            return False
         # The shell says how many jobs are ahead: `waiting` keeps the policy's order.
         reply.waiting[job.job_id] = why
+        return False
 
-    if cfg.migrate_min_gain_s is not None and cluster.total_free:
-        reply.migrated += plan_migrations(cluster, _unmoved(request, reply), cfg, now, reservation)
+    def _start_within(self, job: PendingJob, decision: Placement, shape: Shape) -> str | None:
+        """Start the job on `decision` (or within the reservations, or not: waiting for a faster model).
 
-    for s in reply.started:
-        request.queue.remove(s.job.job_id)
-    for job_id in reply.infeasible:
-        request.queue.remove(job_id)
-    return reply
+        None when it started or chose to wait (its reason is recorded); else why it cannot start.
+        """
+        cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
+        end = _end(now, job, decision, cfg)
+        placed = decision
+        if self.reservations and not self.reservations.allows(decision, end):
+            blocking = self.reservations.blocking(decision, end)
+            within = _place_within(cluster, job, cfg, now, self.reservations, shape, self.blocked)
+            if within is None:
+                return f"would delay {blocking.job_id}, {blocking.describe()}"
+            placed, end = within, _end(now, job, within, cfg)
+        if cfg.wait_for_faster_gain is not None:
+            later = faster_start(cluster, job, placed, self.request.running, cfg, now, self.faster_starts)
+            if later:
+                # Waiting by choice, not blocked: it takes no reservation and preempts nothing.
+                reply.waiting[job.job_id] = later
+                self.misses += 1
+                return None
+        if self.reservations:
+            self.reservations.take(placed, end)
+        _start(reply, cluster, self.usage, job, placed, end, backfilled=bool(self.reservations))
+        self.misses = 0
+        return None
+
+    def _head(self, job: PendingJob, may_preempt: bool, why: str) -> bool:
+        """The first job that cannot start: it preempts, or has room made, or reserves. True: stop the pass."""
+        cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
+        self.head_seen = True
+        # Only the first blocked job preempts, so preemption never undercuts a reservation.
+        if may_preempt and _try_preemption(self.request, reply, self.usage, job):
+            self.misses = 0
+            return False
+        if not cfg.backfill:
+            reply.waiting[job.job_id] = why
+            return True  # strict FIFO: nothing overtakes the head
+        head = reserve(cluster, job, self.request.running, cfg.profile, now)
+        if cfg.make_room_by_migration and _try_make_room(self.request, reply, self.usage, job, head):
+            self.head_seen = False  # it started: the next blocked job is the one to reserve for
+            self.misses = 0
+            return False
+        self.reservations.held.insert(0, head)
+        reply.reservation = head
+        reply.waiting[job.job_id] = f"{why}; {head.describe()}"
+        return False
 
 
 def _cannot_preempt(priority: str, cfg: PolicyConfig) -> bool:
@@ -156,10 +201,10 @@ def _cannot_preempt(priority: str, cfg: PolicyConfig) -> bool:
     return all(rank(p) < rank(priority) for p in cfg.preempt_for)
 
 
-def _shape(cluster: ClusterState, req, cfg: PolicyConfig) -> tuple:
+def _shape(cluster: ClusterState, req: JobRequest, cfg: PolicyConfig) -> Shape:
     """Jobs of one shape fit or not alike, so one failure answers for all of them in a pass."""
     view = eligible(cluster, req, cfg.profile)
-    key: tuple = (id(view), req.gpus)
+    key: Shape = (id(view), req.gpus)
     if cluster.has_memory_telemetry:
         key += (req.min_memory_mib,)
     if cluster.has_leases:
@@ -172,7 +217,10 @@ def _end(now: float, job: PendingJob, placement: Placement, cfg: PolicyConfig) -
     return None if runtime is None else now + runtime
 
 
-def _place_within(cluster, job, cfg, now, reservation: Reservation, shape, blocked) -> Placement | None:
+def _place_within(
+    cluster: ClusterState, job: PendingJob, cfg: PolicyConfig, now: float, reservation: Reservations, shape: Shape,
+    blocked: dict[Shape, str],
+) -> Placement | None:
     """Place using only GPUs the reservation can spare (cached per shape like any failure)."""
     key = (*shape, "within-reservation")
     if key in blocked:
@@ -184,7 +232,10 @@ def _place_within(cluster, job, cfg, now, reservation: Reservation, shape, block
     return None
 
 
-def _start(reply, cluster: ClusterState, usage, job: PendingJob, placement: Placement, end, backfilled: bool) -> None:
+def _start(
+    reply: ScheduleReply, cluster: ClusterState, usage: Counter[str], job: PendingJob, placement: Placement,
+    end: float | None, backfilled: bool,
+) -> None:
     cluster.allocate(job.job_id, placement, job.request.service)
     usage[job.request.team] += job.request.gpus
     reply.started.append(Started(job, placement, end, backfilled))
@@ -196,7 +247,9 @@ def _unmoved(request: ScheduleRequest, reply: ScheduleReply) -> Mapping[str, Run
     return {k: v for k, v in request.running.items() if k not in moved} if moved else request.running
 
 
-def _try_make_room(request: ScheduleRequest, reply: ScheduleReply, usage, job: PendingJob, reservation) -> bool:
+def _try_make_room(
+    request: ScheduleRequest, reply: ScheduleReply, usage: Counter[str], job: PendingJob, reservation: Reservation
+) -> bool:
     """Move running jobs that fit elsewhere off a node the blocked job needs, then start it there."""
     cfg, cluster, now = request.config, request.cluster, request.now
     wait = None if reservation.start is None else reservation.start - now
@@ -213,9 +266,10 @@ def _try_make_room(request: ScheduleRequest, reply: ScheduleReply, usage, job: P
     return True
 
 
-def _try_preemption(request: ScheduleRequest, reply: ScheduleReply, usage, job: PendingJob) -> bool:
+def _try_preemption(request: ScheduleRequest, reply: ScheduleReply, usage: Counter[str], job: PendingJob) -> bool:
     cfg, cluster, now = request.config, request.cluster, request.now
-    victims = choose_victims(cluster, job, request.running, usage, request.teams, cfg, now)
+    # Never a job this pass already moved (it holds its new GPUs only in this pass's bookkeeping).
+    victims = choose_victims(cluster, job, _unmoved(request, reply), usage, request.teams, cfg, now)
     if not victims:
         return False
     for p in victims:

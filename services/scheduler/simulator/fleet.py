@@ -6,7 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from whaleflux.shared.catalog import DATA_DIR, Fleet, gpu_models
+from whaleflux.shared.catalog import Fleet, gpu_models
+from whaleflux.shared.datafiles import DATA_DIR
 
 from ..placement import GpuState, Interconnects, ModelFacts, NodeState
 
@@ -31,4 +32,6 @@ def interconnects(path: str | Path | None = None) -> Interconnects:
     """`multi_gpu_efficiency` from gpu_models.yaml."""
     doc = yaml.safe_load(Path(path or DATA_DIR / "gpu_models.yaml").read_text())
     eff = doc.get("multi_gpu_efficiency", {})
-    return Interconnects(nvlink=eff.get("nvlink", 1.0), pcie=eff.get("pcie", 0.75), cross_node=eff.get("cross_node", 0.9))
+    return Interconnects(
+        nvlink=eff.get("nvlink", 1.0), pcie=eff.get("pcie", 0.75), cross_node=eff.get("cross_node", 0.9)
+    )

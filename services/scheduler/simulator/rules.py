@@ -1,0 +1,44 @@
+"""How the simulator carries the policy's decisions out: the live executor's rules by default.
+
+The live service (services/scheduler/app.py, schedule_request.py) never
+splits a job that fits one node across nodes, moves only running one-node
+jobs that resume from a checkpoint of their own, and carries a move out as a
+stop order, a requeue, a hold until the old attempt has ended, and a new
+placement by a later pass. `LIVE` is that; the other switches exist to
+measure what each rule costs (bench/scheduler_trace.py --executor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..placement import Placement
+from ..queueing import PolicyConfig
+from .workload import SimJob
+
+
+@dataclass(frozen=True)
+class ExecutorRules:
+    # Live: a job that fits one node waits for one (the service's profile has no split_min_speed_ratio).
+    split_jobs_that_fit_one_node: bool = False
+    # Live: only a one-node job that keeps a checkpoint may be moved (`schedule_request.movable`).
+    move_any_job: bool = False
+    # Stop order -> the old attempt's end (its checkpoint written, within the agent's grace period):
+    # the job is held that long before it is queued again.
+    stop_s: float = 5.0
+    # Start-up latency and checkpoint load of a resumed attempt (no work done meanwhile).
+    resume_s: float = 60.0
+
+    def may_move(self, job: SimJob, placement: Placement) -> bool:
+        """Whether the policy may move this job while it runs on `placement`."""
+        return self.move_any_job or (not placement.others and job.keeps_checkpoint)
+
+
+LIVE = ExecutorRules()
+
+
+def executor_policy(policy: PolicyConfig, rules: ExecutorRules) -> PolicyConfig:
+    """The policy as the executor runs it (live: no split of a job that fits one node)."""
+    if rules.split_jobs_that_fit_one_node:
+        return policy
+    return replace(policy, profile=replace(policy.profile, split_min_speed_ratio=None))

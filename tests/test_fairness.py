@@ -1,0 +1,132 @@
+"""Fairness mechanics of the queue core: aging bounds waits, the largest-memory GPUs are kept for the jobs that need them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from whaleflux.scheduler.placement import ClusterState, GpuState, JobRequest, ModelFacts, NodeState, place_on
+from whaleflux.scheduler.queueing import WHALEFLUX, PendingJob, PendingQueue, RunningJob, ScheduleRequest, schedule
+
+POLICY = replace(WHALEFLUX, preemption=False, aging_s=3600.0)
+MODELS = {
+    "A100": ModelFacts("A100", {"llm-train": 1.0, "small": 1.0}),
+    "H100": ModelFacts("H100", {"llm-train": 2.6, "small": 1.5}),
+    "H200": ModelFacts("H200", {"llm-train": 3.0, "small": 1.5}),
+}
+
+
+def nodes(*specs):
+    """(name, model, GPUs, GB per GPU) -> nodes."""
+    return [
+        NodeState(name, "c", model, "nvlink", tuple(GpuState(f"{name}-g{g}", g, gb * 1024) for g in range(n)))
+        for name, model, n, gb in specs
+    ]
+
+
+def pending(job_id, t, gpus=1, priority="normal", team="t", runtime=600.0, gb=0, klass="small"):
+    req = JobRequest(job_id, gpus, team=team, priority=priority, expected_runtime_s=runtime,
+                     min_memory_mib=gb * 1024, workload_class=klass)
+    return PendingJob(req, t)
+
+
+def run_on(cluster, running, job_id, node, now, end, gpus=1, klass="llm-train", gb=0):
+    """A movable job running on `node` since `now`, expected to end at `end`."""
+    req = JobRequest(job_id, gpus, workload_class=klass, expected_runtime_s=end - now, min_memory_mib=gb * 1024,
+                     gpu_models=(cluster.nodes[node].model,))
+    d = place_on(cluster, req, POLICY.profile, now, caps={n: 0 for n in cluster.nodes if n != node})
+    cluster.allocate(job_id, d)
+    running[job_id] = RunningJob(job_id, "t", "normal", False, gpus, now, end, request=replace(req, gpu_models=()),
+                                 speed=d.speed, checkpointable=True)
+
+
+def test_a_job_waiting_past_the_aging_bound_comes_before_higher_priority_and_other_teams():
+    q = PendingQueue(POLICY)
+    q.add(pending("old-low", 0.0, priority="low", team="busy"))
+    q.add(pending("young-high", 5000.0, priority="high"))
+    q.add(pending("young-normal", 5000.0, team="idle"))
+    q.add(pending("older-normal", 100.0, team="busy"))
+    usage = {"busy": 100}
+    assert [j.job_id for j in q.ordered(usage, {}, now=3000.0)] == ["young-high", "young-normal", "older-normal", "old-low"]
+    # Past the bound (3,600 s) the two old ones come first, oldest first, whatever their class and team.
+    assert [j.job_id for j in q.ordered(usage, {}, now=5000.0)] == ["old-low", "older-normal", "young-high", "young-normal"]
+    # Without a bound, or without `now`, the order is the classes' order.
+    assert [j.job_id for j in q.ordered(usage, {})][0] == "young-high"
+    plain = PendingQueue(replace(POLICY, aging_s=None))
+    for j in ("old-low", "young-high"):
+        plain.add(pending(j, 0.0 if j == "old-low" else 5000.0, priority=j.split("-")[1]))
+    assert [j.job_id for j in plain.ordered({}, {}, now=1e9)] == ["young-high", "old-low"]
+
+
+def test_an_aged_blocked_job_holds_the_reservation_so_a_stream_of_high_priority_jobs_cannot_pass_it():
+    cluster = ClusterState(nodes(("n", "A100", 2, 80)), MODELS)
+    running: dict[str, RunningJob] = {}
+    run_on(cluster, running, "holder", "n", 0.0, 1000.0, klass="small")
+    q = PendingQueue(POLICY)
+    q.add(pending("wide", 0.0, gpus=2, runtime=600.0))
+    q.add(pending("urgent", 100.0, priority="high", runtime=5000.0))
+    # Young: the high-priority job goes first and takes the free GPU; "wide" is pushed back.
+    reply = schedule(ScheduleRequest(200.0, cluster, q, running, POLICY))
+    assert [s.job.job_id for s in reply.started] == ["urgent"]
+    cluster.release("urgent")
+    q.add(pending("urgent", 100.0, priority="high", runtime=5000.0))
+    # Aged (waited 4,000 s > 3,600 s): "wide" is the head; its reservation (at 1,000 s, when the holder
+    # ends) keeps the 5,000 s high-priority job off the free GPU.
+    reply = schedule(ScheduleRequest(4000.0, cluster, q, running, POLICY))
+    assert reply.started == [] and reply.reservation is not None and reply.reservation.job_id == "wide"
+    assert "would delay wide" in reply.waiting["urgent"]
+
+
+def test_moves_up_keep_a_job_that_fits_smaller_gpus_off_the_largest_memory_model():
+    fleet = nodes(("a", "A100", 1, 80), ("x", "H200", 1, 141))
+    for spare, expected in ((False, ["long"]), (True, [])):
+        cluster, running = ClusterState(fleet, MODELS), {}
+        run_on(cluster, running, "long", "a", 0.0, 7 * 86400.0)
+        policy = replace(POLICY, migrate_spares_largest_memory=spare)
+        reply = schedule(ScheduleRequest(100.0, cluster, PendingQueue(policy), running, policy))
+        assert [m.job_id for m in reply.migrated] == expected
+
+
+def test_making_room_moves_a_job_to_a_smaller_memory_gpu_rather_than_onto_another_largest_memory_one():
+    # A 2-GPU job needing 100 GB can only use an H200 node. The job in its way fits 80 GB: it goes to
+    # the A100, not to the other H200 node's free GPU (faster, but the next such job needs it).
+    fleet = nodes(("a", "A100", 1, 80), ("x1", "H200", 2, 141), ("x2", "H200", 2, 141))
+    for spare, target in ((True, "a"), (False, "x2")):
+        policy = replace(POLICY, make_room_budget=100.0, migrate_spares_largest_memory=spare)
+        cluster, running = ClusterState(fleet, MODELS), {}
+        run_on(cluster, running, "fits-80", "x1", 0.0, 86400.0)
+        run_on(cluster, running, "other-big", "x2", 0.0, 86400.0, gb=100)
+        q = PendingQueue(policy)
+        q.add(pending("needs-100", 0.0, gpus=2, gb=100, runtime=3600.0, klass="llm-train"))
+        reply = schedule(ScheduleRequest(1000.0, cluster, q, running, policy))
+        (m,) = reply.migrated
+        assert (m.job_id, m.placement.node) == ("fits-80", target)
+        assert [(s.job.job_id, s.placement.node) for s in reply.started] == [("needs-100", "x1")]
+
+
+def test_a_second_aged_job_gets_a_reservation_of_its_own_on_other_nodes():
+    # Two 2-GPU nodes, one GPU of each held (until 5,000 s on n1, 6,000 s on n2). Two 2-GPU jobs have
+    # waited past the bound: the older reserves n1, the other n2, so a young 1-GPU job that would run
+    # past 6,000 s may take neither free GPU.
+    cluster = ClusterState(nodes(("n1", "A100", 2, 80), ("n2", "A100", 2, 80)), MODELS)
+    running: dict[str, RunningJob] = {}
+    run_on(cluster, running, "h1", "n1", 0.0, 5000.0, klass="small")
+    run_on(cluster, running, "h2", "n2", 0.0, 6000.0, klass="small")
+    policy = replace(POLICY, make_room_by_migration=False, migrate_min_gain_s=None)
+    q = PendingQueue(policy)
+    q.add(pending("old", 0.0, gpus=2))
+    q.add(pending("older-than-bound", 100.0, gpus=2))
+    q.add(pending("young", 3900.0, runtime=9000.0))
+    reply = schedule(ScheduleRequest(4000.0, cluster, q, running, policy))
+    assert reply.started == []
+    assert reply.reservation is not None and (reply.reservation.job_id, reply.reservation.start) == ("old", 5000.0)
+    assert "aging bound" in reply.waiting["older-than-bound"] and "n2" in reply.waiting["older-than-bound"]
+    assert "would delay" in reply.waiting["young"]
+    # Without aging only the head reserves: the young job takes n2's free GPU and delays the other one.
+    plain = replace(policy, aging_s=None)
+    cluster.release("young")
+    q = PendingQueue(plain)
+    for j in (pending("old", 0.0, gpus=2), pending("older-than-bound", 100.0, gpus=2),
+              pending("young", 3900.0, runtime=9000.0)):
+        q.add(j)
+    reply = schedule(ScheduleRequest(4000.0, cluster, q, running, plain))
+    assert [(s.job.job_id, s.placement.node) for s in reply.started] == [("young", "n2")]

@@ -139,7 +139,7 @@ def judge_memory(run: MemoryRun, th: Thresholds) -> GpuCheck:
     reasons: list[str] = []
     verdicts: list[Verdict] = []
     if run.mismatches:
-        where = ", ".join(f"0x{a:x}" for a in run.bad_addresses[:4])
+        where = ", ".join(f"0x{a:x}" for a in sorted(set(run.bad_addresses))[:4])
         reasons.append(f"memory: {run.mismatches} mismatches in {run.bytes_tested / GB:.1f} GB tested"
                        + (f" (at {where})" if where else ""))
         verdicts.append("fail")

@@ -81,7 +81,7 @@ def _run(args: tuple[Workload, str]) -> tuple[SimReport, float]:
 def _print_table(rows: list[list[str]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def targets(wf: SimReport, bf: SimReport, rows: list[ClassRow]) -> str:
@@ -102,7 +102,8 @@ def targets(wf: SimReport, bf: SimReport, rows: list[ClassRow]) -> str:
 def report(w: Workload, results: list[tuple[SimReport, float]]) -> str:
     """Print one workload's tables; returns its targets line."""
     reports = [r for r, _ in results]
-    print(f"\n## {w.name}: {w.jobs.name} on {w.fleet.stem}" + (f", estimate noise sigma {w.noise:g}" if w.noise else ""))
+    noise = f", estimate noise sigma {w.noise:g}" if w.noise else ""
+    print(f"\n## {w.name}: {w.jobs.name} on {w.fleet.stem}{noise}")
     _print_table(side_by_side(reports) + [["simulation wall time (s)", *(f"{s:.1f}" for _, s in results)]])
     by = {r.policy: r for r in reports}
     if "backfill" not in by or "whaleflux" not in by:
@@ -128,7 +129,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.workers) as pool:
         loads = [prepare(name, Path(tmp)) for name in args.workloads.split(",")]
         futures = [[pool.submit(_run, (w, p)) for p in policies] for w in loads]
-        for w, fs in zip(loads, futures):
+        for w, fs in zip(loads, futures, strict=True):
             lines.append((w.name, report(w, [f.result() for f in fs])))
     print("\n## Summary")
     for name, line in lines:

@@ -1,10 +1,10 @@
-"""Fairness mechanics of the queue core: aging bounds waits, the largest-memory GPUs are kept for the jobs that need them."""
+"""Fairness mechanics of the queue core: aging bounds waits; the largest-memory GPUs stay for jobs that need them."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from whaleflux.scheduler.placement import ClusterState, GpuState, JobRequest, ModelFacts, NodeState, place_on
+from whaleflux.scheduler.placement import ClusterState, GpuState, JobRequest, ModelFacts, NodeState, Placement, place_on
 from whaleflux.scheduler.queueing import WHALEFLUX, PendingJob, PendingQueue, RunningJob, ScheduleRequest, schedule
 
 POLICY = replace(WHALEFLUX, preemption=False, aging_s=3600.0)
@@ -34,6 +34,7 @@ def run_on(cluster, running, job_id, node, now, end, gpus=1, klass="llm-train", 
     req = JobRequest(job_id, gpus, workload_class=klass, expected_runtime_s=end - now, min_memory_mib=gb * 1024,
                      gpu_models=(cluster.nodes[node].model,))
     d = place_on(cluster, req, POLICY.profile, now, caps={n: 0 for n in cluster.nodes if n != node})
+    assert isinstance(d, Placement)
     cluster.allocate(job_id, d)
     running[job_id] = RunningJob(job_id, "t", "normal", False, gpus, now, end, request=replace(req, gpu_models=()),
                                  speed=d.speed, checkpointable=True)
@@ -46,9 +47,11 @@ def test_a_job_waiting_past_the_aging_bound_comes_before_higher_priority_and_oth
     q.add(pending("young-normal", 5000.0, team="idle"))
     q.add(pending("older-normal", 100.0, team="busy"))
     usage = {"busy": 100}
-    assert [j.job_id for j in q.ordered(usage, {}, now=3000.0)] == ["young-high", "young-normal", "older-normal", "old-low"]
+    order = ["young-high", "young-normal", "older-normal", "old-low"]
+    assert [j.job_id for j in q.ordered(usage, {}, now=3000.0)] == order
     # Past the bound (3,600 s) the two old ones come first, oldest first, whatever their class and team.
-    assert [j.job_id for j in q.ordered(usage, {}, now=5000.0)] == ["old-low", "older-normal", "young-high", "young-normal"]
+    order = ["old-low", "older-normal", "young-high", "young-normal"]
+    assert [j.job_id for j in q.ordered(usage, {}, now=5000.0)] == order
     # Without a bound, or without `now`, the order is the classes' order.
     assert [j.job_id for j in q.ordered(usage, {})][0] == "young-high"
     plain = PendingQueue(replace(POLICY, aging_s=None))
@@ -79,7 +82,7 @@ def test_an_aged_blocked_job_holds_the_reservation_so_a_stream_of_high_priority_
 def test_moves_up_keep_a_job_that_fits_smaller_gpus_off_the_largest_memory_model():
     fleet = nodes(("a", "A100", 1, 80), ("x", "H200", 1, 141))
     for spare, expected in ((False, ["long"]), (True, [])):
-        cluster, running = ClusterState(fleet, MODELS), {}
+        cluster, running = ClusterState(fleet, MODELS), dict[str, RunningJob]()
         run_on(cluster, running, "long", "a", 0.0, 7 * 86400.0)
         policy = replace(POLICY, migrate_spares_largest_memory=spare)
         reply = schedule(ScheduleRequest(100.0, cluster, PendingQueue(policy), running, policy))
@@ -92,7 +95,7 @@ def test_making_room_moves_a_job_to_a_smaller_memory_gpu_rather_than_onto_anothe
     fleet = nodes(("a", "A100", 1, 80), ("x1", "H200", 2, 141), ("x2", "H200", 2, 141))
     for spare, target in ((True, "a"), (False, "x2")):
         policy = replace(POLICY, make_room_budget=100.0, migrate_spares_largest_memory=spare)
-        cluster, running = ClusterState(fleet, MODELS), {}
+        cluster, running = ClusterState(fleet, MODELS), dict[str, RunningJob]()
         run_on(cluster, running, "fits-80", "x1", 0.0, 86400.0)
         run_on(cluster, running, "other-big", "x2", 0.0, 86400.0, gb=100)
         q = PendingQueue(policy)

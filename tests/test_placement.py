@@ -7,6 +7,13 @@ from whaleflux.scheduler.placement import GpuState, Infeasible, JobRequest, Node
 GB = 1024
 
 
+def placed(*args, **kw) -> Placement:
+    """`place`, which must have found a placement."""
+    decision = place(*args, **kw)
+    assert isinstance(decision, Placement), decision
+    return decision
+
+
 def node(name, model="H100", gpus=8, mem=80 * GB, taken=(), free_mem=None):
     return NodeState(
         name=name, cluster="c", model=model, interconnect="nvlink",
@@ -25,7 +32,7 @@ def test_best_fit_prefers_the_node_left_with_fewest_free_gpus():
 
 def test_allowed_models_filter_nodes():
     nodes = [node("a100", model="A100"), node("h100", model="H100")]
-    decision = place(JobRequest("j", 1, gpu_models=("A100",)), nodes)
+    decision = placed(JobRequest("j", 1, gpu_models=("A100",)), nodes)
     assert decision.node == "a100"
 
 
@@ -48,7 +55,7 @@ def test_busy_fleet_is_unschedulable_not_infeasible():
 def test_memory_held_by_a_foreign_process_counts_against_the_gpu():
     # Bookkeeping says free, telemetry says only 10 GB free: a 40 GB job must not go there.
     nodes = [node("a", gpus=1, free_mem=10 * GB), node("b", gpus=2)]
-    decision = place(JobRequest("j", 1, min_memory_mib=40 * GB), nodes)
+    decision = placed(JobRequest("j", 1, min_memory_mib=40 * GB), nodes)
     assert decision.node == "b"
 
 
@@ -72,17 +79,17 @@ FACTS = {
 
 def test_training_job_goes_to_the_model_that_runs_its_class_fastest():
     nodes = [node("a100", model="A100"), node("h100", model="H100")]
-    decision = place(JobRequest("j", 1, workload_class="llm-train"), nodes, facts=FACTS)
+    decision = placed(JobRequest("j", 1, workload_class="llm-train"), nodes, facts=FACTS)
     assert decision.node == "h100" and decision.speed == 2.6
 
 
 def test_short_small_job_takes_the_gpu_it_gains_most_on_and_leaves_h100_to_training():
     nodes = [node("r", model="RTX4090", gpus=4, mem=24 * GB), node("h100", model="H100")]
     short = JobRequest("j", 1, workload_class="small", min_memory_mib=10 * GB, expected_runtime_s=300)
-    assert place(short, nodes, facts=FACTS).node == "r"
+    assert placed(short, nodes, facts=FACTS).node == "r"
     # A day-long training job wants the fastest GPU it can get.
     long = JobRequest("k", 1, workload_class="llm-train", expected_runtime_s=86400)
-    assert place(long, [node("a100", model="A100"), node("h100", model="H100")], facts=FACTS).node == "h100"
+    assert placed(long, [node("a100", model="A100"), node("h100", model="H100")], facts=FACTS).node == "h100"
 
 
 def test_unhealthy_nodes_are_skipped_and_named_in_the_reason():
@@ -100,7 +107,7 @@ def test_unhealthy_nodes_are_skipped_and_named_in_the_reason():
     assert isinstance(decision, Unschedulable)
     for word in ("cordoned (c)", "draining (d)", "thermal limit 87 C (hot)", "critical XID 100 s ago (xid)"):
         assert word in decision.reason
-    later = place(JobRequest("j", 1), nodes, now=2000.0)  # the XID is older than the quarantine
+    later = placed(JobRequest("j", 1), nodes, now=2000.0)  # the XID is older than the quarantine
     assert later.node == "xid"
 
 
@@ -108,7 +115,7 @@ def test_pool_constraint_and_a_pool_that_does_not_exist():
     from dataclasses import replace
 
     nodes = [replace(node("cloud1"), pool="cloud"), replace(node("prem1"), pool="onprem")]
-    assert place(JobRequest("j", 1, pool="onprem"), nodes).node == "prem1"
+    assert placed(JobRequest("j", 1, pool="onprem"), nodes).node == "prem1"
     nowhere = place(JobRequest("j", 1, pool="secret"), nodes)
     assert isinstance(nowhere, Infeasible) and "pool" in nowhere.reason
 
@@ -118,8 +125,8 @@ def test_leased_node_is_used_only_if_the_lease_outlives_the_job():
 
     leased = replace(node("leased"), lease_expires_at=3600.0)
     owned = node("owned", taken=(0, 1, 2, 3, 4, 5))
-    short = place(JobRequest("j", 1, expected_runtime_s=600), [leased, owned])
-    long = place(JobRequest("j", 1, expected_runtime_s=7200), [leased, owned])
+    short = placed(JobRequest("j", 1, expected_runtime_s=600), [leased, owned])
+    long = placed(JobRequest("j", 1, expected_runtime_s=7200), [leased, owned])
     assert short.node == "owned"  # best fit still wins among nodes that pass
     lone = place(JobRequest("j", 1, expected_runtime_s=7200), [leased])
     assert isinstance(lone, Unschedulable) and "lease ends in 1.0 h, job needs 2.0 h" in lone.reason
@@ -143,20 +150,23 @@ def test_replicas_of_an_inference_service_spread_across_nodes():
     seen = set()
     for i in range(3):
         d = place_on(cluster, JobRequest(f"r{i}", 1, workload_class="inference", service="chat"), Profile(), 0.0)
+        assert isinstance(d, Placement)
         cluster.allocate(f"r{i}", d, service="chat")
         seen.add(d.node)
     assert seen == {"a", "b", "c"}
 
 
 def test_cheaper_work_wins_when_speed_is_equal():
-    facts = {"A100": ModelFacts("A100", {"small": 1.0}, Decimal("1.00")), "H100": ModelFacts("H100", {"small": 1.0}, Decimal("3.00"))}
+    facts = {"A100": ModelFacts("A100", {"small": 1.0}, Decimal("1.00")),
+             "H100": ModelFacts("H100", {"small": 1.0}, Decimal("3.00"))}
     nodes = [node("h", model="H100"), node("a", model="A100")]
-    assert place(JobRequest("j", 1), nodes, profile=Profile(weights={"cost": 1.0}), facts=facts).node == "a"
+    assert placed(JobRequest("j", 1), nodes, profile=Profile(weights={"cost": 1.0}), facts=facts).node == "a"
 
 
 def test_wait_reason_names_the_need_and_the_largest_free_block():
     nodes = [node("h100-01", taken=(0, 1, 2, 3, 4, 5, 6)), node("h100-02", taken=(0, 1, 2, 3, 4))]
     decision = place(JobRequest("j", 4, min_memory_mib=80 * GB), nodes)
+    assert isinstance(decision, Unschedulable)
     assert decision.reason == "needs 4 GPUs with >= 80 GB on one node; largest free block is 3 on h100-02"
 
 
@@ -165,9 +175,9 @@ def test_job_that_fits_80_gb_leaves_the_141_gb_gpus_to_jobs_only_they_can_hold()
     nodes = [node("h200", model="H200", mem=141 * GB), node("h100", model="H100")]
     # An hour of fine-tuning: an H200 is only 14% faster than an H100, and jobs above 80 GB need it.
     fits_80 = JobRequest("j", 1, workload_class="finetune", min_memory_mib=40 * GB, expected_runtime_s=3600)
-    assert place(fits_80, nodes, facts=facts).node == "h100"
+    assert placed(fits_80, nodes, facts=facts).node == "h100"
     no_spare = Profile(weights={**Profile().weights, "spare_largest_memory": 0.0})
-    assert place(fits_80, nodes, no_spare, facts=facts).node == "h200"
+    assert placed(fits_80, nodes, no_spare, facts=facts).node == "h200"
     # A job that needs the memory is not penalized, and a full H100 does not stop the 80 GB job.
-    assert place(replace(fits_80, min_memory_mib=100 * GB), nodes, facts=facts).node == "h200"
-    assert place(fits_80, [nodes[0], node("h100", model="H100", taken=range(8))], facts=facts).node == "h200"
+    assert placed(replace(fits_80, min_memory_mib=100 * GB), nodes, facts=facts).node == "h200"
+    assert placed(fits_80, [nodes[0], node("h100", model="H100", taken=range(8))], facts=facts).node == "h200"

@@ -8,9 +8,10 @@ import pytest
 
 from whaleflux.scheduler.placement import GpuState, Interconnects, ModelFacts, NodeState
 from whaleflux.scheduler.queueing import BACKFILL, FIFO, WHALEFLUX
-from whaleflux.scheduler.simulator import ExecutorRules, SimJob, read_jobs, simulate, with_estimate_noise
+from whaleflux.scheduler.simulator import LIVE, ExecutorRules, SimJob, read_jobs, simulate, with_estimate_noise
 
-FACTS = {"A100": ModelFacts("A100", {"small": 1.0, "llm-train": 1.0}), "H100": ModelFacts("H100", {"small": 1.5, "llm-train": 2.5})}
+FACTS = {"A100": ModelFacts("A100", {"small": 1.0, "llm-train": 1.0}),
+         "H100": ModelFacts("H100", {"small": 1.5, "llm-train": 2.5})}
 
 
 def node(name, model="A100", gpus=1, link="nvlink"):
@@ -91,7 +92,7 @@ def test_a_long_job_started_on_a_slow_gpu_moves_to_the_fast_one_when_it_frees_an
 
 def test_usable_busy_utilization_counts_only_gpus_a_waiting_job_could_use():
     small = NodeState("r", "c", "RTX4090", "pcie", (GpuState("r-0", 0, 24 * 1024),))
-    jobs = [SimJob("j1", 0, 100, 1, "t", "small", 40, "normal", False), SimJob("j2", 0, 100, 1, "t", "small", 40, "normal", False)]
+    jobs = [SimJob(j, 0, 100, 1, "t", "small", 40, "normal", False) for j in ("j1", "j2")]
     r = simulate(jobs, [small, node("a")], FIFO, FACTS)
     # j2 waits 0-100 for the only 80 GB GPU while the 24 GB one is idle: strict 1 of 2 held, usable 1 of 1.
     assert r.busy_utilization == 0.5 and r.busy_utilization_usable == 1.0
@@ -113,7 +114,7 @@ def test_a_job_that_fits_one_node_waits_for_one_instead_of_spanning_nodes_as_liv
 def test_only_a_one_node_job_that_keeps_a_checkpoint_is_moved():
     fleet = [node("a100"), node("h100", "H100")]
 
-    def moves(klass, preemptible=False, rules=ExecutorRules()):
+    def moves(klass, preemptible=False, rules=LIVE):
         first = sim_job("first", 0, 2500, klass="llm-train")
         long = SimJob("long", 1, 100_000, 1, "t", klass, 10, "normal", preemptible)
         return simulate([first, long], fleet, WHALEFLUX, FACTS, rules=rules).migrations
@@ -131,7 +132,8 @@ def test_a_move_is_a_stop_a_hold_and_a_new_placement_wherever_the_job_then_fits(
     # 5 s to end) another long job arrives and takes the H100; "long" is placed again where it then fits.
     jobs = [sim_job("first", 0, 2500, klass="llm-train"), sim_job("long", 1, 100_000, klass="llm-train"),
             sim_job("late", 1002, 500_000, klass="llm-train")]
-    r = simulate(jobs, [node("a100"), node("h100", "H100")], WHALEFLUX, FACTS, rules=ExecutorRules(stop_s=5, resume_s=60))
+    rules = ExecutorRules(stop_s=5, resume_s=60)
+    r = simulate(jobs, [node("a100"), node("h100", "H100")], WHALEFLUX, FACTS, rules=rules)
     out = {o.job_id: o for o in r.outcomes}
     assert out["late"].models == ("H100",) and out["late"].first_start_s == 1002.0
     assert out["long"].moves == 1 and out["long"].models == ("A100",)

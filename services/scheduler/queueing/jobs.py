@@ -77,10 +77,6 @@ class PolicyConfig:
     preempt_for: frozenset[str] = frozenset({"high"})
     min_run_before_preemption_s: float = 600.0
     max_preemptions_per_job: int = 3
-    # A job whose best free placement is on a slower model waits for a faster one when that,
-    # by the running jobs' estimates, finishes it at least this fraction sooner (None: never
-    # waits; the default starts it at once and moves it later, below).
-    wait_for_faster_gain: float | None = None
     # Migration to faster GPUs (migration.py): a running checkpointable job moves to free GPUs of a
     # faster model when its remaining time drops by at least `migrate_min_gain_s` (None: never moves)
     # and to at most `migrate_max_ratio` of what it is, counting `migration_overhead_s` for the restart.

@@ -166,6 +166,9 @@ def _move_up(
     )
 
 
+Moves = list[tuple[Migration, tuple[NodeShare, ...]]]
+
+
 def make_room(
     cluster: ClusterState,
     job: PendingJob,
@@ -173,7 +176,7 @@ def make_room(
     config: PolicyConfig,
     now: float,
     wait_s: float | None,
-) -> list[tuple[Migration, tuple[NodeShare, ...]]] | None:
+) -> Moves | None:
     """Move running jobs off GPUs the blocked `job` needs so it can start now; the moves, or None.
 
     A one-node job gets the node that frees with the fewest GPUs moved, the
@@ -187,93 +190,106 @@ def make_room(
     """
     req = job.request
     view = eligible(cluster, req, config.profile)
-    by_node: dict[str, list[RunningJob]] = {}
+    by_node: dict[str, list[_Movable]] = {}
     for r in running.values():
-        if r.request is None or r.expected_end is None or not r.checkpointable or not r.speed:
-            continue
-        if r.migrations >= config.max_migrations_per_job:
-            continue
+        c = movable(r, now, config)
         shares = cluster.holdings.get(r.job_id, ())
-        if len(shares) == 1 and shares[0].node in view.members:
-            by_node.setdefault(shares[0].node, []).append(r)
-    budget = float("inf") if wait_s is None else wait_s
-
-    def remaining(r: RunningJob) -> tuple[float, str]:
-        return ((r.expected_end or 0.0) - now, r.job_id)
-
+        if c is not None and len(shares) == 1 and shares[0].node in view.members:
+            by_node.setdefault(shares[0].node, []).append(c)
+    for jobs in by_node.values():
+        jobs.sort(key=lambda c: (c.left, c.job.job_id))  # cheapest first: the least remaining work moves
     if req.gpus > view.max_gpus_per_node:
-        # A gang: free GPUs on any of its nodes, by moving jobs to nodes it cannot use.
-        have = sum(len(usable(cluster, req, n)) for n in view.nodes
-                   if unavailable(cluster, req, cluster.nodes[n], config.profile, now) is None)
-        in_way = sorted((r for n, jobs in by_node.items()
-                          if unavailable(cluster, req, cluster.nodes[n], config.profile, now) is None for r in jobs),
-                         key=remaining)
-        chosen, freed = [], 0
-        for r in in_way:
-            if have + freed >= req.gpus:
-                break
-            chosen.append(r)
-            freed += r.gpus
-        if have + freed < req.gpus or not chosen:
+        picked = _room_for_gang(cluster, req, view, by_node, config, now)
+        if picked is None:
             return None
-        node = f"{len({cluster.holdings[r.job_id][0].node for r in chosen})} node(s)"
-        caps = dict.fromkeys(view.nodes, 0)
+        chosen = picked
+        where = f"{len({cluster.holdings[c.job.job_id][0].node for c in chosen})} node(s)"
+        caps = dict.fromkeys(view.nodes, 0)  # the moved jobs go to nodes the gang cannot use
     else:
-        best: tuple[tuple[int, float, int], str, list[RunningJob]] | None = None
-        for n, jobs in by_node.items():
-            if unavailable(cluster, req, cluster.nodes[n], config.profile, now):
-                continue
-            need = req.gpus - len(usable(cluster, req, n))
-            if need <= 0:
-                continue
-            # Cheapest first: the least remaining work moves.
-            jobs.sort(key=remaining)
-            picked, freed = [], 0
-            for r in jobs:
-                if freed >= need:
-                    break
-                picked.append(r)
-                freed += r.gpus
-            if freed < need:
-                continue
-            cost = (freed, sum(remaining(r)[0] for r in picked), cluster.order[n])
-            if best is None or cost < best[0]:
-                best = (cost, n, picked)
+        best = _room_on_one_node(cluster, req, by_node, config, now)
         if best is None:
             return None
-        _, node, chosen = best
-        caps = {node: 0}  # the moved jobs go anywhere but the node they make room on
-    moves: list[tuple[Migration, tuple[NodeShare, ...]]] = []
-    lost = 0.0
-    for r in chosen:
-        c = movable(r, now, config)
-        if c is None:  # never: `by_node` holds only movable jobs
+        where, chosen = best
+        caps = {where: 0}  # the moved jobs go anywhere but the node they make room on
+    budget = config.make_room_budget * (float("inf") if wait_s is None else wait_s) * req.gpus
+    moves = _move_all(cluster, chosen, caps, config, now, budget, f"to make room for {req.job_id} on {where}")
+    if moves is None:
+        # Not all of them could move (or it costs more than the wait): nothing changes.
+        return None
+    return moves
+
+
+def _room_for_gang(
+    cluster: ClusterState, req: JobRequest, view: StaticView, by_node: dict[str, list[_Movable]],
+    config: PolicyConfig, now: float,
+) -> list[_Movable] | None:
+    """The jobs to move off the gang's nodes so that enough of its GPUs are free (least work first)."""
+    ok = [n for n in view.nodes if unavailable(cluster, req, cluster.nodes[n], config.profile, now) is None]
+    have = sum(len(usable(cluster, req, n)) for n in ok)
+    in_way = sorted((c for n in ok for c in by_node.get(n, ())), key=lambda c: (c.left, c.job.job_id))
+    chosen: list[_Movable] = []
+    freed = 0
+    for c in in_way:
+        if have + freed >= req.gpus:
             break
+        chosen.append(c)
+        freed += c.job.gpus
+    return chosen if chosen and have + freed >= req.gpus else None
+
+
+def _room_on_one_node(
+    cluster: ClusterState, req: JobRequest, by_node: dict[str, list[_Movable]], config: PolicyConfig, now: float
+) -> tuple[str, list[_Movable]] | None:
+    """The node that frees with the fewest GPUs moved (then the least work), and the jobs to move off it."""
+    best: tuple[tuple[int, float, int], str, list[_Movable]] | None = None
+    for n, jobs in by_node.items():
+        if unavailable(cluster, req, cluster.nodes[n], config.profile, now):
+            continue
+        need = req.gpus - len(usable(cluster, req, n))
+        if need <= 0:
+            continue
+        picked: list[_Movable] = []
+        freed = 0
+        for c in jobs:
+            if freed >= need:
+                break
+            picked.append(c)
+            freed += c.job.gpus
+        if freed < need:
+            continue
+        cost = (freed, sum(c.left for c in picked), cluster.order[n])
+        if best is None or cost < best[0]:
+            best = (cost, n, picked)
+    return None if best is None else (best[1], best[2])
+
+
+def _move_all(
+    cluster: ClusterState, chosen: list[_Movable], caps: Mapping[str, int], config: PolicyConfig, now: float,
+    budget: float, why: str,
+) -> Moves | None:
+    """Move every chosen job within `caps`, losing at most `budget` GPU-seconds; None (undone) if not all can."""
+    moves: Moves = []
+    lost = 0.0
+    for c in chosen:
         target = _off_largest(cluster, c.request, config) if config.migrate_spares_largest_memory else c.request
         decision = place_on(cluster, target, config.profile, now, caps=caps)
-        left = c.left
         if not isinstance(decision, Placement) or decision.speed <= 0:
             break
-        new_left = config.migration_overhead_s + left * c.speed / decision.speed
-        lost += max(0.0, new_left - left) * r.gpus
-        if lost > config.make_room_budget * budget * req.gpus:
+        new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
+        lost += max(0.0, new_left - c.left) * c.job.gpus
+        if lost > budget:
             break
-        old = cluster.release(r.job_id)
-        cluster.allocate(r.job_id, decision, c.request.service)
-        moves.append((Migration(
-            r.job_id, decision, now + new_left,
-            f"moved to {decision.model} on {decision.node} to make room for {req.job_id} on {node}",
-        ), old))
+        old = cluster.release(c.job.job_id)
+        cluster.allocate(c.job.job_id, decision, c.request.service)
+        moves.append((Migration(c.job.job_id, decision, now + new_left,
+                                f"moved to {decision.model} on {decision.node} {why}"), old))
     else:
         return moves
-    # Not all of them could move (or it costs more than the wait): undo, nothing changes.
-    undo(cluster, moves, running)
+    undo(cluster, moves, {c.job.job_id: c.job for c in chosen})
     return None
 
 
-def undo(
-    cluster: ClusterState, moves: list[tuple[Migration, tuple[NodeShare, ...]]], running: Mapping[str, RunningJob]
-) -> None:
+def undo(cluster: ClusterState, moves: Moves, running: Mapping[str, RunningJob]) -> None:
     """Put moved jobs back on the GPUs they held (latest move first)."""
     for m, old in reversed(moves):
         cluster.release(m.job_id)

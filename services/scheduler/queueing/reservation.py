@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..placement import ClusterState, Placement, Profile
+from ..placement import ClusterState, JobRequest, Placement, Profile
 from ..placement.framework import eligible, unavailable, usable
 from .jobs import PendingJob, RunningJob
 
@@ -100,19 +100,8 @@ def reserve(
     could ever hold the job), so a second reservation is not stacked on the first one's nodes.
     """
     req = job.request
-    view = eligible(cluster, req, profile)
-    gang = req.gpus > view.max_gpus_per_node
-    free = {
-        n: len(usable(cluster, req, n))
-        for n in view.nodes
-        if unavailable(cluster, req, cluster.nodes[n], profile, now) is None
-        and (gang or len(cluster.nodes[n].gpus) >= req.gpus)
-    }
-    held = taken.spare if taken else {}
-    if held:
-        rest = {n: f for n, f in free.items() if held.get(n) != 0}
-        if rest and (gang or any(len(cluster.nodes[n].gpus) >= req.gpus for n in rest)):
-            free = rest
+    gang = req.gpus > eligible(cluster, req, profile).max_gpus_per_node
+    free = _usable_now(cluster, req, profile, now, gang, taken)
     ends = sorted(
         (r for r in running.values() if r.job_id in cluster.holdings),
         key=lambda r: (_end(r) is None, _end(r) or 0.0, r.job_id),
@@ -145,8 +134,26 @@ def reserve(
             return Reservation(job.job_id, None, {n: 0 for n in free})
         best = max(free, key=lambda n: (free[n], n))
         return Reservation(job.job_id, None, {best: 0})
-    spare = {n: free[n] - taken for n, taken in found.items()}
+    spare = {n: free[n] - used for n, used in found.items()}
     return Reservation(job.job_id, start, spare)
+
+
+def _usable_now(
+    cluster: ClusterState, req: JobRequest, profile: Profile, now: float, gang: bool, taken: Reservations | None
+) -> dict[str, int]:
+    """Usable GPUs free now on each node that could hold the job (not those earlier reservations hold whole)."""
+    free = {
+        n: len(usable(cluster, req, n))
+        for n in eligible(cluster, req, profile).nodes
+        if unavailable(cluster, req, cluster.nodes[n], profile, now) is None
+        and (gang or len(cluster.nodes[n].gpus) >= req.gpus)
+    }
+    held = taken.spare if taken else {}
+    if held:
+        rest = {n: f for n, f in free.items() if held.get(n) != 0}
+        if rest and (gang or any(len(cluster.nodes[n].gpus) >= req.gpus for n in rest)):
+            return rest
+    return free
 
 
 def _end(r: RunningJob) -> float | None:

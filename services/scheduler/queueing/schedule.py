@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..placement import ClusterState, Infeasible, JobRequest, Placement, place_on
 from ..placement.framework import eligible
-from .faster_wait import faster_start
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
 from .migration import Migration, make_room, plan_migrations, undo
 from .pending import PendingQueue
@@ -84,7 +82,6 @@ class _Pass:
             self.usage[r.team] += r.gpus
         self.has_quotas = any(t.quota_gpus is not None for t in request.teams.values())
         self.blocked: dict[Shape, str] = {}  # job shape -> why it cannot start now (cached for this pass)
-        self.faster_starts: dict[object, Any] = {}  # job shape -> when a faster model frees (cached for this pass)
         self.reservations = Reservations()
         self.head_seen = False
         self.misses = 0
@@ -148,10 +145,7 @@ class _Pass:
         return False
 
     def _start_within(self, job: PendingJob, decision: Placement, shape: Shape) -> str | None:
-        """Start the job on `decision` (or within the reservations, or not: waiting for a faster model).
-
-        None when it started or chose to wait (its reason is recorded); else why it cannot start.
-        """
+        """Start the job on `decision`, or within the reservations; None when it started, else why it cannot."""
         cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
         end = _end(now, job, decision, cfg)
         placed = decision
@@ -161,13 +155,6 @@ class _Pass:
             if within is None:
                 return f"would delay {blocking.job_id}, {blocking.describe()}"
             placed, end = within, _end(now, job, within, cfg)
-        if cfg.wait_for_faster_gain is not None:
-            later = faster_start(cluster, job, placed, self.request.running, cfg, now, self.faster_starts)
-            if later:
-                # Waiting by choice, not blocked: it takes no reservation and preempts nothing.
-                reply.waiting[job.job_id] = later
-                self.misses += 1
-                return None
         if self.reservations:
             self.reservations.take(placed, end)
         _start(reply, cluster, self.usage, job, placed, end, backfilled=bool(self.reservations))

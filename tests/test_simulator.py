@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -182,3 +185,39 @@ def test_the_job_csv_may_give_estimates_and_checkpoints(tmp_path):
                     "a,0,soon,1,t,small,8,normal,false\n")
     with pytest.raises(ValueError, match=r"jobs.csv:2"):
         read_jobs(path)
+
+
+def test_simulate_jobs_out_writes_one_row_per_job_and_policy_with_its_times_moves_and_models(tmp_path):
+    path = tmp_path / "jobs.csv"
+    path.write_text(
+        "job_id,submit_time_s,duration_s,num_gpus,team,class,min_vram_gb,priority,preemptible\n"
+        "first,0,2500,1,t,llm-train,10,normal,false\n"
+        "long,1,100000,1,u,llm-train,10,normal,false\n"
+        "never,2,100,1,t,small,500,normal,false\n"
+    )
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "name: two\ngroups:\n"
+        "  - {name: a100, gpu_model: A100, nodes: 1, gpus_per_node: 1, interconnect: nvlink, cluster: c, pool: p,"
+        " ownership: owned, racks: 1}\n"
+        "  - {name: h100, gpu_model: H100, nodes: 1, gpus_per_node: 1, interconnect: nvlink, cluster: c, pool: p,"
+        " ownership: owned, racks: 1}\n"
+    )
+    out = tmp_path / "rows.csv"
+    done = subprocess.run([sys.executable, "-m", "whaleflux", "simulate", "--jobs", str(path), "--fleet", str(fleet),
+                           "--policy", "backfill", "--policy", "whaleflux", "--jobs-out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "outcomes" not in done.stdout and "6 job rows" in done.stderr
+    rows = {(r["policy"], r["job_id"]): r for r in csv.DictReader(out.open())}
+    assert sorted(rows) == [(p, j) for p in ("backfill", "whaleflux") for j in ("first", "long", "never")]
+    moved = rows["whaleflux", "long"]
+    # Started at once on the A100, moved to the H100 when "first" ended (H100 speed 2.6 for llm-train).
+    assert (moved["team"], moved["submit_s"], moved["first_start_s"], moved["wait_s"]) == ("u", "1.0", "1.0", "0.0")
+    assert (moved["moves"], moved["preemptions"], moved["models"]) == ("1", "0", "A100;H100")
+    assert float(moved["jct_s"]) == pytest.approx(float(moved["finish_s"]) - 1.0)
+    assert float(moved["pending_s"]) == pytest.approx(5.0, abs=0.2)  # held while its old attempt ended
+    stayed = rows["backfill", "long"]  # first fit: "first" took the A100, "long" the H100, never moved
+    assert (stayed["moves"], stayed["models"], stayed["finish_s"]) == ("0", "H100", f"{1 + 100_000 / 2.6:.1f}")
+    never = rows["whaleflux", "never"]
+    assert never["first_start_s"] == never["finish_s"] == "" and "500 GB" in never["rejected"]

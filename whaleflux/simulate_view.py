@@ -9,6 +9,7 @@ worker thread.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -18,8 +19,11 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from whaleflux.scheduler.simulator.metrics import SimReport
+
 if TYPE_CHECKING:
-    from whaleflux.scheduler.simulator import SimReport
+    from whaleflux.scheduler.simulator import SimJob
+    from whaleflux.shared.catalog import Fleet
 
 JOB_COLUMNS = ("policy", "job_id", "team", "class", "gpus", "min_vram_gb", "priority", "duration_s", "submit_s",
                "first_start_s", "finish_s", "jct_s", "wait_s", "pending_s", "run_s", "moves", "preemptions", "models",
@@ -28,6 +32,13 @@ JOB_COLUMNS = ("policy", "job_id", "team", "class", "gpus", "min_vram_gb", "prio
 
 def _num(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}"
+
+
+def report_dict(report: SimReport) -> dict[str, object]:
+    """The report as plain data, without the per-job outcomes (those go to --jobs-out)."""
+    out = dataclasses.asdict(report)
+    del out["outcomes"]
+    return out
 
 
 def write_job_rows(reports: Sequence[SimReport], path: Path) -> int:
@@ -68,11 +79,8 @@ class WatchedJobs(list):
 
 
 def simulate_with_progress(jobs_csv: Path, fleet_yaml: Path, policies: list[str], time_scale: float,
-                           err: Console, estimate_noise: float = 0.0) -> list:
+                           err: Console, estimate_noise: float = 0.0) -> list[SimReport]:
     """Replay the job CSV on the fleet once per policy (as `simulate_files`), showing progress on `err`."""
-    from whaleflux.scheduler.queueing import POLICIES
-    from whaleflux.scheduler.simulator.engine import simulate
-    from whaleflux.scheduler.simulator.fleet import fleet_nodes, interconnects, model_facts
     from whaleflux.scheduler.simulator.run import check_policies, load_jobs
     from whaleflux.shared.catalog import load_fleet
 
@@ -82,38 +90,47 @@ def simulate_with_progress(jobs_csv: Path, fleet_yaml: Path, policies: list[str]
         raise ValueError(f"--policy: {exc}") from None
     jobs = load_jobs(jobs_csv, time_scale, estimate_noise)
     fleet = load_fleet(fleet_yaml)
-    facts, links = model_facts(), interconnects()
-    reports = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("jobs submitted"),
                TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
     with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as progress:
-        for n, name in enumerate(policies, 1):
-            watched = WatchedJobs(jobs)
-            task = progress.add_task(f"{name} ({n}/{len(policies)})", total=len(jobs))
-            out: dict = {}
+        return [_replay(jobs, fleet, name, f"{name} ({n}/{len(policies)})", progress, err)
+                for n, name in enumerate(policies, 1)]
 
-            def replay() -> None:
-                try:
-                    out["report"] = simulate(watched, fleet_nodes(fleet), POLICIES[name], facts, links)
-                except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread below
-                    out["error"] = exc
 
-            worker = threading.Thread(target=replay, name=f"simulate-{name}", daemon=True)
-            began = time.monotonic()
-            worker.start()
-            next_line = 0.1
-            while worker.is_alive():
-                worker.join(0.5)
-                progress.update(task, completed=min(watched.reached, len(jobs)))
-                done = watched.reached / max(len(jobs), 1)
-                if not err.is_terminal and done >= next_line:  # logs and pipes: a line per tenth
-                    err.print(f"{name}: {watched.reached:,}/{len(jobs):,} jobs submitted "
-                              f"({done:.0%}, {time.monotonic() - began:.0f} s)")
-                    next_line = int(done * 10) / 10 + 0.1
-            if "error" in out:
-                raise out["error"]
-            progress.update(task, completed=len(jobs))
-            if not err.is_terminal:
-                err.print(f"{name}: done in {time.monotonic() - began:.0f} s")
-            reports.append(out["report"])
-    return reports
+def _replay(jobs: list[SimJob], fleet: Fleet, name: str, label: str, progress: Progress, err: Console) -> SimReport:
+    """One policy's replay in a worker thread while the main thread shows how far it has got."""
+    from whaleflux.scheduler.queueing import POLICIES
+    from whaleflux.scheduler.simulator.engine import simulate
+    from whaleflux.scheduler.simulator.fleet import fleet_nodes, interconnects, model_facts
+
+    watched = WatchedJobs(jobs)
+    task = progress.add_task(label, total=len(jobs))
+    out: dict[str, object] = {}
+
+    def replay() -> None:
+        try:
+            out["report"] = simulate(watched, fleet_nodes(fleet), POLICIES[name], model_facts(), interconnects())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread below
+            out["error"] = exc
+
+    worker = threading.Thread(target=replay, name=f"simulate-{name}", daemon=True)
+    began = time.monotonic()
+    worker.start()
+    next_line = 0.1
+    while worker.is_alive():
+        worker.join(0.5)
+        progress.update(task, completed=min(watched.reached, len(jobs)))
+        done = watched.reached / max(len(jobs), 1)
+        if not err.is_terminal and done >= next_line:  # logs and pipes: a line per tenth
+            err.print(f"{name}: {watched.reached:,}/{len(jobs):,} jobs submitted "
+                      f"({done:.0%}, {time.monotonic() - began:.0f} s)")
+            next_line = int(done * 10) / 10 + 0.1
+    error = out.get("error")
+    if isinstance(error, BaseException):
+        raise error
+    progress.update(task, completed=len(jobs))
+    if not err.is_terminal:
+        err.print(f"{name}: done in {time.monotonic() - began:.0f} s")
+    report = out["report"]
+    assert isinstance(report, SimReport)  # noqa: S101 - set by the worker when it did not raise
+    return report

@@ -63,23 +63,33 @@ def simulate(
     policy: Annotated[list[str], typer.Option(help="fifo | backfill | whaleflux; repeat to compare")] = ["whaleflux"],  # noqa: B006
     time_scale: Annotated[float, typer.Option(help="stretch the gaps between submissions by this factor")] = 1.0,
     json_out: Annotated[bool, typer.Option("--json", help="print the reports as JSON")] = False,
+    jobs_out: Annotated[Path | None, typer.Option(
+        help="write one CSV row per job and policy: submit, first start, finish, JCT, wait, moves, preemptions, "
+             "GPU models used")] = None,
+    estimate_noise: Annotated[float, typer.Option(
+        help="runtime estimates off the true runtime by a seeded log-normal factor of this sigma (0: exact)")] = 0.0,
 ) -> None:
     """Replay a job trace through the scheduler's queue and placement code on a virtual clock."""
-    import dataclasses
     import json
 
     from whaleflux.scheduler.simulator.metrics import side_by_side, team_rows
-    from whaleflux.simulate_view import LITERAL_NOTE, simulate_with_progress
+    from whaleflux.simulate_view import LITERAL_NOTE, report_dict, simulate_with_progress, write_job_rows
 
     for path in (jobs, fleet):
         if not path.exists():
             fail(f"{path} does not exist")
+    if estimate_noise < 0:
+        fail(f"--estimate-noise {estimate_noise:g}: must be >= 0")
     try:
-        reports = simulate_with_progress(jobs, fleet, [p.lower() for p in policy], time_scale, Console(stderr=True))
+        reports = simulate_with_progress(jobs, fleet, [p.lower() for p in policy], time_scale, Console(stderr=True),
+                                         estimate_noise)
     except ValueError as exc:
         fail(str(exc))
+    if jobs_out is not None:
+        written = write_job_rows(reports, jobs_out)
+        Console(stderr=True).print(f"{written:,} job rows -> {jobs_out}")
     if json_out:
-        print(json.dumps([dataclasses.asdict(r) for r in reports], indent=2))
+        print(json.dumps([report_dict(r) for r in reports], indent=2))
         return
     rows = side_by_side(reports)
     table = Table(*rows[0])

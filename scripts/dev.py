@@ -32,9 +32,15 @@ LINT_ROOTS = ("shared", "services", "whaleflux", "tests", "scripts", "bench")
 
 
 def wanted_stamp() -> str:
-    """What the install depends on: the dependency list and package layout (pyproject.toml), this Python, this
-    checkout. The install is editable, so changes to the code itself need no reinstall."""
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+    """What the install depends on: the dependency list and package layout (pyproject.toml's [project],
+    [build-system] and [tool.setuptools], not the lint configuration), this Python, this checkout. The install is
+    editable, so changes to the code itself need no reinstall."""
+    import json
+
+    config = pyproject()
+    wanted = {key: config.get(key) for key in ("project", "build-system")}
+    wanted["setuptools"] = config.get("tool", {}).get("setuptools")
+    digest = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode())
     digest.update(f"{sys.version}|{ROOT}".encode())
     return digest.hexdigest()
 

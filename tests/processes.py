@@ -37,13 +37,20 @@ class Proc:
     env: dict[str, str]
     log_path: Path
     port: int | None = None
-    popen: subprocess.Popen | None = None
+    popen: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Proc":
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The started process (start() first)."""
+        if self.popen is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self.popen
+
+    def start(self) -> Proc:
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         return self
@@ -52,8 +59,9 @@ class Proc:
         """Until /readyz answers 200. The deadline only catches a hang: a loaded machine starts services slowly."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.popen.returncode}:\n{self.log_path.read_text()[-3000:]}")
+            if self.process.poll() is not None:
+                log = self.log_path.read_text()[-3000:]
+                raise RuntimeError(f"{self.name} exited {self.process.returncode}:\n{log}")
             try:
                 if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
                     return
@@ -63,8 +71,8 @@ class Proc:
         raise TimeoutError(f"{self.name} not ready in {timeout}s:\n{self.log_path.read_text()[-3000:]}")
 
     def kill9(self) -> None:
-        self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait()
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
 
     def stop(self) -> None:
         if self.popen and self.popen.poll() is None:
@@ -115,7 +123,8 @@ class Cluster:
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "whaleflux", *args], env=self.cli_env(), capture_output=True, text=True, timeout=timeout
+            [sys.executable, "-m", "whaleflux", *args], env=self.cli_env(), capture_output=True, text=True,
+            timeout=timeout,
         )
 
     def stop(self) -> None:

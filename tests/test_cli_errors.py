@@ -84,9 +84,10 @@ def test_an_unknown_job_is_called_unknown_by_show_why_and_logs(tmp_path):
     try:
         env_url = f"http://127.0.0.1:{server.server_port}"
         for args in (["jobs", "show", "nope123"], ["jobs", "why", "nope123"], ["jobs", "logs", "nope123"]):
-            out = subprocess.run([sys.executable, "-m", "whaleflux", *args], capture_output=True, text=True, timeout=120,
-                                 env={**{k: v for k, v in os.environ.items() if not k.startswith("WHALEFLUX_")},
-                                      "WHALEFLUX_HOME": str(tmp_path / "home"), "WHALEFLUX_SCHEDULER_URL": env_url})
+            env = {**{k: v for k, v in os.environ.items() if not k.startswith("WHALEFLUX_")},
+                   "WHALEFLUX_HOME": str(tmp_path / "home"), "WHALEFLUX_SCHEDULER_URL": env_url}
+            out = subprocess.run([sys.executable, "-m", "whaleflux", *args], capture_output=True, text=True,
+                                 timeout=120, env=env)
             assert out.returncode == 1 and out.stdout.strip() == "error: no job nope123", (args, out.stdout)
     finally:
         server.shutdown()

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from whaleflux.commands.costs import group_notes
 from whaleflux.commands.jobs import exit_status
-from whaleflux.costs_view import group_notes
 from whaleflux.scheduler.simulator.run import simulate_files
-from whaleflux.shared.catalog import DATA_DIR
+from whaleflux.shared.datafiles import DATA_DIR
 from whaleflux.simulate_view import WatchedJobs, simulate_with_progress
 from whaleflux.traces import TraceJob, prepare, write_csv
 

@@ -84,7 +84,7 @@ def test_secrets_have_no_literal_values(services):
                 assert SECRET_REF.match(value), f"{name}: {key}={value!r} is not a required ${{VAR}} reference"
         # Secrets passed as flags (nats --pass, redis --requirepass) too.
         cmd = _command(svc)
-        for flag, value in zip(cmd, cmd[1:]):
+        for flag, value in zip(cmd, cmd[1:], strict=False):
             if flag in ("--pass", "--password", "--requirepass", "--auth"):
                 checked += 1
                 assert SECRET_REF.match(value), f"{name}: {flag} {value!r} is not a required ${{VAR}} reference"
@@ -102,5 +102,5 @@ def test_agents_cover_every_fleet_node(services):
         assert "--simulate" in cmd, name
         fleet_path = cmd[cmd.index("--simulate") + 1]
         assert fleet_path == "/app/shared/data/fleets/small-demo.yaml", name
-        covered |= {value for flag, value in zip(cmd, cmd[1:]) if flag == "--node"}
+        covered |= {value for flag, value in zip(cmd, cmd[1:], strict=False) if flag == "--node"}
     assert expected <= covered, f"nodes without an agent: {sorted(expected - covered)}"

@@ -18,7 +18,8 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 SERVICES = ("telemetry", "scheduler", "alerting", "billing", "inventory")
 DEMO_GPUS = 28  # small-demo.yaml: 4x RTX 4090, 8x A100, 8x H100, 8x H200
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (/usr/bin/chromium): apt-get install chromium")
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
+                                reason="needs Debian's chromium (/usr/bin/chromium): apt-get install chromium")
 
 
 @pytest.fixture
@@ -117,8 +118,8 @@ def test_fleet_shows_every_demo_gpu_and_an_injected_fault_is_flagged_alerted_and
     resp = httpx.post(agent.url + "/admin/faults", json={"kind": "ecc-dbe", "node": "a100-01", "gpu": 2},
                       headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert resp.status_code == 200, resp.text
-    uuid = next(g["gpu"]["uuid"] for g in httpx.get(procs["telemetry"].url + "/v1/gpus", params={"node": "a100-01"}).json()
-                if g["gpu"]["index"] == 2)
+    gpus = httpx.get(procs["telemetry"].url + "/v1/gpus", params={"node": "a100-01"}).json()
+    uuid = next(g["gpu"]["uuid"] for g in gpus if g["gpu"]["index"] == 2)
     # The open page updates itself (server-sent events), no reload.
     expect(page.locator(f"tr[data-gpu='{uuid}'] .badge.flag")).to_contain_text("ecc", timeout=30_000)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from whaleflux.console.auth import Signer, safe_next
@@ -43,10 +43,11 @@ def test_after_login_only_local_paths_are_followed():
 
 def _row(node: str, index: int, util: float, temp: float, flags: list[str], job: bool = False) -> GpuRow:
     return GpuRow.model_validate({
-        "cluster": "c", "node": node, "sample_time": datetime.now(timezone.utc).isoformat(), "age_s": 0.5,
+        "cluster": "c", "node": node, "sample_time": datetime.now(UTC).isoformat(), "age_s": 0.5,
         "stale": "stale" in flags, "flags": flags, "job": {"job_id": "j1"} if job else None,
         "gpu": {"uuid": f"GPU-{node}-{index}", "index": index, "model": "H100", "utilization_gpu_pct": util,
-                "memory_used_mib": 1024, "memory_total_mib": 81559, "temperature_c": temp, "slowdown_temperature_c": 90},
+                "memory_used_mib": 1024, "memory_total_mib": 81559, "temperature_c": temp,
+                "slowdown_temperature_c": 90},
     })
 
 
@@ -55,7 +56,8 @@ def test_heat_map_cells_are_grouped_by_node_in_index_order_with_their_flags():
     statuses = {"b": NodeStatus(node="b", cluster="c", gpus=2, free=2, status="draining")}
     cells = heat_cells(rows, statuses)
     assert cells["gpus"] == 3
-    assert cells["nodes"] == [["a", "unknown", [[100, 100, BUSY]]], ["b", "draining", [[0, 33, STALE], [50, 50, ERROR]]]]
+    assert cells["nodes"] == [["a", "unknown", [[100, 100, BUSY]]],
+                              ["b", "draining", [[0, 33, STALE], [50, 50, ERROR]]]]
 
 
 def test_fifty_browsers_on_one_view_cost_one_build_per_tick():
@@ -111,7 +113,8 @@ def test_the_agents_api_docs_load_vendored_assets_not_a_cdn(monkeypatch):
 
     monkeypatch.setenv("WHALEFLUX_ENVIRONMENT", "development")
     client = TestClient(create_app([], AgentSettings()))
-    for path, asset in (("/docs", "/_apidocs/swagger-ui/swagger-ui-bundle.js"), ("/redoc", "/_apidocs/redoc/redoc.standalone.js")):
+    for path, asset in (("/docs", "/_apidocs/swagger-ui/swagger-ui-bundle.js"),
+                        ("/redoc", "/_apidocs/redoc/redoc.standalone.js")):
         html = client.get(path).text
         assert asset in html and "cdn.jsdelivr" not in html and "fonts.googleapis" not in html
         # ReDoc's bundle still names a logo on a CDN: the browser is told to fetch from this host only.
@@ -124,7 +127,8 @@ def test_a_page_of_a_long_list_is_clamped_to_the_pages_there_are():
 
     items = list(range(250))
     second = page_of(items, 2, 100)
-    assert (second.items[0], second.first, second.last, second.pages, second.previous, second.next) == (100, 101, 200, 3, 1, 3)
+    shown = (second.items[0], second.first, second.last, second.pages, second.previous, second.next)
+    assert shown == (100, 101, 200, 3, 1, 3)
     assert page_of(items, 99, 100).items == items[200:] and page_of(items, 99, 100).next is None
     assert page_of(items, 0, 100).number == 1
     assert page_of([], 1, 100).first == 0 and page_of([], 1, 100).pages == 1

@@ -22,5 +22,7 @@ def test_the_jobs_stream_takes_a_consumer_per_node_beyond_the_servers_default_of
         finally:
             await bus.close()
 
-    assert asyncio.run(scenario()) >= NODES
-    assert STREAMS["WHALEFLUX_JOBS"].config().max_consumers >= 100_000
+    consumers = asyncio.run(scenario())
+    assert consumers is not None and consumers >= NODES
+    limit = STREAMS["WHALEFLUX_JOBS"].config().max_consumers
+    assert limit is not None and limit >= 100_000

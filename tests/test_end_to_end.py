@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import pytest
@@ -23,7 +24,8 @@ class WebhookReceiver:
     """A real local HTTP server that records what is POSTed to it."""
 
     def __init__(self) -> None:
-        received = self.received = []
+        received: list[dict[str, Any]] = []
+        self.received = received
 
         class Handler(QuietHandler):
             def do_POST(self):  # noqa: N802
@@ -67,9 +69,12 @@ def test_job_is_placed_run_finished_and_charged_and_hot_gpu_pages_webhook(system
     procs = cluster.procs
 
     # The agent registered 4 + 8 GPUs; inventory and telemetry both see them.
-    gpus = wait_until(lambda: len(_get(procs["inventory"], "/v1/gpus")) == 12 and _get(procs["inventory"], "/v1/gpus"), what="inventory")
+    gpus = wait_until(lambda: len(_get(procs["inventory"], "/v1/gpus")) == 12 and _get(procs["inventory"], "/v1/gpus"),
+                      what="inventory")
     assert {g["model"] for g in gpus} == {"RTX4090", "H100"}
-    latest = wait_until(lambda: len(_get(procs["telemetry"], "/v1/gpus")) == 12 and _get(procs["telemetry"], "/v1/gpus"), what="telemetry")
+    latest = wait_until(
+        lambda: len(_get(procs["telemetry"], "/v1/gpus")) == 12 and _get(procs["telemetry"], "/v1/gpus"),
+        what="telemetry")
     assert all(s["gpu"]["temperature_c"] < 60 for s in latest)
 
     # A job submitted through the CLI runs as a real process on an assigned GPU.
@@ -123,7 +128,7 @@ def test_job_is_placed_run_finished_and_charged_and_hot_gpu_pages_webhook(system
 async def _publish_telemetry(servers, cluster: str, node: str, sample: GpuSample) -> None:
     bus = await Bus.connect(servers.nats_url, source="test", user=servers.nats_user, password=servers.nats_password)
     try:
-        data = GpuTelemetry(cluster=cluster, node=node, seq=10**6, sample_time=datetime.now(timezone.utc), gpus=[sample])
+        data = GpuTelemetry(cluster=cluster, node=node, seq=10**6, sample_time=datetime.now(UTC), gpus=[sample])
         await bus.publish(subjects.gpu_telemetry(cluster, node), data)
     finally:
         await bus.close()

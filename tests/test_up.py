@@ -56,7 +56,8 @@ def test_up_starts_everything_ready_and_sigterm_leaves_no_process(tmp_path):
 
         def all_ready():
             services = json.loads(config.read_text())["services"]
-            return set(SERVICES) <= set(services) and all(httpx.get(services[s] + "/readyz", timeout=1).status_code == 200 for s in SERVICES)
+            return set(SERVICES) <= set(services) and all(
+                httpx.get(services[s] + "/readyz", timeout=1).status_code == 200 for s in SERVICES)
 
         # How fast it comes up is bench/platform_startup.py's business; here only that it does.
         wait_until(all_ready, timeout=180, what="all five services ready")
@@ -80,10 +81,12 @@ def test_up_starts_everything_ready_and_sigterm_leaves_no_process(tmp_path):
                                capture_output=True, text=True, timeout=120)
         assert never.returncode == 1 and ": rejected" in never.stdout and "reason:" in never.stdout, never.stdout
         assert "not charged: it never ran" in never.stdout
-        long = subprocess.run([*cli, "submit", "--", "sleep", "300"], env=env, capture_output=True, text=True, timeout=30)
+        long = subprocess.run([*cli, "submit", "--", "sleep", "300"], env=env, capture_output=True, text=True,
+                              timeout=30)
         job_id = long.stdout.split("submitted job ")[1].split()[0]
         scheduler = secrets["services"]["scheduler"]
-        wait_until(lambda: httpx.get(f"{scheduler}/v1/jobs/{job_id}").json()["state"] == "running", what="long job running")
+        wait_until(lambda: httpx.get(f"{scheduler}/v1/jobs/{job_id}").json()["state"] == "running",
+                   what="long job running")
 
         ours = _pids_with(str(home).encode()) | _pids_with(f"WHALEFLUX_JOB_ID={job_id}".encode())
         ours.discard(up.pid)
@@ -118,7 +121,8 @@ def test_up_holds_each_port_itself_so_nobody_takes_it_and_a_restarted_service_ke
 
         def all_ready():
             services = json.loads(config.read_text())["services"]
-            return set(SERVICES) <= set(services) and all(httpx.get(services[s] + "/readyz", timeout=1).status_code == 200 for s in SERVICES)
+            return set(SERVICES) <= set(services) and all(
+                httpx.get(services[s] + "/readyz", timeout=1).status_code == 200 for s in SERVICES)
 
         wait_until(all_ready, timeout=180, what="all five services ready")
         services = json.loads(config.read_text())["services"]

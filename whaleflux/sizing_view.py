@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from whaleflux.shared.sizing import CATALOGUE, SizingReport
+from whaleflux.shared.sizing.recommend import Option
 
 GiB = 1024**3
 
@@ -89,33 +90,38 @@ def render_report(console: Console, report: SizingReport, all_splits: bool) -> N
     if not shown:
         console.print("[red]no GPU configuration fits[/red] (raise --max-gpus, or shrink context, batch or dtype)")
     else:
-        title = ("Every feasible configuration" if all_splits
-                 else "Feasible configurations (fastest split per GPU count)")
-        table = Table(title=f"{title}, cheapest first", title_justify="left")
-        for col in ("#", "GPU", "count", "split", "memory / GPU"):
-            table.add_column(col, justify="right" if col in ("#", "count") else "left", no_wrap=True)
-        if training:
-            table.add_column("tokens/s", justify="right")
-            table.add_column("time", justify="right")
-            table.add_column("cost", justify="right")
-            table.add_column("$ / 1M tokens", justify="right")
-        else:
-            table.add_column("tokens/s (bound)", justify="right")
-            table.add_column("per sequence", justify="right")
-            table.add_column("$ / hour", justify="right")
-            table.add_column("$ / 1M tokens", justify="right")
-        table.add_column("time rank", justify="right")
-        # Ranks among the rows shown (the JSON ranks every feasible option).
-        by_time = {id(o): r for r, o in enumerate(sorted(shown, key=lambda o: o.time_rank), 1)}
-        for rank, o in enumerate(shown, 1):
-            mem = f"{_gib(o.per_gpu_bytes)} / {o.capacity_bytes / GiB:.0f}"
-            row = [str(rank), o.gpu, str(o.count), o.split, mem, f"{o.tokens_per_s:,.0f}"]
-            if training:
-                row += [_duration(o.seconds) if o.seconds else "-", _usd(o.cost_usd), _usd(o.usd_per_million_tokens)]
-            else:
-                row += [f"{o.per_sequence_tokens_per_s:,.1f}", _usd(o.usd_per_hour), _usd(o.usd_per_million_tokens)]
-            row.append(str(by_time[id(o)]))
-            table.add_row(*row)
-        console.print(table)
+        console.print(_options_table(shown, training, all_splits))
     for line in report.assumptions:
         console.print(f"[dim]- {escape(line)}[/dim]", soft_wrap=True)
+
+
+def _options_table(shown: list[Option], training: bool, all_splits: bool) -> Table:
+    """The feasible configurations, cheapest first, with their time rank among the rows shown."""
+    title = ("Every feasible configuration" if all_splits
+             else "Feasible configurations (fastest split per GPU count)")
+    table = Table(title=f"{title}, cheapest first", title_justify="left")
+    for col in ("#", "GPU", "count", "split", "memory / GPU"):
+        table.add_column(col, justify="right" if col in ("#", "count") else "left", no_wrap=True)
+    if training:
+        table.add_column("tokens/s", justify="right")
+        table.add_column("time", justify="right")
+        table.add_column("cost", justify="right")
+        table.add_column("$ / 1M tokens", justify="right")
+    else:
+        table.add_column("tokens/s (bound)", justify="right")
+        table.add_column("per sequence", justify="right")
+        table.add_column("$ / hour", justify="right")
+        table.add_column("$ / 1M tokens", justify="right")
+    table.add_column("time rank", justify="right")
+    # Ranks among the rows shown (the JSON ranks every feasible option).
+    by_time = {id(o): r for r, o in enumerate(sorted(shown, key=lambda o: o.time_rank), 1)}
+    for rank, o in enumerate(shown, 1):
+        mem = f"{_gib(o.per_gpu_bytes)} / {o.capacity_bytes / GiB:.0f}"
+        row = [str(rank), o.gpu, str(o.count), o.split, mem, f"{o.tokens_per_s:,.0f}"]
+        if training:
+            row += [_duration(o.seconds) if o.seconds else "-", _usd(o.cost_usd), _usd(o.usd_per_million_tokens)]
+        else:
+            row += [f"{o.per_sequence_tokens_per_s:,.1f}", _usd(o.usd_per_hour), _usd(o.usd_per_million_tokens)]
+        row.append(str(by_time[id(o)]))
+        table.add_row(*row)
+    return table

@@ -58,7 +58,7 @@ class Signer:
         return Session(sid, int(expires))
 
     def csrf_ok(self, session: Session, given: str | None) -> bool:
-        return bool(given) and hmac.compare_digest(given, session.csrf(self.key))
+        return given is not None and given != "" and hmac.compare_digest(given, session.csrf(self.key))
 
     def login_csrf(self, nonce: str) -> str:
         """The login form's token, bound to a pre-login cookie (nobody can log a browser in from another site)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 
 
@@ -10,9 +10,9 @@ def ago(value: datetime | None, now: datetime | None = None) -> str:
     """"3 s ago", "5 min ago", "2 h ago", "4 days ago"; "in 3 days" for the future."""
     if value is None:
         return "—"
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
+        value = value.replace(tzinfo=UTC)
     seconds = (now - value).total_seconds()
     span = abs(seconds)
     text = (f"{span:.0f} s" if span < 90 else f"{span / 60:.0f} min" if span < 5400
@@ -25,8 +25,8 @@ def when(value: datetime | None) -> str:
     if value is None:
         return "—"
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def gib(mib: float | None) -> str:

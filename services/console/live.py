@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import nats
@@ -72,7 +72,7 @@ class LiveHub:
                 self.nc = await nats.connect(url, user=user, password=password, connect_timeout=3,
                                              max_reconnect_attempts=-1, name="whaleflux-console")
                 break
-            except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, nats.errors.Error, OSError) as exc:
                 log.warning("bus.waiting", error=repr(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -91,7 +91,7 @@ class LiveHub:
 
     # ----------------------------------------------------------------- views out
 
-    async def stream(self, key: str, topics: set[str], render: Render) -> AsyncIterator[str]:
+    async def stream(self, key: str, topics: set[str], render: Render) -> AsyncGenerator[str, None]:
         """Server-sent events of one view for one browser, until it goes away."""
         view = self.views.get(key)
         if view is None:
@@ -103,7 +103,7 @@ class LiveHub:
             while True:
                 try:
                     frames = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     yield ": keep-alive\n\n"
                     continue
                 yield frames

@@ -38,7 +38,8 @@ class Upstream:
 
     async def raw(self, service: str, path: str, /, **params: Any) -> httpx.Response:
         """GET the response itself (exports: CSV bodies, their headers)."""
-        return await self._request("GET", service, path, params={k: v for k, v in params.items() if v not in (None, "")})
+        given = {k: v for k, v in params.items() if v not in (None, "")}
+        return await self._request("GET", service, path, params=given)
 
     async def post(self, service: str, path: str, body: dict | BaseModel, admin: bool = False) -> Any:
         payload = body.model_dump(mode="json", exclude_none=True) if isinstance(body, BaseModel) else body
@@ -76,7 +77,7 @@ async def fetch_all(calls: dict[str, Awaitable[Any]]) -> tuple[dict[str, Any], l
     results = await asyncio.gather(*calls.values(), return_exceptions=True)
     values: dict[str, Any] = {}
     errors: list[str] = []
-    for name, result in zip(names, results):
+    for name, result in zip(names, results, strict=True):
         if isinstance(result, UpstreamError):
             values[name] = None
             errors.append(str(result))

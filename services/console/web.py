@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -54,7 +54,7 @@ def session(request: Request) -> Session:
 
 async def csrf(request: Request, sess: Annotated[Session, Depends(session)]) -> Session:
     """Every state-changing request carries the session's CSRF token (form field or htmx header)."""
-    given = request.headers.get(CSRF_HEADER)
+    given: object = request.headers.get(CSRF_HEADER)
     if given is None and request.headers.get("content-type", "").startswith(
             ("application/x-www-form-urlencoded", "multipart/form-data")):
         given = (await request.form()).get(CSRF_FIELD)
@@ -68,7 +68,8 @@ SessionDep = Annotated[Session, Depends(session)]
 CsrfDep = Annotated[Session, Depends(csrf)]
 
 
-def page(request: Request, template: str, active: str | None = None, status_code: int = 200, **ctx: Any) -> HTMLResponse:
+def page(request: Request, template: str, active: str | None = None, status_code: int = 200,
+         **ctx: Any) -> HTMLResponse:
     """Render a template with what the layout needs (navigation, the CSRF token for forms and htmx)."""
     c = console(request)
     sess: Session | None = getattr(request.state, "session", None)
@@ -89,7 +90,7 @@ def login_url(path: str) -> str:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def sse(stream) -> StreamingResponse:

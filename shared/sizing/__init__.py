@@ -11,7 +11,15 @@ and the scheduler's `POST /v1/size` are thin shells around it.
 - `recommend`: every feasible (GPU model, count, split), ranked by cost and by time.
 """
 
-from .architectures import CATALOGUE, Architecture, catalogue_names, from_hf_config, load_config_file, read_config_file, resolve_model
+from .architectures import (
+    CATALOGUE,
+    Architecture,
+    catalogue_names,
+    from_hf_config,
+    load_config_file,
+    read_config_file,
+    resolve_model,
+)
 from .errors import SizingError
 from .recommend import SizingReport, estimate, memory_floor_mib, reference_prices
 from .request import SizingRequest

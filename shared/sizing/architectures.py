@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict
 from .errors import SizingError
 
 # Decoder families whose MLP is gated (SwiGLU/GeGLU: gate, up, down) with RMSNorm.
-GATED_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "phi3", "granite"}
+GATED_TYPES = {
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "phi3", "granite",
+}
 # Families with a different layout (plain 2-matrix MLP, LayerNorm with bias, fused
 # or multi-query blocks): counting them as Llama-style would be wrong, so refuse.
 UNSUPPORTED_TYPES = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "bert", "t5", "mpt", "gpt_bigcode", "phi"}
@@ -163,7 +165,7 @@ class Architecture(BaseModel):
         """K and V for every layer: 2 x layers x KV heads x head dim x bytes."""
         return 2 * self.layers * self.kv_heads * self.head_dim * bytes_per_value
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, int]:
         return {
             "total_params": self.total_params(),
             "active_params": self.active_params(),
@@ -177,8 +179,9 @@ class Architecture(BaseModel):
 _PUBLISHED: dict[str, tuple[str, dict[str, Any]]] = {}
 
 
-def _llama(layers, hidden, heads, kv, inter, vocab, ctx, tied=False, head_dim=None):
-    cfg = {
+def _llama(layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, ctx: int, tied: bool = False,
+           head_dim: int | None = None) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
         "model_type": "llama", "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
         "num_key_value_heads": kv, "intermediate_size": inter, "vocab_size": vocab,
         "max_position_embeddings": ctx, "tie_word_embeddings": tied,
@@ -263,7 +266,8 @@ def from_hf_config(config: Any, name: str = "config.json", source: str = "config
                     raise SizingError("config", f"{name}: {k} must be an integer >= {minimum}, got {value!r}")
                 return value
         if default is None:
-            raise SizingError("config", f"{name}: missing {key} (not a decoder-only transformer config this estimator reads)")
+            raise SizingError(
+                "config", f"{name}: missing {key} (not a decoder-only transformer config this estimator reads)")
         return default
 
     layers = integer("num_hidden_layers")
@@ -271,9 +275,11 @@ def from_hf_config(config: Any, name: str = "config.json", source: str = "config
     heads = integer("num_attention_heads")
     kv_heads = integer("num_key_value_heads", default=heads)
     if heads % kv_heads:
-        raise SizingError("config", f"{name}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        raise SizingError(
+            "config", f"{name}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     if config.get("head_dim") is None and hidden % heads:
-        raise SizingError("config", f"{name}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; give head_dim")
+        raise SizingError(
+            "config", f"{name}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; give head_dim")
     head_dim = integer("head_dim", default=hidden // heads)
     experts = integer("num_local_experts", "num_experts", default=0, minimum=0)
     inter = integer("intermediate_size", default=0 if experts else None, minimum=0)
@@ -285,7 +291,8 @@ def from_hf_config(config: Any, name: str = "config.json", source: str = "config
     moe: dict[str, int] = {}
     if experts:
         if integer("decoder_sparse_step", default=1) != 1 or config.get("mlp_only_layers"):
-            raise SizingError("config", f"{name}: MoE on only some layers (decoder_sparse_step/mlp_only_layers) is not modelled")
+            raise SizingError(
+                "config", f"{name}: MoE on only some layers (decoder_sparse_step/mlp_only_layers) is not modelled")
         per_token = integer("num_experts_per_tok")
         if per_token > experts:
             raise SizingError("config", f"{name}: num_experts_per_tok {per_token} exceeds the {experts} experts")
@@ -345,7 +352,7 @@ def resolve_model(name: str) -> Architecture:
     raise SizingError("model", f"unknown model {name!r}; known: {', '.join(CATALOGUE)} (or pass a config.json)")
 
 
-def read_config_file(path: str | Path) -> tuple[dict, str]:
+def read_config_file(path: str | Path) -> tuple[dict[str, Any], str]:
     """A config.json file's contents and a label for it (its folder's name, as on the Hub)."""
     p = Path(path)
     if p.is_dir():
@@ -357,7 +364,8 @@ def read_config_file(path: str | Path) -> tuple[dict, str]:
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SizingError("config", f"{p} is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})") from None
+        raise SizingError(
+            "config", f"{p} is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})") from None
     label = p.resolve().parent.name if p.name == "config.json" else p.stem
     return config, label
 

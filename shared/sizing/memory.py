@@ -44,7 +44,8 @@ class Split:
 
     @property
     def label(self) -> str:
-        parts = [f"tp{self.tp}" if self.tp > 1 else "", f"pp{self.pp}" if self.pp > 1 else "", f"fsdp{self.dp}" if self.dp > 1 else ""]
+        parts = [f"tp{self.tp}" if self.tp > 1 else "", f"pp{self.pp}" if self.pp > 1 else "",
+                 f"fsdp{self.dp}" if self.dp > 1 else ""]
         return " ".join(p for p in parts if p) or "single"
 
 
@@ -107,18 +108,19 @@ def stage_memory(w: Workload, split: Split, stage: str = "all") -> MemoryBreakdo
     def add(key: str, label: str, value: float, note: str = "", counted: bool = True) -> None:
         items.append(MemoryItem(key=key, label=label, bytes=round(value), counted=counted, note=note))
 
-    quant_note = "" if wbytes >= 2 else f"matrices {w.weight_dtype} ({wbytes * 8:.3g} bits incl. scales), embeddings/head/norms bf16"
+    quant_note = ("" if wbytes >= 2
+                  else f"matrices {w.weight_dtype} ({wbytes * 8:.3g} bits incl. scales), embeddings/head/norms bf16")
     add("weights", f"weights ({w.weight_dtype})", (linear * wbytes + other * keep) / shard, quant_note)
 
     in_flight = split.pp if stage == "first" else 1
     has_head = stage in ("all", "last")
     if w.task == "serve":
         kv_heads = ceil_div(a.kv_heads, split.tp)  # tp beyond the KV heads replicates them
-        kv_bytes = DTYPE_BYTES[w.kv_dtype]
+        kv_bytes = DTYPE_BYTES[w.kv_cache_dtype]
         per_token = 2 * layers * kv_heads * a.head_dim * kv_bytes
         add(
             "kv_cache",
-            f"KV cache ({w.kv_dtype})",
+            f"KV cache ({w.kv_cache_dtype})",
             per_token * w.context * w.batch,
             f"2 x {layers} layers x {kv_heads} KV heads x {a.head_dim} x {kv_bytes:g} B = "
             f"{per_token / 1024:g} KiB/token x {w.context} tokens x {w.batch} sequences",
@@ -134,36 +136,39 @@ def stage_memory(w: Workload, split: Split, stage: str = "all") -> MemoryBreakdo
         full_layer = activation_elements_per_token(w) * tokens * act_bytes / split.tp
         with_ckpt = a.hidden * tokens * act_bytes / split.tp * layers * in_flight + full_layer
         without = full_layer * layers * in_flight
-        where = f"{layers} layers x {in_flight} micro-batch{'es' if in_flight > 1 else ''} of {w.batch} x {w.context} tokens"
+        batches = f"{in_flight} micro-batch{'es' if in_flight > 1 else ''}"
+        where = f"{layers} layers x {batches} of {w.batch} x {w.context} tokens"
         add("activations_checkpointed", "activations, with checkpointing", with_ckpt,
             f"layer inputs of {where}, plus one layer recomputed", counted=w.checkpointing)
         add("activations_full", "activations, without checkpointing", without, where, counted=not w.checkpointing)
         if has_head:
             add("logits", "logits and loss", tokens * a.vocab * (act_bytes + 4) / split.tp,
                 f"{tokens} tokens x {a.vocab} vocab, {act_bytes} B logits + fp32 copy for the loss")
-        opt = OPTIMIZER_STATE_BYTES[w.optimizer]
+        opt = OPTIMIZER_STATE_BYTES[w.optimizer_name]
         if w.adapters:
-            n = a.lora_params(w.lora_rank, w.lora_targets) * layers / a.layers / split.tp / shard
+            n = a.lora_params(w.rank, w.lora_targets) * layers / a.layers / split.tp / shard
             targets = ",".join(w.lora_targets)
-            add("lora_weights", "LoRA adapter weights", n * ADAPTER_BYTES, f"rank {w.lora_rank} on {targets}, fp32")
+            add("lora_weights", "LoRA adapter weights", n * ADAPTER_BYTES, f"rank {w.rank} on {targets}, fp32")
             add("lora_gradients", "LoRA adapter gradients", n * ADAPTER_BYTES, "fp32")
-            add("lora_optimizer", "LoRA adapter optimizer states", n * opt, OPTIMIZER_NOTES[w.optimizer])
+            add("lora_optimizer", "LoRA adapter optimizer states", n * opt, OPTIMIZER_NOTES[w.optimizer_name])
         else:
             n = params / shard
             grad = 4 if w.weight_dtype == "fp32" else 2
             master = 0 if w.weight_dtype == "fp32" else 4
             add("gradients", f"gradients ({'fp32' if grad == 4 else 'bf16'})", n * grad)
-            note = OPTIMIZER_NOTES[w.optimizer] + (" + fp32 master weights" if master else "")
+            note = OPTIMIZER_NOTES[w.optimizer_name] + (" + fp32 master weights" if master else "")
             add("optimizer", "optimizer states", n * (opt + master), note)
         if shard > 1:
             # FSDP gathers one layer's full weights to compute it, and prefetches the next.
             layer_bytes = a.layer_linear() * wbytes + a.layer_other() * keep
-            add("fsdp_buffers", "FSDP gathered layers", 2 * layer_bytes / split.tp, "two unsharded layers (current + prefetch)")
+            add("fsdp_buffers", "FSDP gathered layers", 2 * layer_bytes / split.tp,
+                "two unsharded layers (current + prefetch)")
 
     base = sum(i.bytes for i in items if i.counted)
     nccl = NCCL_BYTES if split.count > 1 else 0
     add("overhead", "framework/CUDA overhead", CUDA_CONTEXT_BYTES + nccl + FRAGMENTATION * base,
-        f"CUDA context and workspaces 1 GiB{', NCCL 0.5 GiB' if nccl else ''}, {FRAGMENTATION:.0%} allocator fragmentation")
+        f"CUDA context and workspaces 1 GiB{', NCCL 0.5 GiB' if nccl else ''}, "
+        f"{FRAGMENTATION:.0%} allocator fragmentation")
     total = sum(i.bytes for i in items if i.counted)
     return MemoryBreakdown(stage=stage, items=items, total_bytes=total)
 

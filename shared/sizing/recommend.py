@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import csv
 from functools import lru_cache
+from typing import Any
 
 from pydantic import BaseModel
 
-from whaleflux.shared.catalog import DATA_DIR, GpuModel, gpu_models, model_key, multi_gpu_efficiency
+from whaleflux.shared.catalog import GpuModel, gpu_models, model_key, multi_gpu_efficiency
+from whaleflux.shared.datafiles import DATA_DIR
 
 from .errors import SizingError
 from .memory import GiB, MemoryItem, Split, per_gpu_memory, stage_memory
@@ -78,8 +80,8 @@ class Option(BaseModel):
 
 class SizingReport(BaseModel):
     summary: str
-    model: dict
-    workload: dict
+    model: dict[str, Any]
+    workload: dict[str, Any]
     memory: list[MemoryItem]  # the whole workload on one GPU, before any split
     memory_total_bytes: int
     flops_per_token: dict[str, float] | None = None
@@ -137,7 +139,7 @@ def _prices(overrides: dict[str, float]) -> dict[str, Price]:
 def splits_for(w: Workload, count: int) -> list[Split]:
     """Every way to lay the workload over `count` GPUs: tp x pp (x dp for training)."""
     a = w.arch
-    out = []
+    out: list[Split] = []
     for tp in (1, 2, 4, 8):
         if tp > min(count, GPUS_PER_NODE) or count % tp or a.heads % tp:
             continue
@@ -157,7 +159,7 @@ def _counts(max_gpus: int) -> list[int]:
     return out
 
 
-def _cost_key(w: Workload, o: Option) -> tuple:
+def _cost_key(w: Workload, o: Option) -> tuple[bool, float, float, int]:
     money = o.usd_per_million_tokens if w.training else o.usd_per_hour
     return (money is None, money or 0.0, -o.tokens_per_s, o.count)
 
@@ -224,11 +226,11 @@ def _tokens(n: int) -> str:
 
 def _per_model_lines(w: Workload, gpus: list[GpuModel], options: list[Option], max_gpus: int) -> list[str]:
     smallest: dict[str, Option] = {}
-    for o in options:
-        if not o.best_split:
+    for option in options:
+        if not option.best_split:
             continue
-        if o.gpu not in smallest or o.count < smallest[o.gpu].count:
-            smallest[o.gpu] = o
+        if option.gpu not in smallest or option.count < smallest[option.gpu].count:
+            smallest[option.gpu] = option
     fastest = max((o.tokens_per_s for o in smallest.values()), default=0.0)
     lines = []
     for gpu in gpus:
@@ -259,7 +261,8 @@ def _assumptions(w: Workload, gpus: list[GpuModel], prices: dict[str, Price]) ->
     )
     out = [
         f"Prices per GPU-hour: {priced}. Reference prices are on-demand cloud list prices from "
-        "shared/data/prices-reference.csv, not what this fleet pays; billing's price book replaces them once it exists.",
+        "shared/data/prices-reference.csv, not what this fleet pays; billing's price book replaces them once it "
+        "exists.",
         "Memory: framework/CUDA overhead is 1 GiB per GPU (+0.5 GiB NCCL when multi-GPU) plus 5% allocator "
         "fragmentation; a GPU's capacity is the memory nvidia-smi reports (gpu_models.yaml memory_mib).",
         f"Splits: tensor parallel (tp) within one node of {GPUS_PER_NODE} GPUs, splitting every layer and the KV "
@@ -329,5 +332,6 @@ def memory_floor_mib(req: SizingRequest, gpus: int) -> float:
     w = resolve(req)
     splits = splits_for(w, gpus)
     if not splits:
-        raise SizingError("gpus", f"{w.arch.name} cannot be split over {gpus} GPUs (tensor parallel must divide its heads)")
+        raise SizingError(
+            "gpus", f"{w.arch.name} cannot be split over {gpus} GPUs (tensor parallel must divide its heads)")
     return min(per_gpu_memory(w, s).total_bytes for s in splits) / MiB

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .architectures import CATALOGUE, LORA_MODULES, Architecture, from_hf_config, resolve_model
 from .errors import SizingError
+
+T = TypeVar("T")
 
 Task = Literal["serve", "full", "lora", "qlora"]
 Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "nf4"]
@@ -40,7 +42,8 @@ class SizingRequest(BaseModel):
     config_name: str | None = Field(None, max_length=200, description="label for `config` in the report")
     task: Task = Field("serve", description="serve, full (fine-tune), lora or qlora")
     context: int = Field(4096, ge=1, le=10_000_000, description="tokens per sequence")
-    batch: int = Field(1, ge=1, le=100_000, description="serve: concurrent sequences; training: micro-batch per replica")
+    batch: int = Field(1, ge=1, le=100_000,
+                       description="serve: concurrent sequences; training: micro-batch per replica")
     weight_dtype: Dtype | None = Field(None, description="default bf16; nf4 for qlora")
     kv_dtype: Dtype | None = Field(None, description="KV cache dtype (serve only); default bf16")
     dataset_tokens: int | None = Field(None, ge=1, description="training tokens per epoch")
@@ -81,6 +84,28 @@ class Workload:
     def adapters(self) -> bool:
         return self.task in ("lora", "qlora")
 
+    # The settings of one kind of task, set (by `resolve`) exactly when the task has them.
+    @property
+    def kv_cache_dtype(self) -> str:
+        """Serving: the KV cache's dtype."""
+        return _set(self.kv_dtype, "kv_dtype", self.task)
+
+    @property
+    def optimizer_name(self) -> str:
+        """Training: the optimizer."""
+        return _set(self.optimizer, "optimizer", self.task)
+
+    @property
+    def rank(self) -> int:
+        """LoRA/QLoRA: the adapters' rank."""
+        return _set(self.lora_rank, "lora_rank", self.task)
+
+
+def _set(value: T | None, field: str, task: str) -> T:
+    if value is None:
+        raise SizingError(field, f"does not apply to task {task!r}")
+    return value
+
 
 def _forbid(req: SizingRequest, task: str, fields: tuple[str, ...], why: str) -> None:
     for f in fields:
@@ -102,13 +127,16 @@ def resolve(req: SizingRequest) -> Workload:
         hint = f"; {', '.join(longer)} supports it" if longer else ""
         raise SizingError(
             "context",
-            f"{req.context} tokens is longer than {arch.name} supports ({arch.max_context}, max_position_embeddings){hint}",
+            f"{req.context} tokens is longer than {arch.name} supports ({arch.max_context}, "
+            f"max_position_embeddings){hint}",
         )
     weights = req.weight_dtype or DEFAULT_WEIGHTS[task]
     if task == "full" and weights not in ("fp32", "bf16", "fp16"):
-        raise SizingError("weight_dtype", f"a full fine-tune trains every weight, which cannot be {weights}; use fp32/bf16, or task qlora")
+        raise SizingError("weight_dtype", f"a full fine-tune trains every weight, which cannot be {weights}; "
+                                          "use fp32/bf16, or task qlora")
     if task == "qlora" and weights not in ("nf4", "int4"):
-        raise SizingError("weight_dtype", f"qlora trains adapters on a 4-bit base (nf4/int4), not {weights}; use task lora")
+        raise SizingError(
+            "weight_dtype", f"qlora trains adapters on a 4-bit base (nf4/int4), not {weights}; use task lora")
     if task == "lora" and weights in ("nf4", "int4"):
         raise SizingError("weight_dtype", "LoRA on a 4-bit base is task qlora")
     if task == "serve":

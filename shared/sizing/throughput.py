@@ -48,7 +48,7 @@ def training_flops_per_token(w: Workload) -> dict[str, float]:
     attention = 4 * a.layers * a.q_dim * w.context  # forward QK^T and AV, per token (PaLM, no causal halving)
     forward = 2 * n + attention
     if w.adapters:
-        lora = a.lora_params(w.lora_rank, w.lora_targets)
+        lora = a.lora_params(w.rank, w.lora_targets)
         backward = 2 * n + 2 * attention + 4 * lora
         forward += 2 * lora
     else:
@@ -72,7 +72,8 @@ def mfu(w: Workload) -> float:
     return w.mfu if w.mfu is not None else DEFAULT_MFU[w.task]
 
 
-def training_speed(w: Workload, gpu: GpuModel, split: Split, reference: GpuModel, efficiency: dict[str, float]) -> Speed:
+def training_speed(w: Workload, gpu: GpuModel, split: Split, reference: GpuModel,
+                   efficiency: dict[str, float]) -> Speed:
     per_gpu = mfu(w) * reference.bf16_dense_tflops * 1e12 * gpu.speed[WORKLOAD_CLASS[w.task]]
     eff = multi_gpu_factor(gpu, split, efficiency)
     tokens_per_s = split.count * per_gpu * eff / training_flops_per_token(w)["total"]
@@ -96,7 +97,7 @@ def serving_speed(w: Workload, gpu: GpuModel, split: Split) -> Speed:
     a = w.arch
     breakdown = per_gpu_memory(w, split)
     mem = {i.key: i.bytes for i in breakdown.items}
-    weights = mem["weights"]
+    weights: float = mem["weights"]
     if breakdown.stage == "first" or (breakdown.stage == "all" and not a.tied_embeddings):
         # The embedding is a lookup of a few rows, not a read of the matrix.
         weights -= a.embedding_params() * (4 if w.weight_dtype == "fp32" else 2) / split.tp

@@ -14,12 +14,15 @@ from ..web import ConsoleDep, SessionDep, page
 
 router = APIRouter()
 GROUPINGS = ["team", "project", "model", "pool", "job"]
-EXPORT_TYPES = {"focus": ("text/csv", "focus.csv"), "csv": ("text/csv", "costs.csv"), "json": ("application/json", "costs.json")}
+EXPORT_TYPES = {
+    "focus": ("text/csv", "focus.csv"), "csv": ("text/csv", "costs.csv"), "json": ("application/json", "costs.json"),
+}
 
 
 @router.get("/costs", response_class=HTMLResponse)
-async def costs(request: Request, c: ConsoleDep, _: SessionDep, by: str = "team", from_: date | None = Query(None, alias="from"),
-                to: date | None = None, share_idle: bool = False) -> Response:
+async def costs(request: Request, c: ConsoleDep, _: SessionDep, by: str = "team",
+                from_: date | None = Query(None, alias="from"), to: date | None = None,
+                share_idle: bool = False) -> Response:
     by = by if by in GROUPINGS else "team"
     window = {"from": from_.isoformat() if from_ else None, "to": to.isoformat() if to else None}
     values, errors = await fetch_all({
@@ -48,8 +51,9 @@ async def export(c: ConsoleDep, _: SessionDep, format: Literal["focus", "csv", "
 async def tco(request: Request, c: ConsoleDep, _: SessionDep, model: str = "H100", gpus: int = 8,
               utilization: float = 0.6, months: int = 36, purchase_price: str = "", usd_per_kwh: str = "",
               overhead: str = "", lease_monthly: str = "", cloud_hourly: str = "") -> Response:
-    asked = {"model": model, "gpus": gpus, "utilization": utilization, "months": months, "purchase_price": purchase_price,
-             "usd_per_kwh": usd_per_kwh, "overhead": overhead, "lease_monthly": lease_monthly, "cloud_hourly": cloud_hourly}
+    asked = {"model": model, "gpus": gpus, "utilization": utilization, "months": months,
+             "purchase_price": purchase_price, "usd_per_kwh": usd_per_kwh, "overhead": overhead,
+             "lease_monthly": lease_monthly, "cloud_hourly": cloud_hourly}
     result, error = None, None
     if "model" in request.query_params:
         try:

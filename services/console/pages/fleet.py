@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -107,7 +107,7 @@ async def gpu_page(request: Request, uuid: str, c: ConsoleDep, _: SessionDep, wi
 @router.get("/fleet/gpus/{uuid}/history.json")
 async def gpu_history(uuid: str, c: ConsoleDep, _: SessionDep, window: str = "15m") -> JSONResponse:
     """The chart's columns; the browser asks once per page load, then appends the live points."""
-    now = datetime.now(timezone.utc).timestamp()
+    now = datetime.now(UTC).timestamp()
     hist = await c.upstream.get_as(GpuHistory, "telemetry", f"/v1/gpus/{uuid}/history",
                                    since=now - WINDOWS_S.get(window, 900), until=now)
     return JSONResponse({"resolution": hist.resolution, **series(hist.points, hist.resolution)})

@@ -1,4 +1,5 @@
-"""Inventory: assets by ownership (and model, pool), leases with days left and notice deadlines, findings with the money."""
+"""Inventory: assets by ownership (and model, pool), leases with days left and notice deadlines, findings with the
+money."""
 
 from __future__ import annotations
 

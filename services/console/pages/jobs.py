@@ -5,9 +5,9 @@ Cancel is not offered: the scheduler has no cancel endpoint and the agent does n
 
 from __future__ import annotations
 
-from decimal import Decimal
-from typing import Literal
 import shlex
+from decimal import Decimal
+from typing import Any, Literal
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
@@ -121,7 +121,7 @@ async def jobs_live(c: ConsoleDep, _: SessionDep, state: str = "", team: str = "
 
 @router.post("/jobs")
 async def submit(request: Request, c: ConsoleDep, sess: CsrfDep) -> Response:
-    raw = {k: v for k, v in (await request.form()).items() if k != "csrf"}
+    raw: dict[str, Any] = {k: v for k, v in (await request.form()).items() if k != "csrf"}
     for box in ("preemptible", "use_sizing"):
         raw[box] = box in raw
     try:

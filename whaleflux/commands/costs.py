@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .client import ClientError, Connection
+from whaleflux.client import ClientError, Connection
+
+from .terminal import console
 
 costs_app = typer.Typer(help="GPU cost per job, team or project; idle; exports; TCO.", invoke_without_command=True)
-console = Console(width=None if sys.stdout.isatty() else 200)
 
 def _fail(message: str) -> None:
     Console(stderr=True).print(f"[red]error:[/red] {escape(message)}")
@@ -68,6 +69,11 @@ def costs(
                           running=str(running).lower(), **window)
     except ClientError as exc:
         _fail(str(exc))
+    _print_report(conn, report, by, share_idle, running)
+
+
+def _print_report(conn: Connection, report: dict[str, Any], by: str, share_idle: bool, running: bool) -> None:
+    """The rows per job/team/..., what is still running, the idle table, the fleet total and the pricing notes."""
     live = _running_jobs(conn) if running else None
     table = Table(title=f"Cost by {by}, {report['from'][:16]} to {report['to'][:16]} UTC")
     # `jobs` counts distinct jobs in a row: one per row when the rows are jobs, so not shown then.
@@ -87,15 +93,8 @@ def costs(
     elif not running and report["totals"].get("running_usd") not in (None, "0", "0.00"):
         console.print(f"jobs still running, not in the rows: ${report['totals']['running_usd']} so far "
                       "(--running shows them)")
-    idle = Table(title="Fleet and idle per pool and model")
-    for col in ("pool", "model", "ownership", "GPUs", "fleet", "allocated", "idle", "idle %"):
-        idle.add_column(col, justify="left" if col in ("pool", "model", "ownership") else "right")
-    for line in report["idle"]:
-        idle.add_row(escape(line["pool"]), line["model"], line["ownership"], str(line["gpus"]), f"${line['fleet_usd']}",
-                     f"${line['allocated_usd']}", f"${line['idle_usd']}",
-                     "-" if line["idle_pct"] is None else f"{line['idle_pct']:.0f}%")
     if report["idle"]:
-        console.print(idle)
+        console.print(_idle_table(report["idle"]))
     t = report["totals"]
     console.print(f"fleet ${t['fleet_usd']} = allocated ${t['allocated_usd']}"
                   + (f" + idle ${t['unshared_idle_usd']} (rest shared back)" if share_idle
@@ -104,6 +103,17 @@ def costs(
     console.print(f"prices: {escape(pricing['inventory']['basis'])}; price book: {escape(pricing['pricebook'])}")
     for note in group_notes(pricing["notes"]):
         console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
+
+
+def _idle_table(lines: list[dict[str, Any]]) -> Table:
+    idle = Table(title="Fleet and idle per pool and model")
+    for col in ("pool", "model", "ownership", "GPUs", "fleet", "allocated", "idle", "idle %"):
+        idle.add_column(col, justify="left" if col in ("pool", "model", "ownership") else "right")
+    for line in lines:
+        idle.add_row(escape(line["pool"]), line["model"], line["ownership"], str(line["gpus"]), f"${line['fleet_usd']}",
+                     f"${line['allocated_usd']}", f"${line['idle_usd']}",
+                     "-" if line["idle_pct"] is None else f"{line['idle_pct']:.0f}%")
+    return idle
 
 
 def _running_jobs(conn: Connection) -> set[str] | None:

@@ -212,6 +212,16 @@ def run_mypy(files: list[Path], whole: bool) -> Checked:
     return Checked(lines, errors, done.returncode in (0, 1), done.stderr)
 
 
+def package_hints() -> list[str]:
+    """Packages (folders with an __init__.py) missing from [tool.setuptools] packages: a wheel would lack them
+    (the editable install finds them anyway, so tests pass while the Docker image breaks)."""
+    listed = set(pyproject()["tool"]["setuptools"]["packages"])
+    found = {module_name(init) for folder in package_dirs().values() for init in folder.rglob("__init__.py")
+             if "__pycache__" not in init.parts}
+    return [f"package {name} is missing from [tool.setuptools] packages in pyproject.toml"
+            for name in sorted(n for n in found if n and n not in listed)]
+
+
 def lint(paths: list[str]) -> int:
     """ruff and mypy on `paths` (default: the whole tree); prints each error with its real path, then the counts."""
     files = python_files(paths or list(LINT_ROOTS))
@@ -222,7 +232,7 @@ def lint(paths: list[str]) -> int:
         for line in checked.lines:
             print(line)
         print(checked.stderr, end="", file=sys.stderr)
-    for hint in strict_hints(files):
+    for hint in strict_hints(files) + ([] if paths else package_hints()):
         print(f"hint: {hint}")
     failed = not (ruff.ran and mypy.ran)
     print(f"lint: {len(ruff.errors)} ruff errors, {len(mypy.errors)} mypy errors in {len(files)} files"

@@ -1,0 +1,426 @@
+"""What every WhaleFlux service runs on: connections, state guard, consumers, ops endpoints.
+
+A service does not inherit from it; it makes one `Runtime`, hands it its parts
+(consumers, routers, start-up and background functions) and serves the app:
+
+    runtime = Runtime(name="alerting", settings=settings, clock=clock)
+    app = runtime.app(ServiceParts(consumers={...}, routers=[...], on_ready=load))
+    serve(app, runtime)
+
+The runtime owns NATS and Redis (connected with retries), stream and consumer
+declarations, the state-epoch guard (rebuild from JetStream when the store lost
+the service's state, consumers paused meanwhile), the outbox, `/healthz`,
+`/readyz`, `/metrics`, `/admin/status`, vendored `/docs`, and the errors that
+map to 503 (store or bus unreachable) and 400 (`BadRequest` only). See
+docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import nats.errors
+import structlog
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from nats.js.errors import NotFoundError
+from prometheus_client import CollectorRegistry, generate_latest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+
+from .apidocs import mount_api_docs
+from .bus import BatchHandler, Bus, BusMetrics, Handler, Retry, batch_handler, is_batch_handler
+from .errors import BadRequest, StateUnavailable
+from .events import Envelope, EventData, make_envelope
+from .logs import configure_logging
+from .outbox import Outbox
+from .runtime_http import add_error_handlers, add_ops_routes, refuse_before_connected
+from .settings import CommonSettings
+from .state_store import EpochStore, is_rebuilding
+from .streams import CONSUMERS, ConsumerSpec
+
+Clock = Callable[[], datetime]
+Loop = Callable[[], Awaitable[None]]
+# How often a running service checks that its state is still there, and how long a rebuilding
+# replica's claim lasts if it dies mid-rebuild.
+STATE_CHECK_S = 0.5
+STATE_CHECK_TIMEOUT_S = 2.0
+REBUILD_CLAIM_MS = 300_000
+__all__ = ["BadRequest", "Clock", "Runtime", "ServiceParts", "StateUnavailable", "serve", "system_clock"]
+# What a failed start-up step may raise and still be retried (anything else is a bug).
+_STARTUP_TROUBLE = (RedisError, OSError, nats.errors.Error)
+
+
+def system_clock() -> datetime:
+    """The wall clock (UTC): the default `Clock`; tests inject their own."""
+    return datetime.now(timezone.utc)
+
+
+@dataclass
+class ServiceParts:
+    """What a service hands its runtime; every part is optional."""
+
+    # Durable consumer name (shared.streams.CONSUMERS) -> handler (or `@batch_handler`).
+    consumers: Mapping[str, Handler | BatchHandler] = field(default_factory=dict)
+    routers: Sequence[APIRouter] = ()
+    # After connect, before consumers start: load what the service keeps in memory.
+    on_ready: Loop | None = None
+    # Long-running loops, restarted after a pause if they raise.
+    background: Sequence[Loop] = ()
+    # Rebuild the Redis state from JetStream; None: replay the history consumers (see `replay_history`).
+    rebuild: Loop | None = None
+    # Extra /metrics body after the registry's (families prometheus_client cannot write).
+    metrics_text: Callable[[], Awaitable[bytes]] | None = None
+    # Put on `app.state.<key>` for the routers' dependencies.
+    state: Mapping[str, object] = field(default_factory=dict)
+    # Added beyond the first cut, for services with more to say:
+    on_stop: Loop | None = None  # before the connections close (release a lease, close a client)
+    publish: Loop | None = None  # replaces the outbox flush (e.g. only a leader publishes)
+    # Adjusts the /readyz checks (e.g. a standby binds no consumers).
+    readiness: Callable[[dict[str, bool]], Awaitable[dict[str, bool]]] | None = None
+    exception_handlers: Mapping[type[Exception], Callable[[Request, Any], Awaitable[Response]]] = field(
+        default_factory=dict)
+
+
+class Runtime:
+    """One service process's connections and lifecycle (see the module docstring)."""
+
+    def __init__(self, name: str, settings: CommonSettings, clock: Clock = system_clock, version: str = "0.1.0"):
+        self.name = name
+        self.settings = settings
+        self.clock = clock
+        self.version = version
+        self.registry = CollectorRegistry()
+        self.bus_metrics = BusMetrics.create(self.registry)
+        self.log = structlog.get_logger(f"whaleflux.{name}")
+        self.parts = ServiceParts()
+        self._redis: Redis | None = None
+        self._bus: Bus | None = None
+        self._outbox: Outbox | None = None
+        self._epochs: EpochStore | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        # Set while the state store is reachable and whole; consumers fetch only then.
+        self.state_ready = asyncio.Event()
+        self.state_problem: str | None = "starting"
+        self.epoch: str | None = None
+        self.starting = False  # the lifespan began connecting (an app served without it never connects)
+        self.running = False
+
+    # ------------------------------------------------------------------ what services use
+
+    @property
+    def prefix(self) -> str:
+        """Redis key prefix: each service keeps its state under its own."""
+        return f"wf:{self.name}"
+
+    @property
+    def source(self) -> str:
+        """The CloudEvents `source` of what this process publishes."""
+        return f"whaleflux/{self.name}/{self.settings.instance}"
+
+    @property
+    def connected(self) -> bool:
+        """Redis and NATS are connected (the state may still be rebuilding)."""
+        return self._redis is not None and self._bus is not None
+
+    @property
+    def redis(self) -> Redis:
+        if self._redis is None:
+            raise StateUnavailable(f"{self.name} is not connected to its store yet")
+        return self._redis
+
+    @property
+    def bus(self) -> Bus:
+        if self._bus is None:
+            raise StateUnavailable(f"{self.name} is not connected to the bus yet")
+        return self._bus
+
+    @property
+    def outbox(self) -> Outbox:
+        if self._outbox is None:
+            raise StateUnavailable(f"{self.name} is not connected to its store yet")
+        return self._outbox
+
+    def envelope(self, data: EventData, *, subject: str | None = None, event_id: str | None = None,
+                 correlation_id: str | None = None) -> Envelope:
+        """A new envelope from this process, timed by the runtime's clock."""
+        return make_envelope(data, source=self.source, subject=subject, event_id=event_id,
+                             correlation_id=correlation_id, time=self.clock())
+
+    async def publish_staged(self) -> None:
+        """Publish what the outbox holds (call after executing a pipeline that staged events)."""
+        if self.parts.publish is not None:
+            await self.parts.publish()
+        else:
+            await self.outbox.flush(self.bus)
+
+    def require_state(self) -> None:
+        """Raise StateUnavailable unless the state store is reachable and whole."""
+        if not self.state_ready.is_set():
+            raise StateUnavailable(self.state_problem or "state store not ready")
+
+    def state_down(self, problem: str) -> None:
+        """Stop deciding: consumers pause, the API answers 503 with `problem`."""
+        if self.state_ready.is_set():
+            self.log.error("state.unavailable", problem=problem, note="consumers paused; nothing decided until it is back")
+        self.state_problem = problem
+        self.state_ready.clear()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run `coro` as a task the runtime cancels at stop."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.append(task)
+        return task
+
+    def consumer_specs(self) -> dict[str, ConsumerSpec]:
+        return {name: CONSUMERS[name] for name in self.parts.consumers}
+
+    # ------------------------------------------------------------------ app and lifecycle
+
+    def app(self, parts: ServiceParts) -> FastAPI:
+        """The service's FastAPI app: its routers plus the ops endpoints; the lifespan starts and stops it."""
+        self.parts = parts
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            self.starting = True
+            self.spawn(self.start(parts), name="startup")
+            yield
+            await self.stop()
+
+        # /docs and /redoc from vendored assets (apidocs.py): FastAPI's defaults need a CDN.
+        app = FastAPI(title=f"WhaleFlux {self.name}", version=self.version, lifespan=lifespan,
+                      docs_url=None, redoc_url=None)
+        mount_api_docs(app)
+        app.state.runtime = self
+        for key, value in parts.state.items():
+            setattr(app.state, key, value)
+        refuse_before_connected(app, self)
+        add_ops_routes(app, self)
+        add_error_handlers(app, self)
+        for exc_type, handler in parts.exception_handlers.items():
+            app.add_exception_handler(exc_type, handler)
+        for router in parts.routers:
+            app.include_router(router)
+        return app
+
+    async def start(self, parts: ServiceParts | None = None) -> None:
+        """Connect, load, make sure the state is whole, then start consumers and loops."""
+        if parts is not None:
+            self.parts = parts
+        await self._connect()
+        redis, bus = self.redis, self.bus
+        self._outbox = Outbox(redis, self.prefix)
+        self._epochs = EpochStore(redis, self.prefix)
+        # A failure here (the store went away between connect and now, say) must not leave a
+        # service that never becomes ready: nothing has started yet, so it is tried again.
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type((*_STARTUP_TROUBLE, StateUnavailable)),
+                                           wait=wait_exponential(multiplier=0.5, max=5.0),
+                                           before_sleep=self._log_retry("startup.failed"), reraise=True):
+            with attempt:
+                if self.parts.on_ready is not None:
+                    await self.parts.on_ready()
+                await self._ensure_state()
+        specs = self.consumer_specs()
+        for name, handler in self.parts.consumers.items():
+            bus.start_consumer(specs[name], self._store_guarded(handler), redis, self.prefix, self.state_ready)
+        for loop in [*self.parts.background, self._outbox_loop, self._state_watch]:
+            self.spawn(self._guard(loop), name=getattr(loop, "__name__", "loop"))
+        self.running = True
+        self.log.info("service.started", consumers=sorted(specs))
+
+    async def stop(self) -> None:
+        """The service's `on_stop`, then every task cancelled and the connections closed."""
+        if self.parts.on_stop is not None:
+            await self.parts.on_stop()
+        await self.close()
+
+    async def close(self) -> None:
+        """Cancel the tasks and close the connections (idempotent)."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._bus is not None:
+            await self._bus.close()
+        if self._redis is not None:
+            await self._redis.aclose()
+        self.running = False
+
+    async def readiness(self) -> dict[str, bool]:
+        """The /readyz checks: NATS, Redis, whole state, every consumer bound (as the service adjusts them)."""
+        checks = await self.base_readiness()
+        if self.parts.readiness is not None:
+            checks = await self.parts.readiness(checks)
+        return checks
+
+    async def base_readiness(self) -> dict[str, bool]:
+        """The /readyz checks before the service's `readiness` part adjusts them."""
+        checks = {"nats": self._bus is not None and self._bus.connected, "redis": False,
+                  "state": self.state_ready.is_set()}
+        if self._epochs is not None:
+            with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
+                checks["redis"] = await asyncio.wait_for(self._epochs.ping(), 1.0)
+        bound = self._bus.bound if self._bus is not None else set()
+        for name in self.consumer_specs():
+            checks[f"consumer:{name}"] = name in bound
+        return checks
+
+    async def metrics_body(self) -> bytes:
+        body = generate_latest(self.registry)
+        if self.parts.metrics_text is not None:
+            body += await self.parts.metrics_text()
+        return body
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _log_retry(self, event: str) -> Callable[[RetryCallState], None]:
+        def log(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            delay = state.next_action.sleep if state.next_action is not None else None
+            self.log.warning(event, error=repr(error), retry_in_s=delay)
+        return log
+
+    async def _connect(self) -> None:
+        """Reach Redis and NATS, retrying (with back-off, forever) until both answer."""
+        async for attempt in AsyncRetrying(wait=wait_exponential(multiplier=0.2, max=5.0),
+                                           before_sleep=self._log_retry("startup.waiting"), reraise=True):
+            with attempt:
+                if self._redis is None:
+                    redis = Redis.from_url(self.settings.redis_url, password=self.settings.secret("redis_password"),
+                                           decode_responses=True, health_check_interval=10)
+                    try:
+                        await EpochStore(redis, self.prefix).ping()
+                    except BaseException:
+                        await redis.aclose()
+                        raise
+                    self._redis = redis
+                if self._bus is None:
+                    self._bus = await Bus.connect(self.settings.nats_url, source=self.source,
+                                                  user=self.settings.nats_user,
+                                                  password=self.settings.secret("nats_password"),
+                                                  metrics=self.bus_metrics)
+                await self._bus.ensure_streams()
+
+    async def _ensure_state(self) -> None:
+        """Rebuild when Redis holds none of this service's state (first start, wiped, or replaced);
+        while another replica rebuilds (its claim has a TTL in case it dies), wait for it."""
+        epochs = self._epochs
+        assert epochs is not None, "started"
+        while True:
+            current = await epochs.current()
+            if current is not None and not is_rebuilding(current):
+                self.epoch = current
+                self._state_up()
+                return
+            if current is None:
+                mine = uuid.uuid4().hex
+                if await epochs.claim_rebuild(mine, REBUILD_CLAIM_MS):
+                    self.log.warning("state.rebuilding", reason=self.state_problem)
+                    started = time.perf_counter()
+                    await self._rebuild()
+                    await epochs.mark_rebuilt(mine)
+                    self.log.warning("state.rebuilt", seconds=round(time.perf_counter() - started, 2))
+                    continue
+            await asyncio.sleep(0.2)
+
+    async def _rebuild(self) -> None:
+        if self.parts.rebuild is not None:
+            await self.parts.rebuild()
+        else:
+            await self.replay_history()
+
+    async def replay_history(self) -> None:
+        """The default rebuild: the history consumers are deleted, so they are created again at the
+        start of their streams and replay them (handlers are idempotent, and their dedup markers
+        went with the state), then `on_ready` reloads what it keeps in memory."""
+        for name, spec in self.consumer_specs().items():
+            if spec.deliver_new:
+                continue  # live feeds have nothing to rebuild from
+            try:
+                await self.bus.js.delete_consumer(spec.stream, name)
+                self.log.warning("state.replaying", consumer=name, stream=spec.stream)
+            except NotFoundError:
+                pass  # never created: a first start
+        if self.running and self.parts.on_ready is not None:  # lost while running: memory is stale
+            await self.parts.on_ready()
+
+    def _state_up(self) -> None:
+        if not self.state_ready.is_set():
+            self.log.warning("state.ready", after=self.state_problem)
+        self.state_problem = None
+        self.state_ready.set()
+
+    async def _state_watch(self) -> None:
+        """Notice a lost or unreachable store while running, not only at start-up."""
+        epochs = self._epochs
+        assert epochs is not None, "started"
+        while True:
+            await asyncio.sleep(STATE_CHECK_S)
+            try:
+                current = await asyncio.wait_for(epochs.current(), STATE_CHECK_TIMEOUT_S)
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                self.state_down(f"state store unreachable ({type(exc).__name__})")
+                continue
+            if current == self.epoch:
+                self._state_up()
+                continue
+            self.state_down("state lost (the store was wiped or replaced); rebuilding from JetStream")
+            try:
+                await self._ensure_state()
+            except (RedisError, OSError) as exc:
+                self.log.warning("state.rebuild_interrupted", error=repr(exc))
+
+    def _store_guarded(self, handler: Handler | BatchHandler) -> Handler | BatchHandler:
+        """A handler that hits an unreachable store pauses the consumers and asks for a redelivery."""
+
+        async def guarded(*args: Any) -> Any:
+            try:
+                return await handler(*args)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                self.state_down(f"state store unreachable ({type(exc).__name__})")
+                raise Retry(f"state store unreachable: {exc}", delay_s=2.0) from exc
+            except StateUnavailable as exc:
+                self.state_down(str(exc))
+                raise Retry(str(exc), delay_s=2.0) from exc
+
+        return batch_handler(guarded) if is_batch_handler(handler) else guarded
+
+    async def _outbox_loop(self) -> None:
+        """Publish what a failed or interrupted flush left behind."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.publish_staged()
+            except (RedisError, OSError, nats.errors.Error, asyncio.TimeoutError, StateUnavailable) as exc:
+                self.log.warning("outbox.flush_failed", error=repr(exc))
+
+    async def _guard(self, loop: Loop) -> None:
+        """Restart a background loop that raised, after a pause; never let it die."""
+        while True:
+            try:
+                await loop()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a loop's bug must not stop the service: logged, restarted
+                self.log.error("background.crashed", loop=getattr(loop, "__name__", "loop"), error=repr(exc))
+                await asyncio.sleep(1.0)
+
+
+def serve(app: FastAPI, runtime: Runtime) -> None:
+    """Run one service process until SIGTERM/SIGINT."""
+    configure_logging(runtime.name, runtime.settings.log_level)
+    uvicorn.run(app, host=runtime.settings.http_host, port=runtime.settings.http_port, log_config=None,
+                access_log=True, lifespan="on")

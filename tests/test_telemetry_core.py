@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import csv
-from collections import Counter
 import json
 import re
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,13 +16,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from whaleflux.agent.simulated import SimulatedNode
 from whaleflux.shared.catalog import gpu_models
+from whaleflux.shared.events import GpuSample, GpuTelemetry, JobFinished, JobPlaced, JobStarted, JobSubmitted
 from whaleflux.telemetry import dcgm
-from whaleflux.telemetry.history import Point, Rollup, minutes_to_roll, resolution_for, roll_offset, rollup
-from whaleflux.telemetry.sequence import Last, Verdict, judge
+from whaleflux.telemetry.admission import Last, Refused, Verdict, admit, gone_and_back, judge
+from whaleflux.telemetry.history import Point, Rollup, minutes_to_roll, resolution_for, roll_offset
+from whaleflux.telemetry.history import rollup as rollup_or_none
+from whaleflux.telemetry.jobs import JobRun, apply
+from whaleflux.telemetry.store_script import decode_last, encode_last
 from whaleflux.telemetry.usage import from_points, from_rollups
 
 DATA = Path(__file__).parent / "data" / "dcgm"
-T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def rollup(minute_start: float, points: list[Point]) -> Rollup:
+    """The rollup of a minute that has points."""
+    r = rollup_or_none(minute_start, points)
+    assert r is not None
+    return r
 
 
 # --------------------------------------------------------------------------- sequence numbers
@@ -44,7 +55,58 @@ def test_sequence_numbers_are_judged_against_the_last_stored_batch(seq, t, verdi
 
 def test_first_batch_of_a_node_is_new():
     assert judge(None, 7, 1.0) is Verdict.NEW
-    assert Last.decode(Last(3, 1.5).encode()) == Last(3, 1.5)
+    assert decode_last(encode_last(Last(3, 1.5))) == Last(3, 1.5)
+
+
+def _batch(seq: int, at: datetime, uuids: list[str]) -> GpuTelemetry:
+    gpus = [GpuSample(uuid=u, index=i, model="H100", utilization_gpu_pct=50.0, memory_used_mib=1.0,
+                      memory_total_mib=80.0, temperature_c=40.0) for i, u in enumerate(uuids)]
+    return GpuTelemetry(cluster="c", node="n1", seq=seq, sample_time=at, gpus=gpus)
+
+
+def test_admission_refuses_skewed_unknown_and_repeated_batches_and_retries_an_unregistered_node():
+    known = {"GPU-a", "GPU-b"}
+    ok = _batch(5, T0, ["GPU-a", "GPU-b"])
+    assert admit(ok, known, Last(4, T0.timestamp() - 1), T0, 300) is Verdict.NEW
+    skewed = admit(ok, known, None, T0.replace(hour=1), 300)
+    assert isinstance(skewed, Refused) and skewed.retry_s is None
+    assert skewed.reason.startswith("sample_time is 3600s away")
+    unregistered = admit(ok, set(), None, T0, 300)
+    assert isinstance(unregistered, Refused) and unregistered.retry_s == 1.0
+    assert "has not registered" in unregistered.reason
+    stranger = admit(_batch(5, T0, ["GPU-x"]), known, None, T0, 300)
+    assert isinstance(stranger, Refused) and stranger.reason == "unknown GPU uuid(s) for node c/n1: GPU-x"
+    again = admit(ok, known, Last(5, T0.timestamp()), T0, 300)
+    assert isinstance(again, Refused) and again.flagged is Verdict.DUPLICATE
+    assert again.reason.startswith("duplicate_seq: seq 5")
+    assert admit(_batch(1, T0, ["GPU-a"]), known, Last(9, T0.timestamp() - 5), T0, 300) is Verdict.RESTART
+
+
+def test_gpus_gone_from_a_batch_and_back_are_told_apart():
+    assert gone_and_back({"a"}, {"a", "b", "c"}, {"c"}) == ({"b"}, set())
+    assert gone_and_back({"a", "c"}, {"a", "b", "c"}, {"b", "c"}) == (set(), {"c"})
+
+
+def test_a_gang_run_spans_its_parts_gpus_first_start_and_last_end():
+    t = T0
+    run = apply(JobRun(), JobSubmitted(job_id="g", name="gang", team="nlp", project="llm", command=["x"]))
+    placed = dict(job_id="g", attempt=1, cluster="c", gpu_model="H100", gpu_indices=[0], command=["x"],
+                  team="nlp", project="llm")
+    run = apply(run, JobPlaced(node="n0", gpu_uuids=["GPU-0"], rank=0, **placed))
+    run = apply(run, JobPlaced(node="n1", gpu_uuids=["GPU-1"], rank=1, **placed))
+    assert (run.node, run.gpu_uuids, run.state) == ("n0", ("GPU-0", "GPU-1"), "placed")
+    run = apply(run, JobStarted(job_id="g", attempt=1, cluster="c", node="n1", gpu_uuids=["GPU-1"], pid=1,
+                                started_at=t + timedelta(seconds=5), rank=1))
+    run = apply(run, JobStarted(job_id="g", attempt=1, cluster="c", node="n0", gpu_uuids=["GPU-0"], pid=1,
+                                started_at=t + timedelta(seconds=9), rank=0))
+    assert run.started_at == t + timedelta(seconds=5) and run.state == "running"
+    end = dict(job_id="g", attempt=1, cluster="c", exit_code=0, started_at=t)
+    run = apply(run, JobFinished(node="n1", finished_at=t + timedelta(seconds=60), rank=1, **end))
+    run = apply(run, JobFinished(node="n0", finished_at=t + timedelta(seconds=50), rank=0, **end))
+    assert run.finished_at == t + timedelta(seconds=60) and run.state == "finished" and run.name == "gang"
+    # A new attempt starts over: its GPUs only, no end.
+    again = apply(run, JobPlaced(node="n2", gpu_uuids=["GPU-2"], rank=0, **{**placed, "attempt": 2}))
+    assert (again.gpu_uuids, again.finished_at, again.state) == (("GPU-2",), None, "placed")
 
 
 # --------------------------------------------------------------------------- history
@@ -59,7 +121,7 @@ def test_minute_rollup_keeps_mean_peak_and_energy_span():
     assert r.n == 60 and r.util_mean == pytest.approx(79.5) and r.util_max == 109.0 - 0  # 50 + 59
     assert r.energy_first == 1000.0 and r.energy_last == 1000.0 + 100 * 59
     assert Rollup.decode(r.encode()) == r
-    assert rollup(0.0, []) is None
+    assert rollup_or_none(0.0, []) is None
 
 
 def test_each_minute_is_rolled_once_its_offset_has_passed():
@@ -178,8 +240,9 @@ def test_exposition_uses_dcgm_exporter_types_and_labels():
     assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in text
     for required in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_TEMP",
                      "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-                     "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-                     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"):
+                     "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_XID_ERRORS",
+                     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+                     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"):
         assert required in families, required
     util = {s.labels["UUID"]: s.labels for s in families["DCGM_FI_DEV_GPU_UTIL"].samples}
     assert len(util) == 3
@@ -210,7 +273,8 @@ def test_exposition_passes_promtool_check_metrics():
     done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     # promtool 2.42 cannot turn linting off: dcgm-exporter's own names (counters without
     # _total, camelCase labels) draw naming warnings by design. Anything else is a failure.
-    allowed = re.compile(r'counter metrics should have "_total" suffix|should be written in .snake_case.|should not include type')
+    allowed = re.compile(
+        r'counter metrics should have "_total" suffix|should be written in .snake_case.|should not include type')
     assert done.returncode in (0, 3), done.stdout + done.stderr
     problems = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and not allowed.search(line)]
     assert problems == []

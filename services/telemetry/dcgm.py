@@ -21,6 +21,8 @@ from prometheus_client.utils import floatToGoString
 
 from whaleflux.shared.events import GpuIdentity, GpuSample
 
+_go_float: Callable[[float], str] = floatToGoString  # as prometheus_client writes numbers (it has no types)
+
 
 @dataclass(frozen=True)
 class JobLabels:
@@ -67,27 +69,44 @@ FAMILIES: tuple[Family, ...] = (
     Family("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", _s("memory_temperature_c")),
     Family("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", _s("temperature_c")),
     Family("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", _s("power_w")),
-    Family("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ).", _s("energy_j", 1000.0)),
+    Family("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ).",
+           _s("energy_j", 1000.0)),
     Family("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", _s("pcie_replay_count")),
     Family("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", _s("utilization_gpu_pct")),
     Family("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", _s("utilization_memory_pct")),
-    Family("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", lambda st: float(st.last_xid)),
+    Family("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
+           lambda st: float(st.last_xid)),
     Family("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", _s("memory_free_mib")),
     Family("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", _s("memory_used_mib")),
     Family("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", _s("memory_reserved_mib")),
-    Family("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.", _s("ecc_corrected")),
-    Family("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.", _s("ecc_uncorrected")),
-    Family("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.", _s("nvlink_replay_errors")),
-    Family("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors.", _s("nvlink_recovery_errors")),
-    Family("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "Total number of NVLink bandwidth counters for all lanes.", _s("nvlink_bandwidth_bytes")),
-    Family("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors", _s("remapped_rows_uncorrectable")),
-    Family("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors", _s("remapped_rows_correctable")),
+    Family("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.",
+           _s("ecc_corrected")),
+    Family("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.",
+           _s("ecc_uncorrected")),
+    Family("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.",
+           _s("nvlink_replay_errors")),
+    Family("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors.",
+           _s("nvlink_recovery_errors")),
+    Family("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "Total number of NVLink bandwidth counters for all lanes.",
+           _s("nvlink_bandwidth_bytes")),
+    Family("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors",
+           _s("remapped_rows_uncorrectable")),
+    Family("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors",
+           _s("remapped_rows_correctable")),
     Family("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed", _s("row_remap_failure")),
-    Family("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.", _ratio("tensor_active")),
-    Family("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", _s("pcie_tx_bytes_per_s")),
-    Family("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", _s("pcie_rx_bytes_per_s")),
+    Family("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+           _ratio("tensor_active")),
+    Family("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge",
+           "The rate of data transmitted over the PCIe bus - including both protocol headers and data "
+           "payloads - in bytes per second.",
+           _s("pcie_tx_bytes_per_s")),
+    Family("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge",
+           "The rate of data received over the PCIe bus - including both protocol headers and data "
+           "payloads - in bytes per second.",
+           _s("pcie_rx_bytes_per_s")),
     # Not a DCGM field: DCGM splits CRC errors into flit and data counters, NVML's sum is what we have.
-    Family("whaleflux_gpu_nvlink_crc_errors_total", "counter", "NVLink CRC errors (flit + data), all links.", _s("nvlink_crc_errors")),
+    Family("whaleflux_gpu_nvlink_crc_errors_total", "counter", "NVLink CRC errors (flit + data), all links.",
+           _s("nvlink_crc_errors")),
 )
 
 
@@ -121,10 +140,10 @@ def render(states: Iterable[GpuState]) -> str:
     out: list[str] = []
     for fam in FAMILIES:
         lines = []
-        for st, lt in zip(states, label_text):
+        for st, lt in zip(states, label_text, strict=True):
             value = fam.value(st)
             if value is not None:
-                lines.append(f"{fam.name}{{{lt}}} {floatToGoString(value)}\n")
+                lines.append(f"{fam.name}{{{lt}}} {_go_float(value)}\n")
         if lines:
             out.append(f"# HELP {fam.name} {fam.help}\n# TYPE {fam.name} {fam.type}\n")
             out.extend(lines)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import zlib
-from math import isfinite
 from dataclasses import dataclass
+from math import isfinite
 
 from whaleflux.shared.events import GpuSample
 
@@ -37,13 +37,13 @@ class Point:
     sm_clock_mhz: float | None
 
     @classmethod
-    def of(cls, t: float, s: GpuSample) -> "Point":
+    def of(cls, t: float, s: GpuSample) -> Point:
         return cls(t, s.utilization_gpu_pct, s.memory_used_mib, s.temperature_c, s.power_w, s.energy_j, s.sm_clock_mhz)
 
     def encode(self) -> str:
         """Compact JSON list; the timestamp makes each stored member unique."""
-        return json.dumps([self.t, self.util, self.mem_mib, self.temp_c, self.power_w, self.energy_j, self.sm_clock_mhz],
-                          separators=(",", ":"))
+        fields = [self.t, self.util, self.mem_mib, self.temp_c, self.power_w, self.energy_j, self.sm_clock_mhz]
+        return json.dumps(fields, separators=(",", ":"))
 
     @staticmethod
     def encode_sample(t: float, s: GpuSample) -> str:
@@ -52,10 +52,10 @@ class Point:
                f"{_num(s.power_w)},{_num(s.energy_j)},{_num(s.sm_clock_mhz)}]"
 
     @classmethod
-    def decode(cls, raw: str) -> "Point":
+    def decode(cls, raw: str) -> Point:
         return cls(*json.loads(raw))
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, float | None]:
         return {"t": self.t, "util": self.util, "mem_mib": self.mem_mib, "temp_c": self.temp_c,
                 "power_w": self.power_w, "energy_j": self.energy_j, "sm_clock_mhz": self.sm_clock_mhz}
 
@@ -81,10 +81,10 @@ class Rollup:
         return json.dumps(list(self.__dict__.values()), separators=(",", ":"))
 
     @classmethod
-    def decode(cls, raw: str) -> "Rollup":
+    def decode(cls, raw: str) -> Rollup:
         return cls(*json.loads(raw))
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, float | None]:
         return dict(self.__dict__)
 
 

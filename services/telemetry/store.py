@@ -1,188 +1,257 @@
-"""How a fetch of telemetry batches is written to Redis: one script call for all of it. No I/O.
+"""Telemetry's Redis state (`wf:telemetry`): every key and encoding the service uses, and nothing else does.
 
-Per node batch the service stores the message itself as the node's latest
-sample (the bytes as received: re-encoding every GPU's sample cost more than
-validating it) and per GPU one raw history point. Sent as single commands,
-redis-py's packing and reply parsing cost more than everything else the
-service does per sample; one EVALSHA costs one `json.dumps` in C and one round
-trip (bench/RESULTS.md, Telemetry). A GPU that stops appearing in its node's
-batches keeps its last sample on its own (`gone`), so it shows as stale.
-
-The same call rolls up the minutes a batch completes (history.minutes_to_roll)
-and trims those GPUs' history past its retention, inside Redis: a periodic
-sweep over the whole fleet reading every raw point back into Python stalled
-ingest for tens of milliseconds at a time.
+The keys are listed in docs/services/telemetry.md. A fetch of batches is
+written with one script call (store_script.py); everything else is plain
+hashes, sets and sorted sets.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, Protocol, cast
 
-from whaleflux.shared.events import GpuTelemetry
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
-from .history import Point
-from .sequence import Last
+from whaleflux.shared.events import GpuIdentity, GpuTelemetry, NodeRegistered, decode_typed
 
-# KEYS: the per-node latest hash, the last-XID hash, the per-node sequence hash, the
-# gone-GPU hash, then the history keys the document names by index (declared, as
-# scripts should, not built in Lua).
-# ARGV[1]: {"p": [[key, score, member], ...], "xid": [uuid, xid, ...], "seq": [node, "seq t", ...],
-#           "gone": [uuid, LatestSample JSON, ...], "back": [uuid, ...],
-#           "roll": [[raw key, rollup key, minute start, "(minute end"], ...], "trim": [[raw key, rollup key], ...],
-#           "raw_cut": "(t", "agg_cut": "(t"};
-# ARGV[2...]: node, message bytes, node, message bytes, ... (the latest batch of each node).
-# Scores travel as strings: Lua would print numbers with 14 digits. A rollup is
-# history.rollup() of the minute's raw points, its maxima and energies copied as
-# stored text, its means rounded like round(x, 2) (memory: 1 decimal).
-STORE_SCRIPT = """
-local b = cjson.decode(ARGV[1])
-for _, p in ipairs(b.p) do
-  redis.call('ZADD', KEYS[p[1]], p[2], p[3])
-end
-for i = 2, #ARGV, 2 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-end
-for n, key in ipairs({KEYS[2], KEYS[3], KEYS[4]}) do
-  local flat = b[({'xid', 'seq', 'gone'})[n]]
-  for i = 1, #flat, 2 do
-    redis.call('HSET', key, flat[i], flat[i + 1])
-  end
-end
-for _, uuid in ipairs(b.back) do
-  redis.call('HDEL', KEYS[4], uuid)
-end
-local rolled = 0
-for _, r in ipairs(b.roll) do
-  local members = redis.call('ZRANGEBYSCORE', KEYS[r[1]], r[3], r[4])
-  local n = #members
-  if n > 0 then
-    local sum, max, maxtext = {0, 0, 0, 0}, {}, {}
-    local np, efirst, elast = 0, 'null', 'null'
-    for _, s in ipairs(members) do
-      local f, i = {}, 0
-      for tok in string.gmatch(string.sub(s, 2, -2), '[^,]+') do
-        i = i + 1
-        f[i] = tok
-      end
-      for c = 2, 5 do
-        if f[c] ~= 'null' then
-          local x = tonumber(f[c])
-          sum[c - 1] = sum[c - 1] + x
-          if max[c - 1] == nil or x > max[c - 1] then
-            max[c - 1], maxtext[c - 1] = x, f[c]
-          end
-          if c == 5 then np = np + 1 end
-        end
-      end
-      if f[6] ~= 'null' then
-        if efirst == 'null' then efirst = f[6] end
-        elast = f[6]
-      end
-    end
-    local power = 'null,null'
-    if np > 0 then power = string.format('%.2f', sum[4] / np) .. ',' .. maxtext[4] end
-    local doc = '[' .. r[3] .. ',' .. n .. ',' .. string.format('%.2f', sum[1] / n) .. ',' .. maxtext[1] .. ','
-      .. string.format('%.1f', sum[2] / n) .. ',' .. maxtext[2] .. ',' .. string.format('%.2f', sum[3] / n) .. ','
-      .. maxtext[3] .. ',' .. power .. ',' .. efirst .. ',' .. elast .. ']'
-    redis.call('ZREMRANGEBYSCORE', KEYS[r[2]], r[3], r[3])
-    redis.call('ZADD', KEYS[r[2]], r[3], doc)
-    rolled = rolled + 1
-  end
-end
-for _, k in ipairs(b.trim) do
-  redis.call('ZREMRANGEBYSCORE', KEYS[k[1]], '-inf', b.raw_cut)
-  redis.call('ZREMRANGEBYSCORE', KEYS[k[2]], '-inf', b.agg_cut)
-end
-return rolled
-"""
+from .admission import Last
+from .history import Point, Rollup
+from .jobs import JobRun
+from .store_script import STORE_SCRIPT, BatchWrite, decode_last, latest_entries, samples_of
+from .usage import JobUsage
+from .views import JobRef, LatestSample
+
+__all__ = ["TelemetryStore", "latest_entries"]
+
+class Connection(Protocol):
+    """Where the store finds its Redis (the service runtime: connected after start-up)."""
+
+    @property
+    def redis(self) -> Redis: ...
+    @property
+    def prefix(self) -> str: ...
 
 
-def latest_entries(data: GpuTelemetry) -> dict[str, str]:
-    """uuid -> LatestSample JSON for each GPU of a node batch.
+class TelemetryStore:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.prefix = conn.prefix
+        self._script: tuple[Redis, AsyncScript] | None = None
 
-    Built around each GPU's own JSON instead of a LatestSample per GPU: the same
-    document (tests/test_bus_batch.py checks it) at about half the cost.
-    """
-    head = (f'{{"cluster":{json.dumps(data.cluster)},"node":{json.dumps(data.node)},"seq":{data.seq},'
-            f'"sample_time":{json.dumps(data.sample_time.isoformat())},"gpu":')
-    return {g.uuid: f"{head}{g.model_dump_json()}}}" for g in data.gpus}
+    @property
+    def redis(self) -> Redis:
+        return self.conn.redis
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def raw_key(self, uuid: str) -> str:
+        return self.key("raw", uuid)
+
+    def agg_key(self, uuid: str) -> str:
+        return self.key("1m", uuid)
+
+    # ------------------------------------------------------------------ registrations
+
+    async def register(self, data: NodeRegistered) -> None:
+        """Replace the node's GPU set, its GPUs' identities and their node."""
+        key = self.key("node", data.cluster, data.node)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            if data.gpus:
+                pipe.sadd(key, *[g.uuid for g in data.gpus])
+                pipe.hset(self.key("identity"), mapping={g.uuid: g.model_dump_json() for g in data.gpus})
+                pipe.hset(self.key("gpunode"), mapping={g.uuid: f"{data.cluster}/{data.node}" for g in data.gpus})
+            await pipe.execute()
+
+    async def registered_gpus(self, cluster: str, node: str) -> set[str]:
+        return _strs(await self.redis.smembers(self.key("node", cluster, node)))
+
+    async def identities(self) -> dict[str, GpuIdentity]:
+        raw = _map(await self.redis.hgetall(self.key("identity")))
+        return {u: GpuIdentity.model_validate_json(v) for u, v in raw.items()}
+
+    async def knows_gpu(self, uuid: str) -> bool:
+        return bool(await self.redis.hexists(self.key("gpunode"), uuid))
+
+    # ------------------------------------------------------------------ batches
+
+    async def last_batch(self, node_key: str) -> Last | None:
+        raw = _str(await self.redis.hget(self.key("seq"), node_key))
+        return decode_last(raw) if raw else None
+
+    async def last_batches(self) -> dict[str, Last]:
+        """`cluster/node` -> its last stored batch, for every node that ever sent one."""
+        return {k: decode_last(v) for k, v in _map(await self.redis.hgetall(self.key("seq"))).items()}
+
+    async def stored_batch(self, node_key: str) -> GpuTelemetry | None:
+        raw = _str(await self.redis.hget(self.key("nodebatch"), node_key))
+        return _telemetry(raw) if raw else None
+
+    async def gone_gpus(self) -> set[str]:
+        return _strs(await self.redis.hkeys(self.key("gone")))
+
+    def batch_write(self, now: float, raw_retention_s: float, rollup_retention_s: float) -> BatchWrite:
+        """An empty write whose rolls trim history older than the retentions at `now` (epoch seconds)."""
+        return BatchWrite(self.raw_key, self.agg_key, now - raw_retention_s, now - rollup_retention_s)
+
+    async def write(self, write: BatchWrite) -> None:
+        """One script call: batches, points, XIDs, seqs, gone GPUs, rolls and trims."""
+        keys, args = write.script_args(self.key("nodebatch"), self.key("lastxid"), self.key("seq"), self.key("gone"))
+        redis = self.redis
+        if self._script is None or self._script[0] is not redis:
+            self._script = (redis, redis.register_script(STORE_SCRIPT))
+        await self._script[1](keys=keys, args=args)
+
+    # ------------------------------------------------------------------ latest samples
+
+    async def latest(self, node: str | None = None) -> list[LatestSample]:
+        """Every GPU's latest sample (optionally of one node), sorted by node and index."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.key("nodebatch"))
+            pipe.hgetall(self.key("gone"))
+            batches, gone = await pipe.execute()
+        out = [LatestSample.model_validate_json(raw) for raw in gone.values()]
+        for node_key, raw in batches.items():
+            if node is None or node_key.split("/", 1)[1] == node:
+                out += [LatestSample(**fields) for fields in samples_of(_telemetry(raw))]
+        return sorted((s for s in out if node is None or s.node == node), key=lambda s: (s.node, s.gpu.index))
+
+    async def latest_of(self, uuid: str) -> LatestSample | None:
+        node_key = _str(await self.redis.hget(self.key("gpunode"), uuid))
+        raw = _str(await self.redis.hget(self.key("nodebatch"), node_key)) if node_key else None
+        for fields in samples_of(_telemetry(raw)) if raw else []:
+            if fields["gpu"].uuid == uuid:
+                return LatestSample(**fields)
+        gone = _str(await self.redis.hget(self.key("gone"), uuid))
+        return LatestSample.model_validate_json(gone) if gone else None
+
+    async def last_xids(self) -> dict[str, int]:
+        return {u: int(x) for u, x in _map(await self.redis.hgetall(self.key("lastxid"))).items()}
+
+    async def last_xid(self, uuid: str) -> int | None:
+        raw = _str(await self.redis.hget(self.key("lastxid"), uuid))
+        return int(raw) if raw else None
+
+    # ------------------------------------------------------------------ history
+
+    async def points(self, uuids: list[str], since: float, until: float) -> dict[str, list[Point]]:
+        """Raw points of each GPU sampled in [since, until]."""
+        rows = await self._ranges([self.raw_key(u) for u in uuids], since, until)
+        return {u: [Point.decode(r) for r in rs] for u, rs in zip(uuids, rows, strict=True)}
+
+    async def rollups(self, uuids: list[str], since: float, until: float) -> dict[str, list[Rollup]]:
+        """Minute rollups of each GPU whose minute starts in [since, until]."""
+        rows = await self._ranges([self.agg_key(u) for u in uuids], since, until)
+        return {u: [Rollup.decode(r) for r in rs] for u, rs in zip(uuids, rows, strict=True)}
+
+    async def _ranges(self, keys: list[str], since: float, until: float) -> list[list[str]]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for k in keys:
+                pipe.zrangebyscore(k, since, until)
+            return list(await pipe.execute()) if keys else []
+
+    # ------------------------------------------------------------------ job runs
+
+    async def run(self, job_id: str) -> JobRun | None:
+        raw = _map(await self.redis.hgetall(self.key("job", job_id)))
+        return _decode_run(raw) if raw else None
+
+    async def save_run(self, job_id: str, before: JobRun, after: JobRun, hold: list[str], release: list[str],
+                       settle: bool) -> None:
+        """Store the run as `after` (it was read as `before`): its job now holds the GPUs `hold` and no longer
+        those of `release` it still holds; with `settle`, its usage is to be settled."""
+        key = self.key("job", job_id)
+        fields = _encode_run(after)
+        cleared = sorted(set(_encode_run(before)) - set(fields))
+        holders = await self.redis.hmget(self.key("gpujob"), release) if release else []
+        mine = [u for u, j in zip(release, holders, strict=True) if j == job_id]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if fields:
+                pipe.hset(key, mapping={k: v for k, v in fields.items()})
+            if cleared:
+                pipe.hdel(key, *cleared)
+            if hold:
+                pipe.hset(self.key("gpujob"), mapping={u: job_id for u in hold})
+            if mine:
+                pipe.hdel(self.key("gpujob"), *mine)
+            if settle:
+                pipe.sadd(self.key("jobs", "unsettled"), job_id)
+            await pipe.execute()
+
+    async def holders(self) -> dict[str, str]:
+        """GPU uuid -> the job holding it now."""
+        return _map(await self.redis.hgetall(self.key("gpujob")))
+
+    async def holder_of(self, uuid: str) -> str | None:
+        return _str(await self.redis.hget(self.key("gpujob"), uuid))
+
+    async def job_refs(self, job_ids: list[str]) -> dict[str, JobRef]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for j in job_ids:
+                pipe.hmget(self.key("job", j), ["name", "team", "project"])
+            rows = await pipe.execute() if job_ids else []
+        return {j: JobRef(job_id=j, name=r[0], team=r[1], project=r[2]) for j, r in zip(job_ids, rows, strict=True)}
+
+    async def settle(self, job_id: str, usage: JobUsage) -> None:
+        """Keep the ended run's usage (it outlives the raw history)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.key("job", job_id), "usage", usage.model_dump_json())
+            pipe.srem(self.key("jobs", "unsettled"), job_id)
+            await pipe.execute()
+
+    async def unsettled(self) -> list[str]:
+        """Ended runs whose usage is not stored yet."""
+        return sorted(_strs(await self.redis.smembers(self.key("jobs", "unsettled"))))
+
+    async def forget_unsettled(self, job_id: str) -> None:
+        await self.redis.srem(self.key("jobs", "unsettled"), job_id)
 
 
-@dataclass
-class BatchWrite:
-    """What one call of STORE_SCRIPT writes: admitted node batches, minutes to roll, history to trim.
-
-    `raw_key(uuid)` and `agg_key(uuid)` name a GPU's raw history and minute rollups;
-    history older than `raw_cut` / `agg_cut` (epoch seconds) is trimmed with each roll.
-    """
-
-    raw_key: object
-    agg_key: object
-    raw_cut: float
-    agg_cut: float
-    keys: list[str] = field(default_factory=list)
-    points: list[list] = field(default_factory=list)
-    rolls: list[list] = field(default_factory=list)
-    trims: list[list[int]] = field(default_factory=list)
-    latest: dict[str, bytes] = field(default_factory=dict)
-    xids: dict[str, str] = field(default_factory=dict)
-    seqs: dict[str, str] = field(default_factory=dict)
-    gone: dict[str, str] = field(default_factory=dict)
-    back: set[str] = field(default_factory=set)
-    samples: int = 0
-    _index: dict[str, int] = field(default_factory=dict)
-
-    def _key(self, key: str) -> int:
-        """The key's 1-based position in KEYS (after the four hashes)."""
-        i = self._index.get(key)
-        if i is None:
-            self.keys.append(key)
-            i = self._index[key] = len(self.keys) + 4
-        return i
-
-    def add(self, data: GpuTelemetry, node_key: str, t: float, wire: bytes) -> None:
-        """Add an admitted node batch, `wire` its message (a later batch of the same node overwrites latest and seq:
-        they come in order)."""
-        score = repr(t)
-        for g in data.gpus:
-            self.points.append([self._key(self.raw_key(g.uuid)), score, Point.encode_sample(t, g)])
-            if g.xid_errors:
-                self.xids[g.uuid] = str(g.xid_errors[-1])
-        self.latest[node_key] = wire
-        self.seqs[node_key] = Last(data.seq, t).encode()
-        self.samples += len(data.gpus)
-
-    def went(self, previous: GpuTelemetry, uuids: set[str]) -> None:
-        """These GPUs of the node's `previous` batch are missing from its batches now: keep their last sample."""
-        self.gone.update((u, doc) for u, doc in latest_entries(previous).items() if u in uuids)
-        self.back -= uuids
-
-    def returned(self, uuids: set[str]) -> None:
-        """These gone GPUs are in their node's batch again."""
-        self.back |= uuids
-        for u in uuids:
-            self.gone.pop(u, None)
-
-    def roll(self, uuids: list[str], minutes: list[float]) -> None:
-        """Roll these GPUs' `minutes` up and trim their history."""
-        for u in uuids:
-            raw, agg = self._key(self.raw_key(u)), self._key(self.agg_key(u))
-            self.rolls += [[raw, agg, repr(m), f"({m + 60!r}"] for m in minutes]
-            self.trims.append([raw, agg])
-
-    def trim(self, uuids: list[str]) -> None:
-        self.trims += [[self._key(self.raw_key(u)), self._key(self.agg_key(u))] for u in uuids]
-
-    def script_args(self, latest_key: str, xid_key: str, seq_key: str, gone_key: str) -> tuple[list[str], list]:
-        flat = lambda d: [x for kv in d.items() for x in kv]  # noqa: E731
-        doc = {"p": self.points, "xid": flat(self.xids), "seq": flat(self.seqs), "gone": flat(self.gone),
-               "back": sorted(self.back), "roll": self.rolls, "trim": self.trims,
-               "raw_cut": f"({self.raw_cut!r}", "agg_cut": f"({self.agg_cut!r}"}
-        return [latest_key, xid_key, seq_key, gone_key, *self.keys], [json.dumps(doc, separators=(",", ":")), *flat(self.latest)]
+# The connection decodes responses (decode_responses=True): what redis-py types as `bytes | str` is str.
+def _str(value: bytes | str | None) -> str | None:
+    return cast(str | None, value)
 
 
-def samples_of(data: GpuTelemetry) -> list[dict]:
-    """The LatestSample fields of each GPU of a stored node batch."""
-    head = {"cluster": data.cluster, "node": data.node, "seq": data.seq, "sample_time": data.sample_time.isoformat()}
-    return [{**head, "gpu": g} for g in data.gpus]
+def _strs(values: Iterable[bytes | str]) -> set[str]:
+    return cast(set[str], set(values))
+
+
+def _map(values: dict[bytes | str, bytes | str]) -> dict[str, str]:
+    return cast(dict[str, str], values)
+
+
+def _telemetry(raw: str) -> GpuTelemetry:
+    """A stored node batch (the message as received)."""
+    data = decode_typed(raw.encode())[1]
+    if not isinstance(data, GpuTelemetry):
+        raise TypeError(f"stored node batch is a {type(data).__name__}")
+    return data
+
+
+def _encode_run(run: JobRun) -> dict[str, str]:
+    values: dict[str, Any] = {
+        "name": run.name, "team": run.team, "project": run.project, "cluster": run.cluster, "node": run.node,
+        "attempt": None if run.attempt is None else str(run.attempt),
+        "gpu_uuids": json.dumps(list(run.gpu_uuids)) if run.attempt is not None else None,
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "state": run.state, "usage": run.usage.model_dump_json() if run.usage else None,
+    }
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _decode_run(raw: dict[str, str]) -> JobRun:
+    def when(name: str) -> datetime | None:
+        return datetime.fromisoformat(raw[name]) if name in raw else None
+
+    return JobRun(
+        name=raw.get("name"), team=raw.get("team"), project=raw.get("project"), cluster=raw.get("cluster"),
+        node=raw.get("node"), attempt=int(raw["attempt"]) if "attempt" in raw else None,
+        gpu_uuids=tuple(json.loads(raw.get("gpu_uuids", "[]"))), started_at=when("started_at"),
+        finished_at=when("finished_at"), state=raw.get("state"),
+        usage=JobUsage.model_validate_json(raw["usage"]) if "usage" in raw else None,
+    )

@@ -133,3 +133,26 @@ def test_a_second_aged_job_gets_a_reservation_of_its_own_on_other_nodes():
         q.add(j)
     reply = schedule(ScheduleRequest(4000.0, cluster, q, running, plain))
     assert [(s.job.job_id, s.placement.node) for s in reply.started] == [("young", "n2")]
+
+
+def test_while_a_job_that_needs_the_largest_memory_waits_smaller_jobs_keep_off_those_gpus():
+    # The A100 is busy; one H200 GPU is free, the other held until 10,000 s. "needs-100" (2 GPUs > 80 GB)
+    # waits for the H200 node; "fits-80" would fit the free H200 GPU (and end before 10,000 s).
+    fleet = nodes(("a", "A100", 1, 80), ("x", "H200", 2, 141))
+    policy = replace(POLICY, make_room_by_migration=False, migrate_min_gain_s=None)
+
+    def pass_at(now, spare=True):
+        p = replace(policy, spare_largest_memory_while_needed=spare)
+        cluster, running = ClusterState(fleet, MODELS), dict[str, RunningJob]()
+        run_on(cluster, running, "busy-a", "a", 0.0, 50_000.0, klass="small")
+        run_on(cluster, running, "busy-x", "x", 0.0, 10_000.0, klass="small", gb=100)
+        q = PendingQueue(p)
+        q.add(pending("needs-100", 0.0, gpus=2, gb=100, runtime=3600.0))
+        q.add(pending("fits-80", 10.0, runtime=100.0))
+        return schedule(ScheduleRequest(now, cluster, q, running, p))
+
+    kept = pass_at(100.0)
+    assert kept.started == [] and "A100" in kept.waiting["fits-80"]
+    assert [s.job.job_id for s in pass_at(100.0, spare=False).started] == ["fits-80"]
+    # Past the aging bound (3,600 s) it takes what is free, like any aged job.
+    assert [s.job.job_id for s in pass_at(3700.0).started] == ["fits-80"]

@@ -87,6 +87,10 @@ class PolicyConfig:
     # Moves (up and out of the way) never put a job that fits a smaller GPU on the largest-memory
     # model: those GPUs are the only ones the largest jobs can use.
     migrate_spares_largest_memory: bool = True
+    # New placements keep a job that fits a smaller GPU off the largest-memory model while a job that
+    # needs that memory waits (unless the job itself has waited past the aging bound). Off: a gang that
+    # waits days for every H200 then keeps them idle (Philly seed 3, bench/RESULTS.md).
+    spare_largest_memory_while_needed: bool = False
     # The first blocked job may have running checkpointable jobs moved off GPUs it needs to free GPUs
     # elsewhere, when the time they lose (GPU-seconds) is at most `make_room_budget` x its wait x its GPUs.
     make_room_by_migration: bool = True

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from ..placement import ClusterState, JobRequest, NodeShare, Placement, place_on
+from ..placement import ClusterState, JobRequest, NodeShare, Placement, Profile, place_on
 from ..placement.cluster import StaticView
 from ..placement.framework import eligible, unavailable, usable
 from ..placement.scorers import candidate_speed
@@ -271,7 +271,7 @@ def _move_all(
     moves: Moves = []
     lost = 0.0
     for c in chosen:
-        target = _off_largest(cluster, c.request, config) if config.migrate_spares_largest_memory else c.request
+        target = off_largest(cluster, c.request, config.profile) if config.migrate_spares_largest_memory else c.request
         decision = place_on(cluster, target, config.profile, now, caps=caps)
         if not isinstance(decision, Placement) or decision.speed <= 0:
             break
@@ -300,9 +300,9 @@ def undo(cluster: ClusterState, moves: Moves, running: Mapping[str, RunningJob])
         cluster.allocate(m.job_id, back, req.service if req else None)
 
 
-def _off_largest(cluster: ClusterState, req: JobRequest, config: PolicyConfig) -> JobRequest:
-    """The request kept off the largest-memory model when the job fits a smaller one (for moves)."""
-    view = eligible(cluster, req, config.profile)
+def off_largest(cluster: ClusterState, req: JobRequest, profile: Profile) -> JobRequest:
+    """The request kept off the largest-memory model when the job fits a smaller one."""
+    view = eligible(cluster, req, profile)
     mem = {m: max(g.memory_total_mib for g in cluster.nodes[n].gpus) for m, n in _first_node_of(cluster, view)}
     if len(set(mem.values())) <= 1:
         return req

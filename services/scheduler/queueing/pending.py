@@ -67,6 +67,10 @@ class PendingQueue:
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._jobs
 
+    def any_needs_memory_above(self, mib: float) -> bool:
+        """Whether some waiting job needs GPUs with more than `mib` of memory."""
+        return any(j.request.min_memory_mib > mib for j in self._jobs.values())
+
     def get(self, job_id: str) -> PendingJob | None:
         return self._jobs.get(job_id)
 

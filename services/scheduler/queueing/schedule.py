@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..placement import ClusterState, Infeasible, JobRequest, Placement, place_on
 from ..placement.framework import eligible
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
-from .migration import Migration, make_room, plan_migrations, undo
+from .migration import Migration, make_room, off_largest, plan_migrations, undo
 from .pending import PendingQueue
 from .preemption import Preemption, choose_victims
 from .reservation import Reservation, Reservations, reserve
@@ -85,6 +85,8 @@ class _Pass:
         self.reservations = Reservations()
         self.head_seen = False
         self.misses = 0
+        # The memory above which only the largest-memory model fits, when a waiting job needs it (else 0).
+        self.largest_needed = _largest_needed(request) if request.config.spare_largest_memory_while_needed else 0.0
 
     def run(self) -> ScheduleReply:
         cfg, cluster, reply = self.cfg, self.cluster, self.reply
@@ -115,15 +117,20 @@ class _Pass:
     def _consider(self, job: PendingJob, may_preempt: bool) -> bool:
         """Start the job, or say why it waits (reserving for it if it is the head or aged); True: stop the pass."""
         cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
-        shape = _shape(cluster, job.request, cfg)
+        req = self._request_for(job)
+        shape = _shape(cluster, req, cfg)
         why = self.blocked.get(shape)
         if why is None:
-            decision = place_on(cluster, job.request, cfg.profile, now)
+            decision = place_on(cluster, req, cfg.profile, now)
+            if isinstance(decision, Infeasible) and req is not job.request:
+                req = job.request  # only the largest-memory model could ever hold it after all
+                shape = _shape(cluster, req, cfg)
+                decision = place_on(cluster, req, cfg.profile, now)
             if isinstance(decision, Infeasible):
                 reply.infeasible[job.job_id] = decision.reason
                 return False
             if isinstance(decision, Placement):
-                why = self._start_within(job, decision, shape)
+                why = self._start_within(job, req, decision, shape)
                 if why is None:
                     return False
             else:
@@ -144,14 +151,24 @@ class _Pass:
         reply.waiting[job.job_id] = why
         return False
 
-    def _start_within(self, job: PendingJob, decision: Placement, shape: Shape) -> str | None:
+    def _request_for(self, job: PendingJob) -> JobRequest:
+        """The job's request, kept off the largest-memory model while a job that needs that memory waits
+        (`spare_largest_memory_while_needed`), unless it has waited past the aging bound itself."""
+        cfg, req = self.cfg, job.request
+        if not self.largest_needed or req.min_memory_mib > self.largest_needed:
+            return req
+        if cfg.aging_s is not None and self.now - job.submit_time >= cfg.aging_s:
+            return req
+        return off_largest(self.cluster, req, cfg.profile)
+
+    def _start_within(self, job: PendingJob, req: JobRequest, decision: Placement, shape: Shape) -> str | None:
         """Start the job on `decision`, or within the reservations; None when it started, else why it cannot."""
         cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
         end = _end(now, job, decision, cfg)
         placed = decision
         if self.reservations and not self.reservations.allows(decision, end):
             blocking = self.reservations.blocking(decision, end)
-            within = _place_within(cluster, job, cfg, now, self.reservations, shape, self.blocked)
+            within = _place_within(cluster, req, cfg, now, self.reservations, shape, self.blocked)
             if within is None:
                 return f"would delay {blocking.job_id}, {blocking.describe()}"
             placed, end = within, _end(now, job, within, cfg)
@@ -183,6 +200,15 @@ class _Pass:
         return False
 
 
+def _largest_needed(request: ScheduleRequest) -> float:
+    """The runner-up GPU memory size of the fleet if a waiting job needs more than it, else 0."""
+    sizes = sorted({max(g.memory_total_mib for g in n.gpus) for n in request.cluster.nodes.values() if n.gpus})
+    if len(sizes) < 2:
+        return 0.0
+    runner_up = sizes[-2]
+    return runner_up if request.queue.any_needs_memory_above(runner_up) else 0.0
+
+
 def _cannot_preempt(priority: str, cfg: PolicyConfig) -> bool:
     """This class and every class ranked below it may not preempt."""
     return all(rank(p) < rank(priority) for p in cfg.preempt_for)
@@ -205,14 +231,14 @@ def _end(now: float, job: PendingJob, placement: Placement, cfg: PolicyConfig) -
 
 
 def _place_within(
-    cluster: ClusterState, job: PendingJob, cfg: PolicyConfig, now: float, reservation: Reservations, shape: Shape,
+    cluster: ClusterState, req: JobRequest, cfg: PolicyConfig, now: float, reservation: Reservations, shape: Shape,
     blocked: dict[Shape, str],
 ) -> Placement | None:
     """Place using only GPUs the reservation can spare (cached per shape like any failure)."""
     key = (*shape, "within-reservation")
     if key in blocked:
         return None
-    decision = place_on(cluster, job.request, cfg.profile, now, caps=reservation.spare)
+    decision = place_on(cluster, req, cfg.profile, now, caps=reservation.spare)
     if isinstance(decision, Placement):
         return decision
     blocked[key] = "no room outside the reservation"

@@ -20,6 +20,7 @@ default policy serves worse than backfill. Prints the machine's load average,
 since replay times depend on it.
 
     python bench/scheduler_trace.py [--workloads philly-s1,...] [--policies backfill,whaleflux] [--workers 2]
+                                    [--executor live|shortcuts]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synth_trace import generate  # noqa: E402  (a sibling script)
 
 from whaleflux import traces  # noqa: E402
-from whaleflux.scheduler.simulator import SimReport  # noqa: E402
+from whaleflux.scheduler.simulator import LIVE, ExecutorRules, SimReport  # noqa: E402
 from whaleflux.scheduler.simulator.classes import ClassRow, class_rows, table  # noqa: E402
 from whaleflux.scheduler.simulator.metrics import side_by_side  # noqa: E402
 from whaleflux.scheduler.simulator.run import simulate_files  # noqa: E402
@@ -47,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MIXED = ROOT / "shared/data/fleets/mixed-256.yaml"
 SCARCE = ROOT / "bench/data/scarce-h200-176.yaml"
 DEFAULT = "philly-s1,philly-s2,philly-s3,philly-s1-noisy,synth-s1"
+SHORTCUTS = ExecutorRules(split_jobs_that_fit_one_node=True, move_any_job=True, stop_s=0.0)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Workload:
     jobs: Path
     fleet: Path
     noise: float = 0.0
+    rules: ExecutorRules = LIVE
 
 
 def prepare(name: str, tmp: Path) -> Workload:
@@ -74,7 +77,7 @@ def prepare(name: str, tmp: Path) -> Workload:
 def _run(args: tuple[Workload, str]) -> tuple[SimReport, float]:
     w, policy = args
     t = time.perf_counter()
-    (report,) = simulate_files(w.jobs, w.fleet, [policy], estimate_noise=w.noise)
+    (report,) = simulate_files(w.jobs, w.fleet, [policy], estimate_noise=w.noise, rules=w.rules)
     return report, time.perf_counter() - t
 
 
@@ -121,13 +124,16 @@ def main() -> int:
     ap.add_argument("--workloads", default=DEFAULT)
     ap.add_argument("--policies", default="backfill,whaleflux")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--executor", choices=("live", "shortcuts"), default="live",
+                    help="shortcuts: the old simulator's (split jobs that fit one node, move any job, no hold)")
     args = ap.parse_args()
+    rules = LIVE if args.executor == "live" else SHORTCUTS
     policies = args.policies.split(",")
     began = time.perf_counter()
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     lines = []
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.workers) as pool:
-        loads = [prepare(name, Path(tmp)) for name in args.workloads.split(",")]
+        loads = [replace(prepare(name, Path(tmp)), rules=rules) for name in args.workloads.split(",")]
         futures = [[pool.submit(_run, (w, p)) for p in policies] for w in loads]
         for w, fs in zip(loads, futures, strict=True):
             lines.append((w.name, report(w, [f.result() for f in fs])))

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import httpx
 import pytest
 
-from whaleflux.alerting.config import DEFAULT_RULES_FILE, ConfigError, load_config, parse_config
+from whaleflux.alerting.config import DEFAULT_RULES_FILE, ConfigError, FindingRule, load_config, parse_config
 from whaleflux.alerting.dispatch.route import build_route
 from whaleflux.alerting.rules.engine import RuleEngine
 from whaleflux.inventory.findings import Finding
@@ -29,7 +29,7 @@ from whaleflux.shared.events import AlertRaised
 from .processes import make_cluster, wait_until
 from .test_alerting_service import Receiver, _publish
 
-T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 def reserved_idle(model="A100", ownership="leased", pool="cloud", hours=80, gpus=8, usd="15120.00") -> dict:
@@ -101,7 +101,8 @@ def test_finding_rules_are_validated_and_cannot_drain():
 def test_default_routes_send_every_cost_alert_to_finops_and_nothing_else_there():
     config = load_config(DEFAULT_RULES_FILE)
     route = build_route(config.route)
-    assert config.rule("GPUReservedIdle").finding == "reserved-idle"
+    guardian = config.rule("GPUReservedIdle")
+    assert isinstance(guardian, FindingRule) and guardian.finding == "reserved-idle"
     cost_alerts = [
         # ours, from inventory's findings
         {"alertname": "GPUReservedIdle", "severity": "warning", "category": "cost", "finding": "reserved-idle",
@@ -167,7 +168,8 @@ def test_guardian_polls_inventory_pages_finops_once_and_billing_cost_alerts_go_t
     text = DEFAULT_RULES_FILE.read_text()
     assert text.count("group_wait: 30s") == 1 and text.count("group_interval: 5m") == 1
     rules = tmp_path / "rules.yaml"
-    rules.write_text(text.replace("group_wait: 30s", "group_wait: 0s").replace("group_interval: 5m", "group_interval: 1s"))
+    rules.write_text(text.replace("group_wait: 30s", "group_wait: 0s")
+                     .replace("group_interval: 5m", "group_interval: 1s"))
     env = {"WHALEFLUX_ALERTING_RULES_FILE": str(rules), "WHALEFLUX_INVENTORY_URL": inventory.url,
            "WHALEFLUX_ALERTING_FINDINGS_POLL_S": "0.2", "WHALEFLUX_ALERTING_WEBHOOK_URLS": oncall.url,
            "WHALEFLUX_ALERTING_FINOPS_URLS": finops.url}
@@ -198,10 +200,12 @@ def test_guardian_polls_inventory_pages_finops_once_and_billing_cost_alerts_go_t
         assert [a["fingerprint"] for a in httpx.get(proc.url + "/v1/alerts").json()] == [firing["fingerprint"]]
 
         # Billing's budget alert (published by billing on alert.raised, category cost) goes to FinOps too.
-        budget = AlertRaised(fingerprint="cost-budget-team-nlp-202612-100", rule="BudgetProjection", severity="critical",
-                             category="cost", summary="team nlp projected to spend $12,000 in December 2026",
+        budget = AlertRaised(fingerprint="cost-budget-team-nlp-202612-100", rule="BudgetProjection",
+                             severity="critical", category="cost",
+                             summary="team nlp projected to spend $12,000 in December 2026",
                              labels={"alertname": "BudgetProjection", "scope": "team", "name": "nlp",
-                                     "period": "2026-12", "threshold_pct": "100"}, value=120.0, starts_at=datetime.now(timezone.utc))
+                                     "period": "2026-12", "threshold_pct": "100"}, value=120.0,
+                             starts_at=datetime.now(UTC))
         asyncio.run(_publish(clean_servers, (subjects.ALERT_RAISED, budget)))
         wait_until(lambda: ("firing", "BudgetProjection", "firing") in _alerts(finops), timeout=30,
                    what="budget alert at FinOps")

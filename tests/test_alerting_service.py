@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import nats
@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from whaleflux.servers import QuietHandler, serve_http
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus
-from whaleflux.shared.events import GpuSample, GpuTelemetry, NodeRegistered, GpuIdentity, decode
+from whaleflux.shared.events import EventData, GpuIdentity, GpuSample, GpuTelemetry, NodeRegistered, decode
 
 from .processes import ADMIN_TOKEN, make_cluster, wait_until
 
@@ -82,7 +82,8 @@ PD_KEY = "R0UT1NGKEY0123456789abcdef012345"
 
 @pytest.fixture
 def alerting(clean_servers, tmp_path):
-    recv = {"pd": Receiver(ok_status=202), "slack": Receiver(), "teams": Receiver(ok_status=202), "hook": Receiver(fail_first=2)}
+    recv = {"pd": Receiver(ok_status=202), "slack": Receiver(), "teams": Receiver(ok_status=202),
+            "hook": Receiver(fail_first=2)}
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES % {k: r.url for k, r in recv.items() if k != "slack"})
     cluster = make_cluster(clean_servers, tmp_path)
@@ -113,7 +114,7 @@ async def _publish(servers, *items) -> None:
 
 
 def telemetry(seq: int, *gpus: GpuSample, node="h100-01") -> tuple[str, GpuTelemetry]:
-    data = GpuTelemetry(cluster="onprem", node=node, seq=seq, sample_time=datetime.now(timezone.utc), gpus=list(gpus))
+    data = GpuTelemetry(cluster="onprem", node=node, seq=seq, sample_time=datetime.now(UTC), gpus=list(gpus))
     return subjects.gpu_telemetry("onprem", node), data
 
 
@@ -141,8 +142,9 @@ async def _drain_events(servers) -> list:
     nc = await nats.connect(servers.nats_url, user=servers.nats_user, password=servers.nats_password)
     try:
         js = nc.jetstream()
-        sub = await js.subscribe(subjects.NODE_DRAIN_REQUESTED + ".>", ordered_consumer=True, deliver_policy=nats.js.api.DeliverPolicy.ALL)
-        out = []
+        sub = await js.subscribe(subjects.NODE_DRAIN_REQUESTED + ".>", ordered_consumer=True,
+                                 deliver_policy=nats.js.api.DeliverPolicy.ALL)
+        out: list[EventData] = []
         while True:
             try:
                 msg = await sub.next_msg(timeout=1.0)
@@ -181,7 +183,8 @@ def test_hot_gpu_pages_every_receiver_type_once_and_a_503_receiver_gets_exactly_
     assert len(recv["teams"].received) == 2
 
     log = httpx.get(proc.url + "/v1/notifications", params={"receiver": "hook"}).json()
-    assert [(e["status"], e["notification_status"]) for e in log] == [("delivered", "resolved"), ("delivered", "firing")]
+    assert [(e["status"], e["notification_status"]) for e in log] == [("delivered", "resolved"),
+                                                                       ("delivered", "firing")]
     assert log[1]["attempts"] == 3
     assert PD_KEY not in httpx.get(proc.url + "/v1/notifications").text  # the log never holds secrets
     assert recv["slack"].url not in (cluster.log_dir / "alerting.log").read_text()  # URLs may hold tokens: never logged

@@ -37,13 +37,15 @@ async def _drain_requests(servers) -> list[tuple[str, NodeDrainRequested]]:
     try:
         sub = await nc.jetstream().subscribe(subjects.NODE_DRAIN_REQUESTED + ".>", ordered_consumer=True,
                                              deliver_policy=nats.js.api.DeliverPolicy.ALL)
-        out = []
+        out: list[tuple[str, NodeDrainRequested]] = []
         while True:
             try:
                 msg = await sub.next_msg(timeout=0.5)
             except nats.errors.TimeoutError:  # no more drain requests stored
                 return out
-            out.append((msg.subject, decode(msg.data)[1]))
+            drain = decode(msg.data)[1]
+            assert isinstance(drain, NodeDrainRequested)
+            out.append((msg.subject, drain))
     finally:
         await nc.close()
 
@@ -51,12 +53,14 @@ async def _drain_requests(servers) -> list[tuple[str, NodeDrainRequested]]:
 async def _job_class(servers, job_id: str) -> str | None:
     redis = Redis.from_url(servers.redis_url, password=servers.redis_password, decode_responses=True)
     try:
-        return await redis.hget("wf:alerting:job-classes", job_id)
+        cls = await redis.hget("wf:alerting:job-classes", job_id)
+        return cls if isinstance(cls, str) else None
     finally:
         await redis.aclose()
 
 
-def test_injected_cooling_failure_raises_an_alert_drains_the_node_and_the_job_resumes_elsewhere(clean_servers, tmp_path):
+def test_injected_cooling_failure_raises_an_alert_drains_the_node_and_the_job_resumes_elsewhere(clean_servers,
+                                                                                              tmp_path):
     hook = Receiver()
     cluster = make_cluster(clean_servers, tmp_path)
     # Shipped rules and routes; the default webhook receiver points at a local server.
@@ -105,8 +109,10 @@ def test_injected_cooling_failure_raises_an_alert_drains_the_node_and_the_job_re
 
         # 2. node.drain_requested for node A, once, on its node subject.
         drains = wait_until(lambda: asyncio.run(_drain_requests(clean_servers)), timeout=30, what="drain request")
-        assert [(s, d.cluster, d.node) for s, d in drains] == [("node.drain_requested.onprem.h100-01", "onprem", "h100-01")]
-        assert drains[0][1].reason.startswith("GPUTemperatureHigh:") and drains[0][1].fingerprint == alert["fingerprint"]
+        assert [(s, d.cluster, d.node) for s, d in drains] == [
+            ("node.drain_requested.onprem.h100-01", "onprem", "h100-01")]
+        assert drains[0][1].reason.startswith("GPUTemperatureHigh:")
+        assert drains[0][1].fingerprint == alert["fingerprint"]
 
         # 3. The scheduler drains node A.
         def drained():

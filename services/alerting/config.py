@@ -84,7 +84,7 @@ class Threshold(_Strict):
     offset: float = Field(0.0, description="added to the limit found, e.g. -5 for 'five degrees under slowdown'")
 
     @model_validator(mode="after")
-    def _some_source(self) -> "Threshold":
+    def _some_source(self) -> Threshold:
         if self.device is None and not self.per_model and self.model is None and self.value is None:
             raise ValueError("give at least one of device, per_model, model, value")
         return self
@@ -162,6 +162,10 @@ class ThrottleRule(RuleBase):
 BaselineKey = Literal["gpu", "model", "workload_class", "node", "pool"]
 
 
+def _per_gpu() -> list[BaselineKey]:
+    return ["gpu"]
+
+
 class BaselineRule(RuleBase):
     """Far above the usual: an EWMA mean and variance learned per `by` (one GPU by default; shipped: per GPU
     model and workload class), quiet until `warm_up` samples were seen.
@@ -173,7 +177,7 @@ class BaselineRule(RuleBase):
 
     kind: Literal["baseline"]
     metric: str
-    by: list[BaselineKey] = Field(default_factory=lambda: ["gpu"], min_length=1)
+    by: list[BaselineKey] = Field(default_factory=lambda: _per_gpu(), min_length=1)
     settle: Duration = 0.0
     half_life: Duration = 600.0
     warm_up: int = Field(120, ge=2)
@@ -197,6 +201,10 @@ class EventRule(RuleBase):
     resolve_after: Duration = 86400.0
 
 
+FindingKind = Literal["reserved-idle", "idle-allocated", "consolidation", "capacity", "undeclared", "never-seen",
+                      "mismatch"]
+
+
 class FindingRule(RuleBase):
     """A cost guardian: a finding inventory reports (GET /v1/findings), e.g. reserved GPUs idle for days.
 
@@ -207,15 +215,15 @@ class FindingRule(RuleBase):
     """
 
     kind: Literal["finding"]
-    finding: Literal["reserved-idle", "idle-allocated", "consolidation", "capacity", "undeclared", "never-seen", "mismatch"]
+    finding: FindingKind
     key: list[str] = Field(default_factory=lambda: ["model", "ownership", "pool"], min_length=1,
                            description="finding fields (detail first) that identify one alert; they become labels")
     min_monthly_usd: float = Field(0.0, ge=0, description="ignore findings whose monthly cost is known and lower")
 
 
 Rule = Annotated[
-    ThresholdRule | RateRule | TrendRule | CounterRule | FlagRule | XidRule | ThrottleRule | BaselineRule | HeartbeatRule
-    | EventRule | FindingRule,
+    ThresholdRule | RateRule | TrendRule | CounterRule | FlagRule | XidRule | ThrottleRule | BaselineRule
+    | HeartbeatRule | EventRule | FindingRule,
     Field(discriminator="kind"),
 ]
 
@@ -231,7 +239,7 @@ class RouteConfig(_Strict):
     group_wait: Duration | None = None
     group_interval: Duration | None = None
     repeat_interval: Duration | None = None
-    routes: list["RouteConfig"] = Field(default_factory=list)
+    routes: list[RouteConfig] = Field(default_factory=list)
 
 
 class RateLimit(_Strict):
@@ -291,7 +299,7 @@ class AlertingConfig(_Strict):
     inhibit_rules: list[InhibitRuleConfig] = Field(default_factory=list)
     incidents: IncidentsConfig = Field(default_factory=IncidentsConfig)
 
-    def rule(self, name: str):
+    def rule(self, name: str) -> Rule | None:
         return next((r for r in self.rules if r.name == name), None)
 
 
@@ -304,7 +312,8 @@ class ConfigError(ConfigFileError):
     """The file was rejected; `errors` are `FILE:LINE: key: problem` lines."""
 
 
-_KINDS = {"threshold", "rate", "trend", "counter", "flag", "xid", "throttle", "baseline", "heartbeat", "event", "finding"}
+_KINDS = {"threshold", "rate", "trend", "counter", "flag", "xid", "throttle", "baseline", "heartbeat", "event",
+          "finding"}
 
 
 def _error_path(err: dict) -> Path_:
@@ -351,7 +360,8 @@ def cross_check(config: AlertingConfig) -> list[tuple[Path_, str]]:
             if threshold.device is not None and threshold.device not in GpuSample.model_fields:
                 problems.append((("rules", i, "threshold", "device"), f"unknown GpuSample field {threshold.device!r}"))
             if threshold.model is not None and threshold.model not in GpuModel.model_fields:
-                problems.append((("rules", i, "threshold", "model"), f"unknown gpu_models.yaml field {threshold.model!r}"))
+                problems.append((("rules", i, "threshold", "model"),
+                                 f"unknown gpu_models.yaml field {threshold.model!r}"))
         if "drain" in rule.actions and rule.kind in ("event", "finding"):
             problems.append((("rules", i, "actions"), f"drain needs a node: not available on {rule.kind} rules"))
     names = [r.name for r in config.receivers]

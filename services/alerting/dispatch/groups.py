@@ -127,53 +127,37 @@ class Dispatcher:
     def next_due(self) -> datetime | None:
         return min((g.next_flush for g in self.groups.values()), default=None)
 
+    def grouped(self, fingerprint: str) -> GroupedAlert | None:
+        """The alert as some group holds it (labels with its incident), or None."""
+        for g in self.groups.values():
+            a = g.alerts.get(fingerprint)
+            if a is not None:
+                return a
+        return None
+
     def flush(self, now: datetime, silences: list[Silence]) -> tuple[list[Notification], list[str], list[str]]:
         """Notifications due at `now`; also the keys of groups changed and of groups removed."""
         out: list[Notification] = []
         changed, removed = [], []
         firing = self.firing_labels()
+
+        def muted(a: GroupedAlert) -> bool:
+            return bool(silenced_by(a.labels, silences, now)) or inhibited(a.labels, a.fingerprint, firing,
+                                                                            self.inhibit_rules)
+
         for key, g in list(self.groups.items()):
             if now < g.next_flush:
                 continue
             route = self.route.find(g.route_id)
-            interval = route.group_interval_s if route else 300.0
-            repeat = route.repeat_interval_s if route else 4 * 3600.0
-
-            def muted(a: GroupedAlert) -> bool:
-                return bool(silenced_by(a.labels, silences, now)) or inhibited(a.labels, a.fingerprint, firing, self.inhibit_rules)
-
-            live = [a for a in g.alerts.values() if a.firing and not muted(a)]
-            resolved = [a for a in g.alerts.values() if not a.firing and a.fingerprint in g.notified_firing]
-            live_fps = sorted(a.fingerprint for a in live)
-            is_change = live_fps != sorted(g.notified_firing) and bool(live_fps or resolved) or bool(resolved)
-            unacked = [a for a in live if not a.acknowledged]
-            is_repeat = (
-                not is_change and bool(unacked) and g.last_notified is not None
-                and (now - g.last_notified).total_seconds() >= repeat
-            )
-            if is_change or is_repeat:
-                g.seq += 1
-                status = "firing" if live else "resolved"
-                alerts = [_notified(a, "firing") for a in sorted(live, key=lambda a: a.starts_at)]
-                alerts += [_notified(a, "resolved") for a in sorted(resolved, key=lambda a: a.starts_at)]
-                out.append(Notification(id=f"{g.key}-{g.seq}", receiver=g.receiver, group_key=g.key,
-                                        group_labels=g.group_labels, status=status, alerts=alerts,
-                                        created_at=now, repeat=is_repeat))
-                g.notified_firing = live_fps
-                g.last_notified = now
-                if is_change:
-                    g.ack_sent = False
-            elif live and not unacked and not g.ack_sent and g.notified_firing:
-                g.seq += 1
-                out.append(Notification(id=f"{g.key}-{g.seq}", receiver=g.receiver, group_key=g.key,
-                                        group_labels=g.group_labels, status="acknowledged",
-                                        alerts=[_notified(a, "firing") for a in live], created_at=now))
-                g.ack_sent = True
+            note = _flush_group(g, [a for a in g.alerts.values() if a.firing and not muted(a)], now,
+                                route.repeat_interval_s if route else 4 * 3600.0)
+            if note is not None:
+                out.append(note)
             for a in [a for a in g.alerts.values() if not a.firing]:
                 g.alerts.pop(a.fingerprint)
                 if a.fingerprint in g.notified_firing:
                     g.notified_firing.remove(a.fingerprint)
-            g.next_flush = now + timedelta(seconds=interval)
+            g.next_flush = now + timedelta(seconds=route.group_interval_s if route else 300.0)
             if not g.alerts:
                 del self.groups[key]
                 removed.append(key)
@@ -182,6 +166,34 @@ class Dispatcher:
         return out, changed, removed
 
 
-def _notified(a: GroupedAlert, status: str) -> NotifiedAlert:
+def _flush_group(g: Group, live: list[GroupedAlert], now: datetime, repeat_s: float) -> Notification | None:
+    """What a due group says: a change, a repeat, an acknowledgement, or nothing."""
+    resolved = [a for a in g.alerts.values() if not a.firing and a.fingerprint in g.notified_firing]
+    live_fps = sorted(a.fingerprint for a in live)
+    is_change = live_fps != sorted(g.notified_firing) and bool(live_fps or resolved) or bool(resolved)
+    unacked = [a for a in live if not a.acknowledged]
+    is_repeat = (
+        not is_change and bool(unacked) and g.last_notified is not None
+        and (now - g.last_notified).total_seconds() >= repeat_s
+    )
+    if is_change or is_repeat:
+        g.seq += 1
+        alerts = [_notified(a, "firing") for a in sorted(live, key=lambda a: a.starts_at)]
+        alerts += [_notified(a, "resolved") for a in sorted(resolved, key=lambda a: a.starts_at)]
+        g.notified_firing = live_fps
+        g.last_notified = now
+        if is_change:
+            g.ack_sent = False
+        return Notification(id=f"{g.key}-{g.seq}", receiver=g.receiver, group_key=g.key, group_labels=g.group_labels,
+                            status="firing" if live else "resolved", alerts=alerts, created_at=now, repeat=is_repeat)
+    if live and not unacked and not g.ack_sent and g.notified_firing:
+        g.seq += 1
+        g.ack_sent = True
+        return Notification(id=f"{g.key}-{g.seq}", receiver=g.receiver, group_key=g.key, group_labels=g.group_labels,
+                            status="acknowledged", alerts=[_notified(a, "firing") for a in live], created_at=now)
+    return None
+
+
+def _notified(a: GroupedAlert, status: Literal["firing", "resolved"]) -> NotifiedAlert:
     return NotifiedAlert(status=status, fingerprint=a.fingerprint, labels=a.labels, annotations=a.annotations,
                          starts_at=a.starts_at, ends_at=a.ends_at)

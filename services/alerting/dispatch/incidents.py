@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from .matchers import matches_all
+
+if TYPE_CHECKING:
+    from ..config import IncidentsConfig
 
 
 class Member(BaseModel):
@@ -68,7 +72,7 @@ class Incident(BaseModel):
         return True
 
 
-class _Missing(dict):
+class _Missing(dict[str, Any]):
     def __missing__(self, key: str) -> str:
         return "?"
 
@@ -76,8 +80,8 @@ class _Missing(dict):
 class Correlator:
     """Assigns alerts to incidents; the caller persists `incidents` and passes time in."""
 
-    def __init__(self, config, incidents: dict[str, Incident] | None = None):
-        self.config = config  # config.IncidentsConfig
+    def __init__(self, config: IncidentsConfig, incidents: dict[str, Incident] | None = None):
+        self.config = config
         self.incidents: dict[str, Incident] = incidents or {}
         self._by_fp: dict[str, str] = {fp: inc.id for inc in self.incidents.values() for fp in inc.members}
 

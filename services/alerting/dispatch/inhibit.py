@@ -14,7 +14,8 @@ class InhibitRule:
     equal: tuple[str, ...]
 
 
-def inhibited(labels: dict[str, str], fingerprint: str, firing: dict[str, dict[str, str]], rules: list[InhibitRule]) -> bool:
+def inhibited(labels: dict[str, str], fingerprint: str, firing: dict[str, dict[str, str]],
+              rules: list[InhibitRule]) -> bool:
     """True when some other firing alert (fingerprint -> labels) is a source that mutes this one."""
     for rule in rules:
         if not matches_all(rule.target, labels):

@@ -14,10 +14,10 @@ class Matcher:
     name: str
     op: str
     value: str
-    _regex: re.Pattern | None = field(default=None, compare=False, repr=False)
+    _regex: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def parse(cls, text: str) -> "Matcher":
+    def parse(cls, text: str) -> Matcher:
         m = _MATCHER.match(text)
         if not m:
             raise ValueError(f"matcher {text!r}: expected name=value, name!=value, name=~regex or name!~regex")
@@ -39,7 +39,7 @@ class Matcher:
             return actual == self.value
         if self.op == "!=":
             return actual != self.value
-        hit = bool(self._regex.match(actual))
+        hit = self._regex is not None and bool(self._regex.match(actual))
         return hit if self.op == "=~" else not hit
 
     def __str__(self) -> str:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 from .matchers import Matcher, matches_all
+
+if TYPE_CHECKING:
+    from ..config import RouteConfig
 
 # Sub-second paging is the point of WhaleFlux: unlike Alertmanager (30 s, 5 m, 4 h),
 # the root route notifies at once and sends updates every few seconds.
@@ -24,9 +28,9 @@ class Route:
     group_wait_s: float = DEFAULT_GROUP_WAIT_S
     group_interval_s: float = DEFAULT_GROUP_INTERVAL_S
     repeat_interval_s: float = DEFAULT_REPEAT_INTERVAL_S
-    routes: tuple["Route", ...] = field(default_factory=tuple)
+    routes: tuple[Route, ...] = field(default_factory=tuple)
 
-    def match(self, labels: dict[str, str]) -> list["Route"]:
+    def match(self, labels: dict[str, str]) -> list[Route]:
         """The routes this alert lands in: deepest matching children, siblings only after `continue`."""
         if not matches_all(list(self.matchers), labels):
             return []
@@ -39,7 +43,7 @@ class Route:
                     break
         return found or [self]
 
-    def find(self, route_id: str) -> "Route | None":
+    def find(self, route_id: str) -> Route | None:
         if self.id == route_id:
             return self
         for child in self.routes:
@@ -49,11 +53,16 @@ class Route:
         return None
 
 
-def build_route(cfg, parent: Route | None = None, route_id: str = "root") -> Route:
-    """A Route from config (`config.RouteConfig`); unset fields inherit from the parent, as in Alertmanager."""
+_T = TypeVar("_T")
 
-    def pick(value, inherited):
-        return inherited if value is None else value
+
+def _pick(value: _T | None, inherited: _T) -> _T:
+    return inherited if value is None else value
+
+
+def build_route(cfg: RouteConfig, parent: Route | None = None, route_id: str = "root") -> Route:
+    """A Route from config (`config.RouteConfig`); unset fields inherit from the parent, as in Alertmanager."""
+    pick = _pick
 
     base = parent or Route(id="", receiver=cfg.receiver or "default")
     children_parent = Route(

@@ -26,7 +26,7 @@ class Silence(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _order(self) -> "Silence":
+    def _order(self) -> Silence:
         if self.ends_at <= self.starts_at:
             raise ValueError("ends_at: must be after starts_at")
         return self

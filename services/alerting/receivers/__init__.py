@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ..dispatch.groups import Notification
 from . import pagerduty, slack, teams, webhook
 
@@ -19,6 +22,8 @@ def top_severity(n: Notification) -> str:
     return max(levels, key=lambda s: SEVERITY_ORDER.get(s, 1))
 
 
-BUILDERS = {"webhook": webhook.build, "pagerduty": pagerduty.build, "slack": slack.build, "teams": teams.build}
+BUILDERS: dict[str, Callable[..., dict[str, Any]]] = {
+    "webhook": webhook.build, "pagerduty": pagerduty.build, "slack": slack.build, "teams": teams.build,
+}
 # Which notification kinds a receiver type wants: only PagerDuty has an acknowledge action.
 WANTS_ACK = {"pagerduty"}

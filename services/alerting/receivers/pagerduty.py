@@ -6,17 +6,19 @@ a re-sent trigger updates the open PagerDuty incident instead of paging again.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..dispatch.groups import Notification
 
 DEFAULT_URL = "https://events.pagerduty.com/v2/enqueue"
 _PD_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 
 
-def build(n: Notification, *, routing_key: str, external_url: str, **_) -> dict:
+def build(n: Notification, *, routing_key: str, external_url: str, **_: object) -> dict[str, Any]:
     from . import headline, top_severity
 
     action = {"firing": "trigger", "resolved": "resolve", "acknowledged": "acknowledge"}[n.status]
-    body = {"routing_key": routing_key, "event_action": action, "dedup_key": f"whaleflux-{n.group_key}"}
+    body: dict[str, Any] = {"routing_key": routing_key, "event_action": action, "dedup_key": f"whaleflux-{n.group_key}"}
     if action != "trigger":
         return body
     firing = [a for a in n.alerts if a.status == "firing"]

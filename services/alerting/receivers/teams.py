@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..dispatch.groups import Notification
 
 MAX_FACTS = 20
 
 
-def build(n: Notification, *, external_url: str, **_) -> dict:
+def build(n: Notification, *, external_url: str, **_: object) -> dict[str, Any]:
     from . import headline, top_severity
 
     sev = top_severity(n)
@@ -30,5 +32,7 @@ def build(n: Notification, *, external_url: str, **_) -> dict:
     }
     return {
         "type": "message",
-        "attachments": [{"contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None, "content": card}],
+        "attachments": [
+            {"contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None, "content": card},
+        ],
     }

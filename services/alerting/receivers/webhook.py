@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from ..dispatch.groups import Notification
 
@@ -13,7 +14,7 @@ def _ts(value: datetime) -> str:
     return value.isoformat().replace("+00:00", "Z")
 
 
-def build(n: Notification, *, receiver: str, external_url: str, **_) -> dict:
+def build(n: Notification, *, receiver: str, external_url: str, **_: object) -> dict[str, Any]:
     alerts = []
     for a in n.alerts:
         alerts.append({

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from whaleflux.shared.events import GpuSample
 
@@ -21,7 +22,7 @@ DERIVED_METRICS: dict[str, Callable[[GpuSample], float | None]] = {
 }
 
 
-def metric_value(sample: GpuSample, name: str):
+def metric_value(sample: GpuSample, name: str) -> Any:
     """The metric's value in this sample, None where the device does not report it."""
     derived = DERIVED_METRICS.get(name)
     return derived(sample) if derived is not None else getattr(sample, name, None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 
 def slope_per_s(points: Sequence[tuple[float, float]]) -> float | None:
@@ -53,7 +53,7 @@ class Window:
     def __getitem__(self, i: int) -> tuple[float, float]:
         return self.points[i]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[float, float]]:
         return iter(self.points)
 
     def clear(self) -> None:
@@ -63,7 +63,7 @@ class Window:
         self._st = self._sv = self._stt = self._stv = 0.0
 
     def _add(self, t: float, v: float, sign: int) -> None:
-        x = t - self.base
+        x = t - (self.base or 0.0)
         self._n += sign
         self._st += sign * x
         self._sv += sign * v

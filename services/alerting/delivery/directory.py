@@ -1,0 +1,65 @@
+"""Receivers as configured, with their URLs and keys resolved, and the deliveries a notification makes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..config import ReceiverConfig
+from ..dispatch.groups import Notification
+from ..receivers import WANTS_ACK
+from ..receivers.pagerduty import DEFAULT_URL as PAGERDUTY_URL
+from .model import Delivery
+
+
+@dataclass(frozen=True)
+class Receiver:
+    config: ReceiverConfig
+    urls: list[str]
+    routing_key: str  # pagerduty; "" when not set
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def type(self) -> str:
+        return self.config.type
+
+
+class Directory:
+    """Receivers by name. URLs and keys named by `*_env` are read from `environ` (URLs may hold tokens)."""
+
+    def __init__(self, receivers: list[ReceiverConfig], environ: Mapping[str, str],
+                 url_lists: Mapping[str, list[str]] | None = None) -> None:
+        self.receivers = {r.name: r for r in receivers}
+        self.environ = environ
+        self.url_lists = url_lists or {}  # env name -> URLs already parsed (settings), before `environ`
+
+    def get(self, name: str) -> Receiver | None:
+        cfg = self.receivers.get(name)
+        if cfg is None:
+            return None
+        key = cfg.routing_key or self.environ.get(cfg.routing_key_env or "", "")
+        return Receiver(cfg, self.urls(cfg), key)
+
+    def urls(self, cfg: ReceiverConfig) -> list[str]:
+        if cfg.url:
+            return [cfg.url]
+        if cfg.url_env:
+            if cfg.url_env in self.url_lists:
+                return self.url_lists[cfg.url_env]
+            return [u.strip() for u in self.environ.get(cfg.url_env, "").split(",") if u.strip()]
+        return [PAGERDUTY_URL] if cfg.type == "pagerduty" else []
+
+    def plan(self, n: Notification) -> list[Delivery]:
+        """One delivery per URL of the notification's receiver; none of what the receiver does not want."""
+        recv = self.get(n.receiver)
+        rtype = recv.type if recv else "webhook"
+        if n.status == "acknowledged" and rtype not in WANTS_ACK:
+            return []
+        if n.status == "resolved" and recv is not None and not recv.config.send_resolved:
+            return []
+        count = max(len(recv.urls) if recv else 1, 1)
+        return [Delivery(id=f"{n.id}@{n.receiver}#{i}", receiver=n.receiver, receiver_type=rtype, url_index=i,
+                         notification=n, created_at=n.created_at) for i in range(count)]

@@ -1,0 +1,56 @@
+"""What is queued for a receiver, what the notification log keeps, and how a POST fails."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from ..dispatch.groups import Notification
+
+
+class Delivery(BaseModel):
+    """One notification for one URL of one receiver."""
+
+    id: str
+    receiver: str
+    receiver_type: str
+    url_index: int = 0
+    notification: Notification
+    created_at: datetime
+    attempts: int = 0
+    last_error: str | None = None
+
+
+class LogEntry(BaseModel):
+    """A row of the notification log; never holds a URL or a key."""
+
+    delivery_id: str
+    notification_id: str
+    receiver: str
+    receiver_type: str
+    url_index: int
+    status: Literal["delivered", "rejected", "failed", "skipped"]
+    notification_status: str
+    group_key: str
+    title: str
+    alerts: int
+    attempts: int
+    http_status: int | None = None
+    reason: str | None = None
+    created_at: datetime
+    finished_at: datetime
+    latency_ms: float = Field(description="from the notification being created to this outcome")
+
+
+class DeliveryError(Exception):
+    """A POST failed; `retryable` says whether trying again can help (5xx, 429, no connection)."""
+
+    def __init__(self, reason: str, retryable: bool, status: int | None = None,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retryable = retryable
+        self.status = status
+        self.retry_after_s = retry_after_s

@@ -1,0 +1,186 @@
+"""The condition of each GPU rule kind on one sample: FIRE, HOLD or CLEAR, with the value and summary fields.
+
+Pure and time passed in (`t`, the sample's time in seconds). Baselines are in
+`baseline.py`; `for` durations, labels and transitions are the engine's part.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from whaleflux.shared.catalog import GpuModel
+from whaleflux.shared.events import GpuSample
+
+from ..config import CounterRule, FlagRule, RateRule, Threshold, ThresholdRule, ThrottleRule, TrendRule, XidRule
+from .metrics import metric_value
+from .series import Cond, Series, Verdict
+from .trend import Window, seconds_to_limit, slope_per_s
+
+_OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt,
+                                                   "<=": operator.le}
+STEADY_HALF_LIFE_S = 5.0
+
+SampleRule = ThresholdRule | RateRule | TrendRule | CounterRule | FlagRule | XidRule | ThrottleRule
+
+
+def resolve_threshold(t: Threshold, sample: GpuSample, model: GpuModel | None) -> float | None:
+    """The limit for this GPU: device-reported first, then per-model, then the catalogue, then a constant."""
+    limit = None
+    if t.device is not None:
+        limit = getattr(sample, t.device, None)
+    if limit is None and model is not None and model.key in t.per_model:
+        limit = t.per_model[model.key]
+    if limit is None and model is not None and t.model is not None:
+        limit = getattr(model, t.model, None)
+    if limit is None:
+        limit = t.value
+    return None if limit is None else float(limit) + t.offset
+
+
+def evaluate(rule: SampleRule, s: Series, sample: GpuSample, model: GpuModel | None, t: float) -> Verdict | None:
+    """The verdict of one rule on one sample; None when it cannot be evaluated (the metric is not reported)."""
+    if isinstance(rule, XidRule):
+        return _xid(rule, s, sample, t)
+    if isinstance(rule, ThrottleRule):
+        hits = [r for r in sample.throttle_reasons if r in rule.reasons]
+        return (Cond.FIRE if hits else Cond.CLEAR), float(len(hits)), {"reasons": ", ".join(hits)}
+    raw = metric_value(sample, rule.metric)
+    if raw is None:
+        return None
+    if isinstance(rule, FlagRule):
+        return (Cond.FIRE if raw else Cond.CLEAR), float(bool(raw)), {}
+    value = float(raw)
+    if isinstance(rule, ThresholdRule):
+        return _threshold(rule, value, resolve_threshold(rule.threshold, sample, model))
+    if isinstance(rule, RateRule):
+        return _rate(rule, s, sample, value, t)
+    if isinstance(rule, TrendRule):
+        return _trend(rule, s, sample, value, t)
+    return _counter(rule, s, value, t)
+
+
+def _threshold(rule: ThresholdRule, value: float, limit: float | None) -> Verdict | None:
+    if limit is None:
+        return None
+    op = _OPS[rule.op]
+    back = -rule.hysteresis if rule.op in (">", ">=") else rule.hysteresis
+    if op(value, limit):
+        cond = Cond.FIRE
+    elif op(value, limit + back):
+        cond = Cond.HOLD  # inside the hysteresis band
+    else:
+        cond = Cond.CLEAR
+    return cond, value, {"threshold": limit}
+
+
+def _slope(rule: RateRule | TrendRule, s: Series) -> float | None:
+    """The window's slope once it holds enough samples over at least half its span."""
+    slope = s.points.slope() if len(s.points) >= rule.min_samples else None
+    if slope is None or s.points[-1][0] - s.points[0][0] < rule.window / 2:
+        return None
+    return slope
+
+
+def _rate(rule: RateRule, s: Series, sample: GpuSample, value: float, t: float) -> Verdict:
+    s.points.push(t, value, rule.window)
+    if rule.steady_metric is not None:
+        _track_steady(s, metric_value(sample, rule.steady_metric), rule.steady_tolerance, t)
+    slope = _slope(rule, s)
+    if slope is None:
+        return s.hold(), value, {}
+    per_min = slope * 60
+    if rule.steady_metric is not None and not _steady(s, rule, t):
+        return s.hold(), value, {"per_minute": per_min}
+    want = rule.per_minute
+    hit = per_min >= want if want >= 0 else per_min <= want
+    half = per_min >= want / 2 if want >= 0 else per_min <= want / 2
+    return (Cond.FIRE if hit else Cond.HOLD if half else Cond.CLEAR), value, {"per_minute": per_min}
+
+
+def _trend(rule: TrendRule, s: Series, sample: GpuSample, value: float, t: float) -> Verdict | None:
+    # The trend of what runs now: when the processes on the GPU change (a job ends, another
+    # starts), the memory they hold steps; start the window afresh.
+    owner = tuple(sorted((p.job_id or "", p.pid) for p in sample.processes))
+    if owner != s.owner:
+        s.owner = owner
+        s.points.clear()
+    s.points.push(t, value, rule.window)
+    slope = _slope(rule, s)
+    if slope is None:
+        return s.hold(), value, {}
+    raw_limit = metric_value(sample, rule.limit_metric)
+    if raw_limit is None:
+        return None
+    limit = float(raw_limit)
+    eta = seconds_to_limit(value, limit, slope) if slope > rule.min_slope_per_s else None
+    if eta is not None and eta <= rule.within and (not rule.sustained or _sustained(s.points, rule.min_slope_per_s)):
+        cond = Cond.FIRE
+    elif eta is not None and eta <= 2 * rule.within:
+        cond = Cond.HOLD
+    else:
+        cond = Cond.CLEAR
+    return cond, value, {"limit": limit, "eta_s": eta or 0.0, "eta_min": (eta or 0.0) / 60, "slope_per_s": slope}
+
+
+def _counter(rule: CounterRule, s: Series, value: float, t: float) -> Verdict:
+    if s.points and value < s.points[-1][1]:
+        s.points.clear()  # counter reset (driver reload): start counting again
+    grew = bool(s.points) and value > s.points[-1][1]
+    s.points.push(t, value, rule.window)
+    increase = s.points[-1][1] - s.points[0][1]
+    # Only a sample that grew the counter (re)starts the alert; clear_after runs from the last growth.
+    if grew and increase >= rule.increase:
+        s.last_hit = t
+        return Cond.FIRE, value, {"increase": increase}
+    return _cleared_after(s, t, rule.clear_after), value, {"increase": increase}
+
+
+def _xid(rule: XidRule, s: Series, sample: GpuSample, t: float) -> Verdict:
+    hits = [x for x in sample.xid_errors if x in rule.codes]
+    if hits:
+        s.last_hit = t
+        return Cond.FIRE, float(hits[0]), {"codes": ", ".join(map(str, hits)), "xid": hits[0]}
+    return _cleared_after(s, t, rule.clear_after), None, {}
+
+
+def _track_steady(s: Series, value: Any, tolerance: float, t: float) -> None:
+    """Follow the steady metric: smoothed (5 s half-life) so sample noise is no change; a move by more than
+    `tolerance` from the level it held restarts the steady time."""
+    if value is None:
+        s.steady_ref = s.steady_smooth = s.steady_since = s.steady_t = None
+        return
+    v = float(value)
+    if s.steady_smooth is None or s.steady_t is None or s.steady_ref is None:
+        s.steady_smooth, s.steady_ref, s.steady_since, s.steady_t = v, v, t, t
+        return
+    dt = max(t - s.steady_t, 0.0)
+    s.steady_t = t
+    alpha = 1.0 - 0.5 ** (dt / STEADY_HALF_LIFE_S) if dt > 0 else 0.0
+    s.steady_smooth += alpha * (v - s.steady_smooth)
+    if abs(s.steady_smooth - s.steady_ref) > tolerance:
+        s.steady_ref, s.steady_since = s.steady_smooth, t
+
+
+def _steady(s: Series, rule: RateRule, t: float) -> bool:
+    return s.steady_since is not None and t - s.steady_since >= rule.steady_for
+
+
+def _sustained(points: Window, min_slope: float) -> bool:
+    """The growth shows in both halves of the window (a one-off step does not)."""
+    if len(points) < 6:
+        return False
+    mid = (points[0][0] + points[-1][0]) / 2
+    first = [p for p in points if p[0] <= mid]
+    second = [p for p in points if p[0] > mid]
+    if len(first) < 3 or len(second) < 3:
+        return False
+    a, b = slope_per_s(first), slope_per_s(second)
+    return a is not None and b is not None and a > min_slope and b > min_slope
+
+
+def _cleared_after(s: Series, t: float, clear_after: float) -> Cond:
+    if s.firing and s.last_hit is not None and t - s.last_hit < clear_after:
+        return Cond.HOLD
+    return Cond.CLEAR

@@ -212,12 +212,19 @@ def run_mypy(files: list[Path], whole: bool) -> Checked:
     return Checked(lines, errors, done.returncode in (0, 1), done.stderr)
 
 
-def package_hints() -> list[str]:
+def package_hints(committed_only: bool = False) -> list[str]:
     """Packages (folders with an __init__.py) missing from [tool.setuptools] packages: a wheel would lack them
-    (the editable install finds them anyway, so tests pass while the Docker image breaks)."""
+    (the editable install finds them anyway, so tests pass while the Docker image breaks). `committed_only`: only
+    those git tracks (a package listed before it is committed breaks the install of a clean checkout)."""
     listed = set(pyproject()["tool"]["setuptools"]["packages"])
-    found = {module_name(init) for folder in package_dirs().values() for init in folder.rglob("__init__.py")
-             if "__pycache__" not in init.parts}
+    inits = [init for folder in package_dirs().values() for init in folder.rglob("__init__.py")
+             if "__pycache__" not in init.parts]
+    if committed_only:
+        git = shutil.which("git") or sys.exit("package_hints: needs git on PATH")
+        tracked = subprocess.run([git, "ls-files", "--", *[str(i.relative_to(ROOT)) for i in inits]], cwd=ROOT,
+                                 capture_output=True, text=True, check=True).stdout.split()
+        inits = [ROOT / path for path in tracked]
+    found = {module_name(init) for init in inits}
     return [f"package {name} is missing from [tool.setuptools] packages in pyproject.toml"
             for name in sorted(n for n in found if n and n not in listed)]
 

@@ -16,11 +16,11 @@ Needs the .venv that `dev.py test` installs (set WHALEFLUX_VENV to use another).
 
 Raw Redis calls, the heuristic (by AST, no imports run): a call `<receiver>.<command>(...)` where <command> is a
 Redis command method of redis-py (get, hset, xadd, pipeline, eval, ...: REDIS_COMMANDS below) and <receiver> is
-Redis-like: a name or attribute whose last identifier contains "redis" (`redis`, `self.redis`, `runtime.redis`,
-`self._redis`), or a name bound in the same function from such a receiver's `.pipeline()` (`pipe = r.pipeline()`,
-`async with self.redis.pipeline() as tx`) or from `Redis(...)` / `Redis.from_url(...)`, or a parameter annotated
-with a type named Redis or Pipeline. A client passed around
-under a name without "redis" in it is missed; `dict.get` on a variable named `redis_...` would be miscounted.
+Redis-like: a name or attribute whose last identifier is `redis`, `_redis` or ends in `_redis` (`redis`,
+`self.redis`, `runtime.redis`, `self._redis`, `self.cache_redis`); or a name bound in the same function from such
+a receiver (`r = runtime.redis`), from its `.pipeline()` (`pipe = r.pipeline()`, `async with self.redis.pipeline()
+as tx`) or from `Redis(...)` / `Redis.from_url(...)`; or a parameter annotated with a type named Redis or Pipeline.
+Missed: a client that reaches a function as an unannotated parameter under another name, or through a container.
 """
 
 from __future__ import annotations
@@ -79,15 +79,23 @@ def _functions(tree: ast.AST) -> Iterator[tuple[str, ast.FunctionDef | ast.Async
                 stack.append((prefix, child))
 
 
+def function_sizes(text: str, where: str) -> list[Sized]:
+    """Each function of a module's source, named `where:Class.method`, with its lines from its first decorator."""
+    found = []
+    for name, node in _functions(ast.parse(text)):
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        found.append(Sized(f"{where}:{name}", (node.end_lineno or node.lineno) - first + 1))
+    return found
+
+
 def sizes(files: list[Path]) -> tuple[list[Sized], list[Sized]]:
+    """Modules and functions, largest first."""
     modules, functions = [], []
     for file in files:
         text = file.read_text()
         rel = str(file.relative_to(ROOT))
         modules.append(Sized(rel, len(text.splitlines())))
-        for name, node in _functions(ast.parse(text)):
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            functions.append(Sized(f"{rel}:{name}", (node.end_lineno or node.lineno) - first + 1))
+        functions.extend(function_sizes(text, rel))
     key = lambda s: (-s.lines, s.where)  # noqa: E731
     return sorted(modules, key=key), sorted(functions, key=key)
 
@@ -108,8 +116,8 @@ def _last_identifier(node: ast.expr) -> str | None:
 def _redis_like(node: ast.expr, bound: set[str]) -> bool:
     if isinstance(node, ast.Name) and node.id in bound:
         return True
-    name = _last_identifier(node)
-    return name is not None and "redis" in name.lower()
+    name = (_last_identifier(node) or "").lower()
+    return name.lstrip("_") == "redis" or name.endswith("_redis")
 
 
 def _typed_redis(annotation: ast.expr) -> bool:
@@ -117,7 +125,9 @@ def _typed_redis(annotation: ast.expr) -> bool:
 
 
 def _makes_redis(value: ast.expr | None, bound: set[str]) -> bool:
-    """`x.pipeline(...)` on a Redis-like receiver, or `Redis(...)` / `Redis.from_url(...)`."""
+    """A Redis-like value (`r = runtime.redis`), `x.pipeline(...)` on one, or `Redis(...)` / `Redis.from_url(...)`."""
+    if isinstance(value, ast.Name | ast.Attribute):
+        return _redis_like(value, bound)
     if not isinstance(value, ast.Call):
         return False
     func = value.func

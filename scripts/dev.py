@@ -225,8 +225,19 @@ def package_hints(committed_only: bool = False) -> list[str]:
                                  capture_output=True, text=True, check=True).stdout.split()
         inits = [ROOT / path for path in tracked]
     found = {module_name(init) for init in inits}
-    return [f"package {name} is missing from [tool.setuptools] packages in pyproject.toml"
-            for name in sorted(n for n in found if n and n not in listed)]
+    missing = [f"package {name} is missing from [tool.setuptools] packages in pyproject.toml"
+               for name in sorted(n for n in found if n and n not in listed)]
+    gone = [f"package {name} is listed in [tool.setuptools] packages but {folder.relative_to(ROOT)}/ is gone"
+            for name in sorted(listed) if not (folder := package_folder(name)).is_dir()]
+    return missing + gone
+
+
+def package_folder(name: str) -> Path:
+    """The folder an import name lives in, by package-dir (whaleflux.scheduler.queueing is in
+    services/scheduler/queueing)."""
+    dirs = package_dirs()
+    base = max((n for n in dirs if name == n or name.startswith(n + ".")), key=len)
+    return dirs[base].joinpath(*name[len(base):].lstrip(".").split(".")) if name != base else dirs[base]
 
 
 def lint(paths: list[str]) -> int:

@@ -53,6 +53,12 @@ def test_only_packages_that_call_themselves_pure_are_hinted_for_the_strict_list(
     assert not dev.is_strict("whaleflux.sharedx", patterns)
 
 
+def test_package_names_map_to_their_folders():
+    assert dev.package_folder("whaleflux.scheduler.queueing") == ROOT / "services" / "scheduler" / "queueing"
+    assert dev.package_folder("whaleflux.shared") == ROOT / "shared"
+    assert dev.package_folder("whaleflux.commands") == ROOT / "whaleflux" / "commands"
+
+
 def test_every_package_folder_is_listed_for_the_wheel():
     # The editable install finds an unlisted package, so only the Docker image (pip install .) would miss it.
     assert dev.package_hints(committed_only=True) == []

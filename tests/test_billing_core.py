@@ -6,7 +6,7 @@ import csv
 import io
 import json
 import random
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -14,15 +14,14 @@ import pytest
 
 from whaleflux.billing.allocation import EnergyUse, Interval, JobInfo, apportion, chargeback, showback
 from whaleflux.billing.budgets import Budget, evaluate
+from whaleflux.billing.energy import energy_delta
 from whaleflux.billing.exports import FOCUS_COLUMNS, focus_csv, focus_rows
-from whaleflux.billing.metering import energy_delta
 from whaleflux.billing.ownership import GpuTerms, gpu_cost, to_ms
-from whaleflux.billing.pricebook import PriceBookError, parse_pricebook, reference_book
+from whaleflux.billing.pricebook import PriceBook, PriceBookError, PriceEntry, parse_pricebook, reference_book
 from whaleflux.billing.pricing import REFERENCE_RATES
 from whaleflux.billing.tco import TcoInput, tco
 
-
-UTC = timezone.utc
+UTC = UTC
 MAR = datetime(2026, 3, 1, tzinfo=UTC)
 APR = datetime(2026, 4, 1, tzinfo=UTC)
 
@@ -47,17 +46,23 @@ prices:
 # --------------------------------------------------------------------------- price book
 
 
+def _entry(book: PriceBook, model: str, ownership: str, at: datetime) -> PriceEntry:
+    entry = book.lookup(model, ownership, at)
+    assert entry is not None, (model, ownership, at)
+    return entry
+
+
 def test_price_book_is_effective_dated_and_falls_back_to_dated_reference_values():
     book = parse_pricebook(BOOK, "book.yaml")
-    assert book.lookup("H100", "owned", datetime(2026, 3, 14, 23, tzinfo=UTC)).usd_per_kwh == Decimal("0.10")
-    assert book.lookup("H100", "owned", datetime(2026, 3, 15, tzinfo=UTC)).usd_per_kwh == Decimal("0.20")
-    assert book.lookup("A100", "cloud", MAR).usd_per_gpu_hour == Decimal("2.00")
-    ref = book.lookup("H100", "cloud", MAR)
+    assert _entry(book, "H100", "owned", datetime(2026, 3, 14, 23, tzinfo=UTC)).usd_per_kwh == Decimal("0.10")
+    assert _entry(book, "H100", "owned", datetime(2026, 3, 15, tzinfo=UTC)).usd_per_kwh == Decimal("0.20")
+    assert _entry(book, "A100", "cloud", MAR).usd_per_gpu_hour == Decimal("2.00")
+    ref = _entry(book, "H100", "cloud", MAR)
     assert ref.reference and ref.as_of == "2026-11-09" and ref.usd_per_gpu_hour == Decimal("6.88")
-    assert book.lookup("H200", "leased", MAR).monthly_price_per_gpu == Decimal("2190")
+    assert _entry(book, "H200", "leased", MAR).monthly_price_per_gpu == Decimal("2190")
     # The shipped reference values are the old reference rates, with their dates.
     for model, rate in REFERENCE_RATES.items():
-        entry = reference_book().lookup(model, "cloud", MAR)
+        entry = _entry(reference_book(), model, "cloud", MAR)
         assert entry.usd_per_gpu_hour == rate.usd_per_gpu_hour and entry.as_of == rate.as_of
 
 
@@ -69,7 +74,8 @@ def test_price_book_is_effective_dated_and_falls_back_to_dated_reference_values(
     ("prices:\n  - {model: A100, ownership: cloud, usd_per_gpu_hour: 1, effective_from: 2026-01-01}\n"
      "  - {model: A100, ownership: cloud, usd_per_gpu_hour: 2,\n     effective_from: 2026-02-01}\n",
      "bad.yaml:4: prices[1].effective_from: A100 cloud 2026-02-01..open end overlaps prices[0]"),
-    ("prices:\n  - {model: B200, ownership: cloud, usd_per_gpu_hour: 1}\n", "bad.yaml:2: prices[0].model: unknown model 'B200'"),
+    ("prices:\n  - {model: B200, ownership: cloud, usd_per_gpu_hour: 1}\n",
+     "bad.yaml:2: prices[0].model: unknown model 'B200'"),
     ("prices: [\n", "bad.yaml:2: (yaml)"),
 ])
 def test_bad_price_book_names_file_line_and_key(text, expected):
@@ -113,7 +119,8 @@ def test_a_lease_shorter_than_its_minimum_term_owes_the_whole_term():
     assert gc.segments[0].start_ms == to_ms(datetime(2026, 3, 10, tzinfo=UTC))
     assert gc.segments[-1].end_ms == to_ms(datetime(2026, 4, 10, tzinfo=UTC))
     total = _fleet_cost(gc, datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 6, 1, tzinfo=UTC))
-    assert total.quantize(Decimal("0.01")) == (Decimal(3100) * 22 / 31 + Decimal(3100) * 9 / 30).quantize(Decimal("0.01"))
+    expected = Decimal(3100) * 22 / 31 + Decimal(3100) * 9 / 30
+    assert total.quantize(Decimal("0.01")) == expected.quantize(Decimal("0.01"))
 
 
 def test_owned_gpu_stops_amortizing_when_fully_depreciated():
@@ -191,10 +198,10 @@ def test_reconciliation_jobs_plus_idle_equal_fleet_cost_to_the_cent_for_any_wind
         # Exactly, and as shown in every grouping, with and without idle shared back.
         assert cb.allocated_usd + cb.idle_usd == cb.fleet_usd
         independent = sum((_fleet_cost(g, w0, w1) for g in window_gpus.values() if not g.usage_only), Decimal(0))
-        assert abs(cb.fleet_usd - independent - sum((cb.jobs[j].usd for j in cb.jobs
-                                                     if jobs[j].model == "H100" and any(
-                                                         iv.gpu == "U0" and iv.job == j for iv in ivs)), Decimal(0))
-                   - (Decimal(9e6) * Decimal("0.2") / 3_600_000 if a < energy[0].hour_ms < b else 0)) < Decimal("0.0001")
+        on_unknown = {iv.job for iv in ivs if iv.gpu == "U0"}
+        unknown_use = sum((cb.jobs[j].usd for j in cb.jobs if jobs[j].model == "H100" and j in on_unknown), Decimal(0))
+        power = Decimal(9e6) * Decimal("0.2") / 3_600_000 if a < energy[0].hour_ms < b else 0
+        assert abs(cb.fleet_usd - independent - unknown_use - power) < Decimal("0.0001")
         for by in ("job", "team", "project", "model"):
             for share in (False, True):
                 for running in (False, True):
@@ -226,8 +233,8 @@ def test_apportioned_cents_add_up_to_the_rounded_total():
     for _ in range(200):
         amounts = [Decimal(rng.randrange(-10**7, 10**8)) / 10**6 for _ in range(rng.randrange(1, 12))]
         cents = apportion(amounts)
-        assert sum(cents) == sum(amounts).quantize(Decimal("0.01"), rounding="ROUND_HALF_UP")
-        assert all(abs(c - a) < Decimal("0.01") for c, a in zip(cents, amounts))
+        assert sum(cents, Decimal(0)) == sum(amounts, Decimal(0)).quantize(Decimal("0.01"), rounding="ROUND_HALF_UP")
+        assert all(abs(c - a) < Decimal("0.01") for c, a in zip(cents, amounts, strict=True))
 
 
 def test_energy_counter_deltas_ignore_redeliveries_and_resets():

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import httpx
 import nats
 import pytest
+from fastapi import FastAPI
 
-from whaleflux.billing.app import BillingService, BillingSettings
+from whaleflux.billing.app import BillingSettings, build
+from whaleflux.billing.service import Billing
 from whaleflux.servers import QuietHandler, serve_http
 from whaleflux.shared import subjects
 from whaleflux.shared.events import (
+    AlertRaised,
     GpuSample,
     GpuTelemetry,
     JobFinished,
@@ -30,14 +33,15 @@ from whaleflux.shared.events import (
 
 from .processes import ADMIN_TOKEN, Clock, connect_bus, until
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2026, 3, 10, 8, tzinfo=UTC)
 
 
 def _asset(uuid, model, ownership, pool, node, **kw):
     base = {"uuid": uuid, "index": 0, "model": model, "node": node, "status": "active", "last_seen": T0.isoformat(),
             "ownership": ownership, "declared": True, "site": "east", "cluster": "c1", "rack": None, "pool": pool,
-            "monthly_cost_usd": None, "lease": None, "contracts": [], "purchase": None, "hourly_price_per_gpu_usd": None}
+            "monthly_cost_usd": None, "lease": None, "contracts": [], "purchase": None,
+            "hourly_price_per_gpu_usd": None}
     return {**base, **kw}
 
 
@@ -108,28 +112,33 @@ async def _run_job(bus, job_id, gpus, model, team, start, hours, node="n1", proj
                           event_id=f"finished-{job_id}-1")
 
 
-def _client(svc) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=svc.create_app()), base_url="http://billing")
+async def _started(clock) -> tuple[FastAPI, Billing]:
+    app, svc = build(BillingSettings(), clock=clock)
+    await svc.runtime.start()
+    return app, svc
 
 
-async def _usage_count(svc, n):
-    raw = await svc.redis.hgetall(f"{svc.prefix}:usage")
-    return sum('"ended_at":null' not in v for v in raw.values()) >= n
+def _client(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://billing")
 
 
-async def test_costs_by_ownership_reconcile_with_idle_and_a_replay_gives_identical_totals(env, assets_server, monkeypatch):
+async def _usage_count(svc: Billing, n: int) -> bool:
+    return sum(r.ended_at is not None for r in await svc.store.usage_records()) >= n
+
+
+async def test_costs_by_ownership_reconcile_with_idle_and_a_replay_gives_identical_totals(env, assets_server,
+                                                                                          monkeypatch):
     monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", assets_server.url)
     clock = Clock(datetime(2026, 3, 20, tzinfo=UTC))
     bus = await connect_bus(env)
     await _run_job(bus, "lease-job", ["GPU-L0"], "H200", "nlp", T0, 10)
     await _run_job(bus, "own-job", ["GPU-O0"], "H100", "cv", T0 + timedelta(hours=1), 5, node="h100-01")
     await _run_job(bus, "stray-job", ["GPU-X9"], "A100", "nlp", T0, 2, node="a100-09")  # not in inventory
-    svc = BillingService(BillingSettings(), clock=clock)
-    await svc._start()
+    app, svc = await _started(clock)
     try:
         assert await svc.refresh_assets()
         await until(lambda: _usage_count(svc, 3), what="three jobs metered")
-        async with _client(svc) as http:
+        async with _client(app) as http:
             resp = await http.get("/v1/costs", params={"by": "job", "from": "2026-03-01T00:00:00Z",
                                                        "to": "2026-03-20T00:00:00Z"})
             assert resp.status_code == 200, resp.text
@@ -157,19 +166,18 @@ async def test_costs_by_ownership_reconcile_with_idle_and_a_replay_gives_identic
         assert idle[("cloud", "H200")]["ownership"] == "leased" and idle[("cloud", "H200")]["gpus"] == 2
 
         # Redis lost: the service replays the job stream and reports the same totals.
-        await svc.stop()
+        await svc.runtime.stop()
         r = await _flush_billing(env)
         assert r > 0
-        svc = BillingService(BillingSettings(), clock=clock)
-        await svc._start()
+        app, svc = await _started(clock)
         assert await svc.refresh_assets()
         await until(lambda: _usage_count(svc, 3), what="replayed")
-        async with _client(svc) as http:
+        async with _client(app) as http:
             again = (await http.get("/v1/costs", params={"by": "job", "from": "2026-03-01T00:00:00Z",
                                                          "to": "2026-03-20T00:00:00Z"})).json()
         assert again["rows"] == report["rows"] and again["totals"] == report["totals"]
     finally:
-        await svc.stop()
+        await svc.runtime.stop()
         await bus.close()
 
 
@@ -189,12 +197,11 @@ async def test_unreachable_inventory_falls_back_to_price_book_defaults_and_says_
     clock = Clock(datetime(2026, 3, 20, tzinfo=UTC))
     bus = await connect_bus(env)
     await _run_job(bus, "j1", ["GPU-L0"], "H200", "nlp", T0, 1)
-    svc = BillingService(BillingSettings(), clock=clock)
-    await svc._start()
+    app, svc = await _started(clock)
     try:
         assert not await svc.refresh_assets()
         await until(lambda: _usage_count(svc, 1), what="metered")
-        async with _client(svc) as http:
+        async with _client(app) as http:
             report = (await http.get("/v1/costs", params={"by": "job"})).json()
             [rec] = (await http.get("/v1/costs/jobs/j1")).json()
         assert "inventory unreachable" in report["pricing"]["inventory"]["basis"]
@@ -203,7 +210,7 @@ async def test_unreachable_inventory_falls_back_to_price_book_defaults_and_says_
         assert report["totals"]["idle_usd"] == "0.00"
         assert rec["gpu_seconds"] == "3600.000" and rec["usd_per_gpu_hour"] == "7.9120" and rec["state"] == "finished"
     finally:
-        await svc.stop()
+        await svc.runtime.stop()
         await bus.close()
 
 
@@ -212,11 +219,10 @@ async def test_bad_price_book_upload_is_rejected_with_line_and_the_previous_one_
     book.write_text(PRICEBOOK)
     monkeypatch.setenv("WHALEFLUX_PRICEBOOK_FILE", str(book))
     monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", "http://127.0.0.1:9")
-    svc = BillingService(BillingSettings(), clock=Clock(T0))
-    await svc._start()
+    app, svc = await _started(Clock(T0))
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     try:
-        async with _client(svc) as http:
+        async with _client(app) as http:
             view = (await http.get("/v1/pricebook")).json()
             assert view["source"] == str(book) and view["entries"][0]["usd_per_kwh"] == "0.20"
             bad = PRICEBOOK + '  - {model: H100, ownership: owned, effective_from: 2026-02-01,\n' \
@@ -225,7 +231,8 @@ async def test_bad_price_book_upload_is_rejected_with_line_and_the_previous_one_
             assert resp.status_code == 422
             errors = resp.json()["detail"]["errors"]
             assert "upload:4: prices[1].usd_per_kwh: Input should be greater than or equal to 0" in errors
-            overlap = PRICEBOOK + '  - {model: H100, ownership: owned, effective_from: 2026-02-01, usd_per_kwh: "0.3", overhead_per_gpu_month: "1"}\n'
+            overlap = PRICEBOOK + ('  - {model: H100, ownership: owned, effective_from: 2026-02-01, '
+                                   'usd_per_kwh: "0.3", overhead_per_gpu_month: "1"}\n')
             resp = await http.put("/admin/pricebook", content=overlap, headers=auth)
             assert resp.json()["detail"]["errors"] == [
                 "upload:3: prices[1].effective_from: H100 owned 2026-02-01..open end overlaps prices[0]"]
@@ -238,7 +245,7 @@ async def test_bad_price_book_upload_is_rejected_with_line_and_the_previous_one_
             resp = await http.get("/v1/tco", params={"model": "A100"})
             assert resp.status_code == 400 and "purchase_price" in resp.json()["detail"]
     finally:
-        await svc.stop()
+        await svc.runtime.stop()
 
 
 async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_server, monkeypatch, tmp_path):
@@ -255,13 +262,12 @@ async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_s
 
     await nc.subscribe(subjects.ALERT_RAISED, cb=on_alert)
     bus = await connect_bus(env)
-    svc = BillingService(BillingSettings(), clock=clock)
-    await svc._start()
+    app, svc = await _started(clock)
     try:
         await svc.refresh_assets()
-        await until(lambda: asyncio.sleep(0, "billing-telemetry" in svc.bus.bound), what="telemetry consumer")
+        await until(lambda: asyncio.sleep(0, "billing-telemetry" in svc.runtime.bus.bound), what="telemetry consumer")
         await _run_job(bus, "hot", ["GPU-O0"], "H100", "cv", T0, None, node="h100-01")
-        await until(lambda: svc.redis.hget(f"{svc.prefix}:gpu:open", "GPU-O0"), what="job running")
+        await until(lambda: _held(svc, "GPU-O0"), what="job running")
 
         def sample(minutes, joules, util):
             g = GpuSample(uuid="GPU-O0", index=0, model="H100", utilization_gpu_pct=util, memory_used_mib=1,
@@ -272,13 +278,13 @@ async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_s
         # 36 MJ = 10 kWh between the first and last samples; the middle one is sent twice.
         for minutes, joules, util in ((10, 1e6, 80), (20, 19e6, 60), (20, 19e6, 60), (30, 37e6, 100)):
             await bus.publish(subjects.gpu_telemetry("c1", "h100-01"), sample(minutes, joules, util))
-        hour = f"{svc.prefix}:energy:{int(T0.timestamp() * 1000)}"
-        await until(lambda: _float_at(svc.redis.hget(hour, "GPU-O0"), 36e6), what="energy counted")
+        hour = int(T0.timestamp() * 1000)
+        await until(lambda: _float_at(svc.store.energy_hour(hour, "GPU-O0"), 36e6), what="energy counted")
         await bus.publish(subjects.JOB_FINISHED, JobFinished(
             job_id="hot", attempt=1, cluster="c1", node="h100-01", exit_code=0, started_at=T0,
             finished_at=T0 + timedelta(hours=2)), event_id="finished-hot-1")
         await until(lambda: _usage_count(svc, 1), what="finished")
-        async with _client(svc) as http:
+        async with _client(app) as http:
             [rec] = (await http.get("/v1/costs/jobs/hot")).json()
             assert rec["power_usd"] == "2.000000"  # 10 kWh x $0.20
             assert rec["efficiency_pct"] == 80.0  # (80 + 60 + 100) / 3, the duplicate not counted
@@ -302,12 +308,17 @@ async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_s
         await until(lambda: asyncio.sleep(0, len(alerts) >= 1), what="alert on the bus")
         await asyncio.sleep(0.3)
         [(envelope, data)] = alerts
+        assert isinstance(data, AlertRaised)
         assert envelope.id == "raised-cost-budget-team-cv-202603-50"
         assert data.category == "cost" and data.labels["name"] == "cv" and "Team cv projected" in data.summary
     finally:
-        await svc.stop()
+        await svc.runtime.stop()
         await bus.close()
         await nc.close()
+
+
+async def _held(svc: Billing, gpu: str) -> bool:
+    return (await svc.store.holders([gpu])) != [None]
 
 
 async def _float_at(awaitable, expected):
@@ -326,11 +337,10 @@ async def test_a_requeued_attempt_stops_accruing_and_a_late_end_report_replaces_
     requeued_at = T0 + timedelta(hours=2)
     await bus.publish(subjects.JOB_REQUEUED, JobRequeued(job_id="lost", attempt=1, cluster="c1", node="n1",
                       reason="node n1 lost", cause="node_lost"), event_id="requeued-lost-1", time=requeued_at)
-    svc = BillingService(BillingSettings(), clock=clock)
-    await svc._start()
+    app, svc = await _started(clock)
     try:
         await until(lambda: _usage_count(svc, 1), what="attempt ended by the requeue")
-        async with _client(svc) as http:
+        async with _client(app) as http:
             [rec] = (await http.get("/v1/costs/jobs/lost")).json()
         assert rec["state"] == "requeued" and rec["gpu_seconds"] == "7200.000"
 
@@ -340,11 +350,11 @@ async def test_a_requeued_attempt_stops_accruing_and_a_late_end_report_replaces_
                           event_id="finished-lost-1")
 
         async def finished():
-            async with _client(svc) as http:
+            async with _client(app) as http:
                 recs = (await http.get("/v1/costs/jobs/lost")).json()
             return recs if recs[0]["state"] == "finished" else None
         [rec] = await until(finished, what="late end report")
         assert rec["gpu_seconds"] == "10800.000"
     finally:
-        await svc.stop()
+        await svc.runtime.stop()
         await bus.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import httpx
@@ -54,7 +54,7 @@ def test_billing_prices_a_job_with_the_lease_inventory_declares_and_the_cli_expo
     billing = cluster.service("billing", WHALEFLUX_INVENTORY_URL=inventory.url, WHALEFLUX_INVENTORY_REFRESH_S="0.3")
     try:
         billing.wait_ready()
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         start = now - timedelta(hours=1)
         asyncio.run(_publish(clean_servers, start))
         frm = (start - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -68,7 +68,8 @@ def test_billing_prices_a_job_with_the_lease_inventory_declares_and_the_cli_expo
         assert row["key"] == "retail" and row["gpu_hours"] == "0.5000"
         [line] = report["idle"]
         assert (line["pool"], line["model"], line["gpus"]) == ("cloud", "H200", 2)
-        assert Decimal(row["cost_usd"]) + Decimal(report["totals"]["idle_usd"]) == Decimal(report["totals"]["fleet_usd"])
+        totals = report["totals"]
+        assert Decimal(row["cost_usd"]) + Decimal(totals["idle_usd"]) == Decimal(totals["fleet_usd"])
 
         shown = cluster.cli("costs", "--by", "team", "--from", frm)
         assert shown.returncode == 0, shown.stderr

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from whaleflux.billing.pricing import REFERENCE_RATES, cost, gpu_seconds, to_cents
 
-T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def test_gpu_seconds_multiply_by_gpu_count_and_keep_milliseconds():

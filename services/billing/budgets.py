@@ -23,7 +23,7 @@ Alerts, each once (its event id is fixed by content):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Literal
 
@@ -140,7 +140,7 @@ def evaluate(budget: Budget, daily: dict[date, Decimal], now: datetime) -> Budge
 def day_windows(first: date, now: datetime) -> list[tuple[datetime, datetime]]:
     """UTC day windows from `first` to now (the last one partial)."""
     out = []
-    d = datetime(first.year, first.month, first.day, tzinfo=timezone.utc)
+    d = datetime(first.year, first.month, first.day, tzinfo=UTC)
     while d < now:
         out.append((d, min(d + DAY, now)))
         d += DAY

@@ -19,7 +19,7 @@ Amortized costs (owned purchase, lease fees) appear as `EffectiveCost` with
 `BilledCost` 0 on usage rows; cloud time and power are billed as used. So the
 sum of `EffectiveCost` is the fleet cost of the window, and each `BilledCost`
 is what an invoice said. Money is kept to 1e-6 USD (the rounding rule in
-allocation.py); times are UTC, `YYYY-MM-DDTHH:MM:SSZ`, usage periods widened
+allocation/__init__.py); times are UTC, `YYYY-MM-DDTHH:MM:SSZ`, usage periods widened
 to whole seconds.
 """
 
@@ -29,8 +29,10 @@ import csv
 import io
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
 
 from .allocation import Chargeback, EnergyUse, Interval, JobInfo
 from .ownership import GpuCost, from_ms, lease_term, month_start, next_month, to_ms
@@ -38,6 +40,7 @@ from .pricing import MICRO
 
 MS_PER_HOUR = Decimal(3_600_000)
 J_PER_KWH = Decimal(3_600_000)
+_PRICING_CATEGORY = {"cloud": "Standard", "leased": "Committed", "unknown": "Standard"}
 
 FOCUS_COLUMNS = [
     "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency", "BillingPeriodEnd",
@@ -67,7 +70,8 @@ def _d(x: Decimal | None) -> str | None:
 class FocusContext:
     """Account names and who issues the invoice for each ownership."""
 
-    def __init__(self, account_id: str = "whaleflux", account_name: str = "WhaleFlux GPU fleet", owner: str = "WhaleFlux"):
+    def __init__(self, account_id: str = "whaleflux", account_name: str = "WhaleFlux GPU fleet",
+                 owner: str = "WhaleFlux"):
         self.account_id = account_id
         self.account_name = account_name
         self.owner = owner
@@ -81,7 +85,10 @@ class FocusContext:
         return self.owner
 
 
-def _base(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int) -> dict:
+Row = dict[str, Any]  # one FOCUS row: column -> Decimal, str, dict (Tags), bool or None
+
+
+def _base(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int) -> Row:
     t = gc.terms
     period = month_start(from_ms(start_ms))
     return {
@@ -89,7 +96,7 @@ def _base(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int) -> dict:
         "BillingPeriodStart": _t(to_ms(period)), "BillingPeriodEnd": _t(to_ms(next_month(period))),
         "ChargeClass": None, "ChargePeriodStart": _t(start_ms), "ChargePeriodEnd": _t(end_ms, up=True),
         "InvoiceIssuerName": ctx.issuer(gc), "ProviderName": ctx.issuer(gc), "PublisherName": ctx.issuer(gc),
-        "PricingCategory": {"cloud": "Standard", "leased": "Committed", "unknown": "Standard"}.get(t.ownership, "Other"),
+        "PricingCategory": _PRICING_CATEGORY.get(t.ownership, "Other"),
         "RegionId": t.site, "RegionName": t.site, "ResourceId": t.uuid,
         "ResourceName": f"{t.node}/{t.uuid}" if t.node else t.uuid, "ResourceType": "GPU",
         "ServiceCategory": "Compute", "ServiceName": "GPU compute", "SkuId": f"{t.model}-{t.ownership}",
@@ -97,8 +104,8 @@ def _base(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int) -> dict:
     }
 
 
-def _usage(ctx, gc, start_ms, end_ms, ms: int, rate: Decimal, list_rate: Decimal | None, cost: Decimal,
-           description: str, job: JobInfo | None) -> dict:
+def _usage(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int, ms: int, rate: Decimal,
+           list_rate: Decimal | None, cost: Decimal, description: str, job: JobInfo | None) -> Row:
     hours = _q(Decimal(ms) / MS_PER_HOUR)
     unit = _q(rate * MS_PER_HOUR)
     billed = cost if gc.terms.ownership in ("cloud", "unknown") else Decimal(0)
@@ -114,7 +121,8 @@ def _usage(ctx, gc, start_ms, end_ms, ms: int, rate: Decimal, list_rate: Decimal
     }
 
 
-def _power(ctx, gc, month: datetime, window: tuple[int, int], kwh: Decimal, cost: Decimal, job: JobInfo | None) -> dict:
+def _power(ctx: FocusContext, gc: GpuCost, month: datetime, window: tuple[int, int], kwh: Decimal, cost: Decimal,
+           job: JobInfo | None) -> Row:
     start = max(to_ms(month), window[0])
     end = min(to_ms(next_month(month)), window[1])
     tags = {} if job is None else {"team": job.team, "project": job.project, "job": job.job_id}
@@ -130,13 +138,13 @@ def _power(ctx, gc, month: datetime, window: tuple[int, int], kwh: Decimal, cost
     }
 
 
-def _lease_purchases(ctx, gc: GpuCost, start_ms: int, end_ms: int) -> list[dict]:
+def _lease_purchases(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int) -> list[Row]:
     """One recurring purchase row per calendar month of the lease term that overlaps the window."""
     t = gc.terms
     if t.ownership != "leased" or not gc.segments:
         return []
     if t.lease_start:
-        term_start, term_end = (to_ms(x) for x in lease_term(t))
+        term_start, term_end = (to_ms(x) for x in lease_term(t.lease_start, t.lease_end, t.minimum_term_months))
     else:
         term_start, term_end = gc.segments[0].start_ms, gc.segments[-1].end_ms
     rows = []
@@ -160,16 +168,15 @@ def _lease_purchases(ctx, gc: GpuCost, start_ms: int, end_ms: int) -> list[dict]
     return rows
 
 
-def focus_rows(
-    intervals: list[Interval], jobs: dict[str, JobInfo], gpus: dict[str, GpuCost], start_ms: int, end_ms: int,
-    energy: list[EnergyUse] = (), kwh_price: dict[tuple[str, int], Decimal] | None = None,
-    ctx: FocusContext | None = None,
-) -> list[dict]:
-    """FOCUS 1.2 rows for [start_ms, end_ms); values are Decimals, strings, dicts (Tags) or None."""
-    ctx = ctx or FocusContext()
-    rows: list[dict] = []
-    used: dict[tuple[str, int], Decimal] = defaultdict(Decimal)  # (gpu, segment index) -> allocated cost
-    used_ms: dict[tuple[str, int], int] = defaultdict(int)
+_Seg = tuple[str, int]  # (GPU uuid, segment index)
+
+
+def _job_usage_rows(ctx: FocusContext, intervals: list[Interval], jobs: dict[str, JobInfo], gpus: dict[str, GpuCost],
+                    start_ms: int, end_ms: int) -> tuple[list[Row], dict[_Seg, Decimal], dict[_Seg, int]]:
+    """Usage rows per job attempt, GPU and segment; the allocated cost and ms per (GPU, segment)."""
+    rows: list[Row] = []
+    used: dict[_Seg, Decimal] = defaultdict(Decimal)
+    used_ms: dict[_Seg, int] = defaultdict(int)
     for iv in sorted(intervals, key=lambda i: (i.gpu, i.start_ms, i.job)):
         s, e = max(iv.start_ms, start_ms), min(iv.end_ms, end_ms)
         if e <= s:
@@ -185,6 +192,13 @@ def focus_rows(
             job = jobs[iv.job]
             rows.append(_usage(ctx, gc, lo, hi, hi - lo, seg.usd_per_ms, seg.list_usd_per_hour, cost,
                                f"{job.model} GPU for job {job.job_id} attempt {job.attempt}", job))
+    return rows, used, used_ms
+
+
+def _idle_rows(ctx: FocusContext, gpus: dict[str, GpuCost], start_ms: int, end_ms: int, used: dict[_Seg, Decimal],
+               used_ms: dict[_Seg, int]) -> list[Row]:
+    """Idle usage rows per GPU and segment, and each leased GPU's monthly fee rows."""
+    rows: list[Row] = []
     for uuid, gc in sorted(gpus.items()):
         if gc.usage_only:
             continue
@@ -199,8 +213,12 @@ def focus_rows(
             rows.append(_usage(ctx, gc, lo, hi, max(idle_ms, 0), seg.usd_per_ms, seg.list_usd_per_hour, idle,
                                f"idle {gc.terms.model} GPU ({gc.terms.ownership}, pool {gc.terms.pool})", None))
         rows.extend(_lease_purchases(ctx, gc, start_ms, end_ms))
-    # Power: per job attempt (or idle), GPU and month.
-    prices = kwh_price or {}
+    return rows
+
+
+def _power_rows(ctx: FocusContext, jobs: dict[str, JobInfo], gpus: dict[str, GpuCost], start_ms: int, end_ms: int,
+                energy: Iterable[EnergyUse], prices: dict[tuple[str, int], Decimal]) -> list[Row]:
+    """Power usage rows per job attempt (or idle), GPU and month."""
     power: dict[tuple[str, str | None, datetime], list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])
     for use in energy:
         price = prices.get((use.gpu, use.hour_ms))
@@ -221,14 +239,28 @@ def focus_rows(
         acc = power[(use.gpu, None, month)]
         acc[0] += (Decimal(repr(use.total_j)) - joules) / J_PER_KWH
         acc[1] += total - spent
-    for (gpu, job, month), (kwh, cost) in sorted(power.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])):
+    rows = []
+    for (gpu, who, month), (kwh, cost) in sorted(power.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])):
         if cost == 0 and kwh <= 0:
             continue
-        rows.append(_power(ctx, gpus[gpu], month, (start_ms, end_ms), kwh, cost, jobs.get(job) if job else None))
+        rows.append(_power(ctx, gpus[gpu], month, (start_ms, end_ms), kwh, cost, jobs.get(who) if who else None))
     return rows
 
 
-def focus_csv(rows: list[dict]) -> str:
+def focus_rows(
+    intervals: list[Interval], jobs: dict[str, JobInfo], gpus: dict[str, GpuCost], start_ms: int, end_ms: int,
+    energy: Iterable[EnergyUse] = (), kwh_price: dict[tuple[str, int], Decimal] | None = None,
+    ctx: FocusContext | None = None,
+) -> list[Row]:
+    """FOCUS 1.2 rows for [start_ms, end_ms); values are Decimals, strings, dicts (Tags) or None."""
+    ctx = ctx or FocusContext()
+    rows, used, used_ms = _job_usage_rows(ctx, intervals, jobs, gpus, start_ms, end_ms)
+    rows += _idle_rows(ctx, gpus, start_ms, end_ms, used, used_ms)
+    rows += _power_rows(ctx, jobs, gpus, start_ms, end_ms, energy, kwh_price or {})
+    return rows
+
+
+def focus_csv(rows: list[Row]) -> str:
     """FOCUS rows as CSV: Decimals plain, Tags as a JSON object, nulls empty."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=FOCUS_COLUMNS, extrasaction="raise", lineterminator="\n")
@@ -238,7 +270,7 @@ def focus_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def _cell(v) -> str:
+def _cell(v: object) -> str:
     if v is None:
         return ""
     if isinstance(v, bool):
@@ -248,10 +280,6 @@ def _cell(v) -> str:
     if isinstance(v, dict):
         return json.dumps(v, sort_keys=True)
     return str(v)
-
-
-def focus_json(rows: list[dict]) -> list[dict]:
-    return [{k: (format(r.get(k), "f") if isinstance(r.get(k), Decimal) else r.get(k)) for k in FOCUS_COLUMNS} for r in rows]
 
 
 def jobs_csv(cb: Chargeback) -> str:

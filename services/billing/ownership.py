@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
-from .pricebook import PriceBook, day_start
+from .pricebook import PriceBook, PriceEntry, day_start
 
 MS_PER_HOUR = 3_600_000
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+FAR = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 def to_ms(t: datetime) -> int:
@@ -42,11 +43,11 @@ def from_ms(ms: int) -> datetime:
 
 
 def month_start(t: datetime) -> datetime:
-    return datetime(t.year, t.month, 1, tzinfo=timezone.utc)
+    return datetime(t.year, t.month, 1, tzinfo=UTC)
 
 
 def next_month(t: datetime) -> datetime:
-    return datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=timezone.utc)
+    return datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=UTC)
 
 
 def add_months(d: date, months: int) -> date:
@@ -83,16 +84,17 @@ class GpuTerms:
     in_fleet_since: datetime | None = None  # when billing first saw it (cloud, and owned without a purchase date)
 
 
-def _dec(value) -> Decimal | None:
+def _dec(value: object) -> Decimal | None:
     return None if value in (None, "") else Decimal(str(value))
 
 
-def terms_from_assets(assets: list[dict], first_seen: dict[str, datetime]) -> dict[str, GpuTerms]:
+def terms_from_assets(assets: list[dict[str, Any]], first_seen: dict[str, datetime]) -> dict[str, GpuTerms]:
     """Inventory's /v1/assets rows -> terms per GPU uuid. `owned-unknown` (undeclared) counts as unknown."""
     out = {}
     for a in assets:
         lease, purchase = a.get("lease") or {}, a.get("purchase") or {}
-        ownership = a.get("ownership") if a.get("ownership") in ("owned", "leased", "cloud") else "unknown"
+        declared = a.get("ownership")
+        ownership = declared if isinstance(declared, str) and declared in ("owned", "leased", "cloud") else "unknown"
         out[a["uuid"]] = GpuTerms(
             uuid=a["uuid"], model=a["model"], ownership=ownership, pool=a.get("pool") or "unassigned",
             node=a.get("node"), site=a.get("site"), cluster=a.get("cluster"),
@@ -147,77 +149,99 @@ def _month_pieces(start: datetime, end: datetime, cuts: list[datetime]) -> list[
         t = next_month(t)
     points.update(c for c in cuts if start < c < end)
     ordered = sorted(points)
-    return list(zip(ordered, ordered[1:]))
+    return list(zip(ordered, ordered[1:], strict=False))
 
 
 def _ms_in_month(t: datetime) -> int:
     return to_ms(next_month(t)) - to_ms(month_start(t))
 
 
-def lease_term(terms: GpuTerms) -> tuple[datetime, datetime]:
-    """[start, end) of what a lease owes: its term, extended to the minimum term."""
-    since = day_start(terms.lease_start)
-    last = terms.lease_end or terms.lease_start
-    until = max(day_start(last + timedelta(days=1)),
-                day_start(add_months(terms.lease_start, max(terms.minimum_term_months, 1))))
-    return since, until
+def lease_term(start: date, end: date | None, minimum_term_months: int) -> tuple[datetime, datetime]:
+    """[start, end) of what a lease owes: its term (`end` the last day covered), extended to the minimum term."""
+    last = end or start
+    until = max(day_start(last + timedelta(days=1)), day_start(add_months(start, max(minimum_term_months, 1))))
+    return day_start(start), until
+
+
+def _held(terms: GpuTerms, start: datetime) -> tuple[datetime, datetime]:
+    """[since, until) over which the GPU costs anything at all (`start`: when nothing says)."""
+    if terms.ownership == "owned":
+        return (day_start(terms.purchase_date) if terms.purchase_date else (terms.in_fleet_since or start)), FAR
+    if terms.ownership == "leased" and terms.lease_start:
+        return lease_term(terms.lease_start, terms.lease_end, terms.minimum_term_months)
+    return terms.in_fleet_since or start, FAR
+
+
+def _depreciated_at(terms: GpuTerms) -> datetime | None:
+    if terms.ownership != "owned" or not terms.purchase_date:
+        return None
+    return day_start(add_months(terms.purchase_date, terms.depreciation_months or 36))
+
+
+def _owned_parts(terms: GpuTerms, entry: PriceEntry | None, a: datetime, month_ms: int, dep_end: datetime | None,
+                 notes: list[str]) -> list[tuple[str, Decimal]]:
+    parts: list[tuple[str, Decimal]] = []
+    price = terms.purchase_price if terms.purchase_price is not None else (
+        entry.purchase_price_per_gpu if entry else None)
+    months = terms.depreciation_months or (entry.depreciation_months if entry else 36)
+    if price is None:
+        notes.append(f"{terms.uuid}: no purchase price (inventory or price book); amortization 0")
+    elif dep_end is None or a < dep_end:
+        parts.append(("amortization", price / months / month_ms))
+    if entry is None or entry.overhead_per_gpu_month is None:
+        notes.append(f"{terms.uuid}: no owned {terms.model} price book entry at {a.date()}; "
+                     "overhead and power 0")
+    else:
+        parts.append(("overhead", entry.overhead_per_gpu_month / month_ms))
+    return parts
+
+
+def _rate_parts(terms: GpuTerms, entry: PriceEntry | None, a: datetime, dep_end: datetime | None,
+                notes: list[str]) -> list[tuple[str, Decimal]]:
+    """What one piece of time (within one calendar month and price period) costs per ms, by component."""
+    month_ms = _ms_in_month(a)
+    if terms.ownership == "owned":
+        return _owned_parts(terms, entry, a, month_ms, dep_end, notes)
+    if terms.ownership == "leased":
+        monthly = terms.lease_monthly if terms.lease_monthly is not None else (
+            entry.monthly_price_per_gpu if entry else None)
+        if monthly is None:
+            raise ValueError(f"no lease price for GPU {terms.uuid} ({terms.model})")
+        return [("lease", monthly / month_ms)]
+    hourly = terms.cloud_hourly if terms.cloud_hourly is not None else (entry.usd_per_gpu_hour if entry else None)
+    if hourly is None:
+        raise ValueError(f"no cloud price for GPU {terms.uuid} ({terms.model})")
+    return [("cloud", hourly / MS_PER_HOUR)]
+
+
+def _unknown_cost(terms: GpuTerms, list_entry: PriceEntry | None, start: datetime, end: datetime) -> GpuCost:
+    """A GPU of unknown ownership: the price book's model default, charged only while allocated."""
+    if list_entry is None or list_entry.usd_per_gpu_hour is None:
+        raise ValueError(f"no price for GPU model {terms.model}")
+    list_rate = list_entry.usd_per_gpu_hour
+    rate = list_rate / MS_PER_HOUR
+    seg = Segment(to_ms(start), to_ms(end), rate, "unknown", (("usage", rate),), list_rate, list_entry.reference)
+    return GpuCost(terms, [seg], [seg.start_ms], usage_only=True,
+                   notes=(f"{terms.uuid}: ownership unknown; priced at the price book default for {terms.model}",))
 
 
 def gpu_cost(terms: GpuTerms, book: PriceBook, start: datetime, end: datetime) -> GpuCost:
-    """Fixed-cost segments of one GPU over [start, end)."""
-    notes: list[str] = []
+    """Fixed-cost segments of one GPU over [start, end); ValueError when the price book lacks a price it needs."""
     list_entry = book.lookup(terms.model, "cloud", start)
-    list_rate = list_entry.usd_per_gpu_hour if list_entry else None
     if terms.ownership == "unknown":
-        if list_entry is None:
-            raise ValueError(f"no price for GPU model {terms.model}")
-        rate = list_entry.usd_per_gpu_hour / MS_PER_HOUR
-        seg = Segment(to_ms(start), to_ms(end), rate, "unknown", (("usage", rate),), list_rate, list_entry.reference)
-        return GpuCost(terms, [seg], [seg.start_ms], usage_only=True,
-                       notes=(f"{terms.uuid}: ownership unknown; priced at the price book default for {terms.model}",))
-
+        return _unknown_cost(terms, list_entry, start, end)
+    list_rate = list_entry.usd_per_gpu_hour if list_entry else None
     own = terms.ownership
-    if own == "owned":
-        since = day_start(terms.purchase_date) if terms.purchase_date else (terms.in_fleet_since or start)
-        until = FAR
-    elif own == "leased":
-        since, until = lease_term(terms) if terms.lease_start else (terms.in_fleet_since or start, FAR)
-    else:
-        since, until = terms.in_fleet_since or start, FAR
+    since, until = _held(terms, start)
     lo, hi = max(start, since), min(end, until)
-    cuts = book.boundaries(terms.model, own)
-    dep_end = None
-    if own == "owned" and terms.purchase_date:
-        months = terms.depreciation_months or 36
-        dep_end = day_start(add_months(terms.purchase_date, months))
-        cuts = [*cuts, dep_end]
+    dep_end = _depreciated_at(terms)
+    cuts = book.boundaries(terms.model, own) + ([dep_end] if dep_end is not None else [])
+    notes: list[str] = []
     segments: list[Segment] = []
     if lo < hi:
         for a, b in _month_pieces(lo, hi, cuts):
             entry = book.lookup(terms.model, own, a)
-            parts: list[tuple[str, Decimal]] = []
-            month_ms = _ms_in_month(a)
-            if own == "owned":
-                price = terms.purchase_price if terms.purchase_price is not None else (entry.purchase_price_per_gpu if entry else None)
-                months = terms.depreciation_months or (entry.depreciation_months if entry else 36)
-                if price is None:
-                    notes.append(f"{terms.uuid}: no purchase price (inventory or price book); amortization 0")
-                elif dep_end is None or a < dep_end:
-                    parts.append(("amortization", price / months / month_ms))
-                if entry is None:
-                    notes.append(f"{terms.uuid}: no owned {terms.model} price book entry at {a.date()}; overhead and power 0")
-                else:
-                    parts.append(("overhead", entry.overhead_per_gpu_month / month_ms))
-            elif own == "leased":
-                monthly = terms.lease_monthly if terms.lease_monthly is not None else (entry.monthly_price_per_gpu if entry else None)
-                if monthly is None:
-                    raise ValueError(f"no lease price for GPU {terms.uuid} ({terms.model})")
-                parts.append(("lease", monthly / month_ms))
-            else:
-                hourly = terms.cloud_hourly if terms.cloud_hourly is not None else (entry.usd_per_gpu_hour if entry else None)
-                if hourly is None:
-                    raise ValueError(f"no cloud price for GPU {terms.uuid} ({terms.model})")
-                parts.append(("cloud", hourly / MS_PER_HOUR))
+            parts = _rate_parts(terms, entry, a, dep_end, notes)
             rate = sum((r for _, r in parts), Decimal(0))
             reference = bool(entry and entry.reference) and own != "owned" and (
                 (own == "leased" and terms.lease_monthly is None) or (own == "cloud" and terms.cloud_hourly is None))

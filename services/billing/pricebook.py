@@ -11,7 +11,8 @@ prices:
     purchase_price_per_gpu: "30000"    # owned: used when inventory has no purchase terms
     depreciation_months: 48            # owned: straight line, default 36
     source: "facilities contract 2026"
-  - {model: H200, ownership: leased, effective_from: 2026-01-01, monthly_price_per_gpu: "2190.00", minimum_term_months: 1}
+  - {model: H200, ownership: leased, effective_from: 2026-01-01, monthly_price_per_gpu: "2190.00",
+     minimum_term_months: 1}
   - {model: A100, ownership: cloud, effective_from: 2026-01-01, usd_per_gpu_hour: "3.4309"}
 ```
 
@@ -26,16 +27,16 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from whaleflux.shared import yamlconfig
-from whaleflux.shared.catalog import DATA_DIR, gpu_models, model_key
+from whaleflux.shared.catalog import gpu_models, model_key
+from whaleflux.shared.datafiles import DATA_DIR
 from whaleflux.shared.yamlconfig import ConfigFileError
 
 Ownership = Literal["owned", "leased", "cloud"]
@@ -44,7 +45,7 @@ Money = Decimal
 
 
 def day_start(d: date) -> datetime:
-    return datetime.combine(d, time(0), tzinfo=timezone.utc)
+    return datetime.combine(d, time(0), tzinfo=UTC)
 
 
 class PriceEntry(BaseModel):
@@ -78,7 +79,7 @@ class PriceEntry(BaseModel):
         return key
 
     @model_validator(mode="after")
-    def _required_for_ownership(self) -> "PriceEntry":
+    def _required_for_ownership(self) -> PriceEntry:
         needed = {
             "owned": ("usd_per_kwh", "overhead_per_gpu_month"),
             "leased": ("monthly_price_per_gpu",),
@@ -219,15 +220,10 @@ def overlaps(entries: list[PriceEntry]) -> list[tuple[int, int, str]]:
     return out
 
 
-def load_pricebook(path: str | Path) -> PriceBook:
-    """Read and parse a price book file; PriceBookError names the file on any problem."""
-    return parse_pricebook(yamlconfig.read(path, PriceBookError), str(path))
-
-
-def entry_json(e: PriceEntry) -> dict:
+def entry_json(e: PriceEntry) -> dict[str, Any]:
     """A price entry for the API: money as decimal strings, absent fields dropped."""
     out = e.model_dump(mode="json", exclude_none=True)
-    for k, v in list(out.items()):
+    for k in list(out):
         if isinstance(getattr(e, k), Decimal):
             out[k] = format(getattr(e, k), "f")
     return out

@@ -15,8 +15,12 @@ below the cumulative cost of the alternative, staying there to the end.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 
+from whaleflux.shared.catalog import gpu_models, model_key
+
+from .pricebook import PriceBook, PriceEntry
 from .pricing import to_cents
 
 HOURS_PER_MONTH = Decimal(730)
@@ -61,7 +65,7 @@ class TcoResult:
 def _break_even(own: list[Decimal], other: list[Decimal | None]) -> int | None:
     """First month from which owning stays at or below the alternative, cumulatively."""
     month = None
-    for i, (a, b) in enumerate(zip(own, other), start=1):
+    for i, (a, b) in enumerate(zip(own, other, strict=True), start=1):
         if b is None:
             return None
         if a <= b:
@@ -118,3 +122,58 @@ def tco(x: TcoInput) -> TcoResult:
         power_kwh_per_gpu_month=kwh.quantize(Decimal("0.1")),
         assumptions=assumptions,
     )
+
+
+class TcoQueryError(Exception):
+    """A TCO question the price book cannot complete (unknown model, a price it has none for); says which."""
+
+
+@dataclass(frozen=True)
+class TcoQuery:
+    """A TCO question as asked: prices left None come from the price book in force."""
+
+    model: str
+    gpus: int = 8
+    utilization: Decimal = Decimal("0.6")
+    months: int = 36
+    purchase_price: Decimal | None = None
+    depreciation_months: int | None = None
+    usd_per_kwh: Decimal | None = None
+    overhead: Decimal | None = None
+    lease_monthly: Decimal | None = None
+    cloud_hourly: Decimal | None = None
+
+
+def _pick(given: Decimal | None, entry: PriceEntry | None, attr: str) -> Decimal | None:
+    if given is not None:
+        return given
+    value: Decimal | None = getattr(entry, attr) if entry is not None else None
+    return value
+
+
+def tco_input(q: TcoQuery, book: PriceBook, now: datetime) -> tuple[TcoInput, dict[str, str]]:
+    """The TCO input for `q` with the book's prices filled in, and where each kind of price came from."""
+    key = model_key(q.model)
+    if key is None:
+        raise TcoQueryError(f"model: unknown GPU model {q.model!r} (known: {', '.join(sorted(gpu_models()))})")
+    owned, leased, cloud = (book.lookup(key, o, now) for o in ("owned", "leased", "cloud"))
+    purchase = _pick(q.purchase_price, owned, "purchase_price_per_gpu")
+    kwh = _pick(q.usd_per_kwh, owned, "usd_per_kwh")
+    overhead = _pick(q.overhead, owned, "overhead_per_gpu_month")
+    hourly = _pick(q.cloud_hourly, cloud, "usd_per_gpu_hour")
+    missing = [n for n, v in (("purchase_price", purchase), ("usd_per_kwh", kwh), ("overhead", overhead),
+                              ("cloud_hourly", hourly)) if v is None]
+    if missing or purchase is None or kwh is None or overhead is None or hourly is None:
+        raise TcoQueryError(f"{', '.join(missing)}: no owned/cloud {key} entry in the price book; pass it")
+    spec = gpu_models()[key]
+    x = TcoInput(
+        model=key, gpus=q.gpus, utilization=q.utilization, months=q.months, purchase_price_per_gpu=purchase,
+        depreciation_months=q.depreciation_months or (owned.depreciation_months if owned else 36),
+        usd_per_kwh=kwh, overhead_per_gpu_month=overhead,
+        lease_monthly_per_gpu=_pick(q.lease_monthly, leased, "monthly_price_per_gpu"),
+        lease_minimum_months=leased.minimum_term_months if leased else 1, cloud_hourly_per_gpu=hourly,
+        tdp_w=Decimal(str(spec.tdp_w)), idle_w=Decimal(str(spec.idle_power_w)),
+    )
+    sources = {o: (e.source + (f" (reference, {e.as_of})" if e.reference else "")) for o, e in
+               (("owned", owned), ("leased", leased), ("cloud", cloud)) if e is not None}
+    return x, sources

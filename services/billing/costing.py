@@ -1,0 +1,137 @@
+"""Costs over a window from what the store holds: GPU cost timelines, power prices, the chargeback. Pure.
+
+The shell reads one `Inputs` per question (the ledger records in the window,
+inventory's terms, energy, utilization) and the price book in force; every
+figure is computed from them here, so a replay that rebuilds the inputs gives
+identical totals.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from . import allocation as alloc
+from .allocation import Chargeback, EnergyUse, Interval, JobInfo
+from .budgets import day_windows
+from .metering import UsageRecord, intervals
+from .ownership import GpuCost, GpuTerms, from_ms, gpu_cost, power_price, terms_from_assets, to_ms
+from .pricebook import PriceBook, day_start
+
+HOUR_MS = 3_600_000
+__all__ = ["Costed", "Inputs", "compute", "daily_spend", "day_start", "gpu_costs", "in_window", "inventory_terms",
+           "job_window", "kwh_prices"]
+
+
+@dataclass
+class Inputs:
+    """Everything one report needs, read from the store once."""
+
+    records: list[UsageRecord]
+    terms: dict[str, GpuTerms]
+    energy: list[EnergyUse]
+    util: dict[str, tuple[float, int]]
+    pricing: dict[str, Any]  # where the ownership terms came from, for the report
+
+
+@dataclass
+class Costed:
+    """A chargeback with everything it was computed from."""
+
+    cb: Chargeback
+    inputs: Inputs
+    gpus: dict[str, GpuCost]
+    intervals: list[Interval]
+    jobs: dict[str, JobInfo]
+    book: PriceBook
+
+
+def in_window(records: list[UsageRecord], start: datetime, end: datetime) -> list[UsageRecord]:
+    """The records whose allocation overlaps [start, end)."""
+    return [r for r in records if r.started_at < end and (r.ended_at is None or r.ended_at > start)]
+
+
+def inventory_terms(url: str, fetched_at: str | None, assets: list[dict[str, Any]], first_seen: dict[str, datetime],
+                    error: str | None, error_at: str | None) -> tuple[dict[str, GpuTerms], dict[str, Any]]:
+    """Terms per GPU from inventory's last good answer, and the report's account of where they came from."""
+    info: dict[str, Any] = {"url": url, "fetched_at": None, "error": error, "error_at": error_at}
+    if fetched_at is None:
+        info["basis"] = ("price book model defaults (inventory unreachable: ownership unknown, reference prices, "
+                         "no idle line)")
+        return {}, info
+    info["fetched_at"] = fetched_at
+    info["basis"] = "inventory ownership terms" + (" (cached; inventory unreachable now)" if error else "")
+    return terms_from_assets(assets, first_seen), info
+
+
+def gpu_costs(inp: Inputs, book: PriceBook, start: datetime, end: datetime) -> tuple[dict[str, GpuCost], list[str]]:
+    """Fixed-cost timelines of every GPU in the fleet and every GPU a job held."""
+    notes = []
+    terms = dict(inp.terms)
+    for r in inp.records:
+        for g in r.gpu_uuids:
+            if g not in terms:
+                if inp.terms:
+                    notes.append(f"GPU {g} (job {r.job_id}) is not in inventory; priced at the {r.gpu_model} default")
+                terms[g] = GpuTerms(uuid=g, model=r.gpu_model, ownership="unknown", pool=r.cluster or "unknown",
+                                    node=r.node, cluster=r.cluster)
+    out = {}
+    for uuid, t in terms.items():
+        try:
+            out[uuid] = gpu_cost(t, book, start, end)
+        except ValueError as exc:  # gpu_cost's "no price for ...": charged nothing, and said so
+            notes.append(f"{exc}: charged 0 until the price book has one")
+            out[uuid] = GpuCost(t, usage_only=True)
+    return out, list(dict.fromkeys(notes))
+
+
+def kwh_prices(energy: list[EnergyUse], gpus: dict[str, GpuCost], book: PriceBook) -> dict[tuple[str, int], Decimal]:
+    """USD per kWh for each (GPU, hour) with energy whose price is billed on measured power (owned GPUs)."""
+    prices = {}
+    for use in energy:
+        gc = gpus.get(use.gpu)
+        if gc is not None:
+            p = power_price(gc.terms, book, from_ms(use.hour_ms))
+            if p is not None:
+                prices[(use.gpu, use.hour_ms)] = p
+    return prices
+
+
+def compute(inp: Inputs, book: PriceBook, start: datetime, end: datetime, now: datetime) -> Costed:
+    """Chargeback over [start, end); attempts still running are held until `now`."""
+    gpus, notes = gpu_costs(inp, book, start, end)
+    ivs, jobs = intervals(inp.records, now)
+    cb = alloc.chargeback(ivs, jobs, gpus, to_ms(start), to_ms(end), inp.energy,
+                          kwh_prices(inp.energy, gpus, book), inp.util)
+    cb.notes = notes + cb.notes
+    return Costed(cb, inp, gpus, ivs, jobs, book)
+
+
+def job_window(record: UsageRecord, now: datetime) -> tuple[datetime, datetime]:
+    """The window one attempt's cost is computed over: its whole allocation (at least 1 ms)."""
+    end = record.ended_at or now
+    if end <= record.started_at:
+        end = record.started_at + timedelta(milliseconds=1)
+    return record.started_at, end
+
+
+def daily_spend(inp: Inputs, book: PriceBook, first: date, now: datetime) -> dict[tuple[str, str], dict[date, Decimal]]:
+    """Spend per UTC day from `first` to now, per (scope, name): cluster fleet cost, team and project allocated."""
+    start = day_start(first)
+    gpus, _ = gpu_costs(inp, book, start, now)
+    ivs, jobs = intervals(inp.records, now)
+    prices = kwh_prices(inp.energy, gpus, book)
+    daily: dict[tuple[str, str], dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    for lo, hi in day_windows(first, now):
+        day_gpus = {u: gpu_cost(g.terms, book, lo, hi) if not g.usage_only or g.segments else g
+                    for u, g in gpus.items()}
+        cb = alloc.chargeback(ivs, jobs, day_gpus, to_ms(lo), to_ms(hi), inp.energy, prices)
+        d = lo.date()
+        daily[("cluster", "all")][d] += cb.fleet_usd
+        for jc in cb.jobs.values():
+            daily[("team", jc.info.team)][d] += jc.usd
+            daily[("project", jc.info.project)][d] += jc.usd
+    return daily

@@ -1,0 +1,223 @@
+"""Billing's shell: moves data between the bus, the store, inventory's HTTP API and the decision modules.
+
+Exactly once by construction: every ledger write is keyed by (job, attempt)
+and follows from the events alone (metering.py), so a redelivered or
+replayed event rewrites the same values. Costs are computed when asked, from
+the ledger, the price book in force and the ownership terms (costing.py), so
+a replay gives identical totals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+import httpx
+import nats.errors
+from redis.exceptions import RedisError
+
+from whaleflux.shared import subjects
+from whaleflux.shared.bus import Retry
+from whaleflux.shared.errors import StateUnavailable
+from whaleflux.shared.events import AlertRaised, Envelope, EventData, GpuTelemetry, JobPlaced, make_envelope
+from whaleflux.shared.runtime import Runtime
+
+from . import costing, energy, metering
+from .budgets import BudgetStatus, evaluate, history_start
+from .costing import Costed, Inputs
+from .metering import Span, ledger_key, merge_parts
+from .ownership import to_ms
+from .pricebook import PriceBook, reference_book
+from .report import job_line
+from .settings import BillingSettings
+from .store import BillingStore
+
+# What a background loop's tick may meet and still try again next tick (anything else is a bug).
+_TICK_TROUBLE = (RedisError, OSError, httpx.HTTPError, nats.errors.Error, StateUnavailable)
+
+
+class Billing:
+    """The billing service's behaviour over one runtime: event handlers, reads for the API, loops."""
+
+    def __init__(self, runtime: Runtime, settings: BillingSettings):
+        self.runtime = runtime
+        self.settings = settings
+        self.log = runtime.log
+        self._store: BillingStore | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def store(self) -> BillingStore:
+        """The store (made once connected; before that, StateUnavailable: the API answers 503)."""
+        if self._store is None:
+            raise StateUnavailable("billing is not connected to its store yet")
+        return self._store
+
+    def now(self) -> datetime:
+        return self.runtime.clock()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def on_ready(self) -> None:
+        rt = self.runtime
+        self._store = BillingStore(rt.redis, rt.prefix, rt.outbox, int(self.settings.energy_retention_days * 86400),
+                                   rt.clock, self.log)
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        await rt.publish_staged()
+        await self.reload_pricebook_file()
+
+    async def on_stop(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def inventory_loop(self) -> None:
+        """Re-read the price book file and inventory's assets; soon again until inventory first answers."""
+        while True:
+            fetched = False
+            try:
+                await self.reload_pricebook_file()
+                fetched = await self.refresh_assets()
+            except _TICK_TROUBLE as exc:  # the next tick tries again
+                self.log.warning("billing.refresh_failed", error=repr(exc))
+            every = self.settings.inventory_refresh_s
+            await asyncio.sleep(every if fetched else min(5.0, every))
+
+    async def budget_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.budget_check_interval_s)
+            try:
+                await self.check_budgets()
+            except _TICK_TROUBLE as exc:
+                self.log.warning("billing.budget_check_failed", error=repr(exc))
+
+    # ------------------------------------------------------------------ metering
+
+    async def on_job_event(self, env: Envelope, data: EventData) -> None:
+        """`job.placed` keeps the placement; starts, ends and requeues change the usage ledger."""
+        if isinstance(data, JobPlaced):
+            await self.store.save_placement(ledger_key(data.job_id, data.attempt, data.part), data)
+            return
+        for span in metering.spans(data, env.time):
+            await self._apply(span)
+
+    async def _apply(self, span: Span) -> None:
+        store = self.store
+        current = await store.usage(span.ledger) if span.needs_current else None
+        interval = metering.interval_after(span, current)
+        if interval is None:
+            return
+        placed = await store.placement(span.ledger)
+        if placed is None:
+            rank = f" rank {span.rank}" if span.rank else ""
+            raise Retry(f"no placement recorded for job {span.job_id} attempt {span.attempt}{rank}")
+        record = metering.record_for(span, placed, *interval)
+        await store.write_usage(record)
+        self.log.debug("usage.recorded", job_id=span.job_id, attempt=span.attempt, state=record.state)
+
+    async def on_telemetry(self, env: Envelope, data: EventData) -> None:
+        """Energy drawn per GPU and hour (and per attempt holding it), and utilization while allocated."""
+        uuids = [g.uuid for g in data.gpus] if isinstance(data, GpuTelemetry) else []
+        if not isinstance(data, GpuTelemetry) or not uuids:
+            return
+        lasts = await self.store.last_readings(uuids)
+        holders = await self.store.holders(uuids)
+        update = energy.attribute(data, lasts, holders)
+        if not update.empty:
+            await self.store.apply_energy(update)
+
+    # ------------------------------------------------------------------ price book and inventory
+
+    async def pricebook(self) -> PriceBook:
+        """The price book in force: the last good one stored, else the reference values."""
+        book = await self.store.pricebook.current()
+        return reference_book() if book is None else book
+
+    async def apply_pricebook(self, text: str, source: str) -> PriceBook:
+        """Check and store a price book; on PriceBookError the previous one stays in force."""
+        return await self.store.pricebook.apply(text, source)
+
+    async def reload_pricebook_file(self) -> bool:
+        """Apply the price book file if its content changed; True if applied."""
+        return await self.store.pricebook.reload_file(self.settings.pricebook_file)
+
+    async def refresh_assets(self) -> bool:
+        """Fetch inventory's GET /v1/assets into billing's own cache; False (and the reason kept) if unreachable."""
+        now = self.now()
+        url = self.settings.inventory_url.rstrip("/") + "/v1/assets"
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        try:
+            resp = await self._http.get(url, timeout=5.0)
+            resp.raise_for_status()
+            assets = resp.json()
+            if not isinstance(assets, list) or not all(
+                    isinstance(a, dict) and "uuid" in a and "model" in a for a in assets):
+                raise ValueError("unexpected response shape")
+        except (httpx.HTTPError, ValueError) as exc:
+            await self.store.assets_failed(f"{type(exc).__name__}: {str(exc)[:200]}", now)
+            return False
+        await self.store.save_assets(assets, now)
+        return True
+
+    # ------------------------------------------------------------------ reports
+
+    async def inputs(self, start: datetime, end: datetime) -> Inputs:
+        store = self.store
+        records = costing.in_window(await store.usage_records(), start, end)
+        cache = await store.assets()
+        terms, info = costing.inventory_terms(self.settings.inventory_url, cache.fetched_at, cache.assets,
+                                              cache.first_seen, cache.error, cache.error_at)
+        return Inputs(records, terms, await store.energy(to_ms(start), to_ms(end)), await store.utilization(), info)
+
+    async def compute(self, start: datetime, end: datetime, now: datetime | None = None) -> Costed:
+        """Chargeback over [start, end) with everything it was computed from."""
+        now = now or self.now()
+        book = await self.pricebook()
+        return costing.compute(await self.inputs(start, end), book, start, end, now)
+
+    async def job_records(self, job_id: str) -> list[dict[str, Any]]:
+        """Every attempt of one job with its cost over its whole allocation."""
+        # A gang's parts are one line: its GPUs on every node, charged once.
+        records = merge_parts(await self.store.job_usage(job_id))
+        now = self.now()
+        out = []
+        for r in records:
+            start, end = costing.job_window(r, now)
+            out.append(job_line(r, await self.compute(start, end, now)))
+        return out
+
+    # ------------------------------------------------------------------ budgets
+
+    async def budget_statuses(self, now: datetime) -> list[BudgetStatus]:
+        budgets = await self.store.budgets()
+        if not budgets:
+            return []
+        first = history_start(now)
+        start = costing.day_start(first)
+        daily = costing.daily_spend(await self.inputs(start, now), await self.pricebook(), first, now)
+        return [evaluate(b, daily.get((b.scope, b.name if b.scope != "cluster" else "all"), {}), now) for b in budgets]
+
+    async def check_budgets(self) -> list[str]:
+        """Publish the cost alerts due now, each once (ids fixed by content); return their ids."""
+        now = self.now()
+        due = [a for s in await self.budget_statuses(now) for a in s.alerts]
+        if not due:
+            return []
+        staged = []
+        for a in due:
+            data = AlertRaised(fingerprint=a.fingerprint, rule=a.rule, severity=a.severity, category="cost",
+                               summary=a.summary, labels={"alertname": a.rule, **a.labels}, value=a.value,
+                               starts_at=now)
+            env = make_envelope(data, source=self.runtime.source, subject=a.fingerprint, event_id=a.event_id,
+                                correlation_id=a.fingerprint, time=now)
+            staged.append((subjects.ALERT_RAISED, env))
+        fired = await self.store.stage_alerts(staged)
+        if fired:
+            await self.runtime.publish_staged()
+        summaries = {a.event_id: a.summary for a in due}
+        for event_id in fired:
+            self.log.info("budget.alert", event_id=event_id, summary=summaries[event_id])
+        return fired

@@ -1,0 +1,247 @@
+"""Billing's Redis state: every key and encoding it keeps under `wf:billing`, behind typed methods.
+
+Nothing else in billing talks to Redis. The keys (docs/services/billing.md):
+`alloc:<ledger>` (the `job.placed` data), `usage` (ledger -> usage record),
+`gpu:open` (GPU -> the attempt holding it), `energy:last`, `energy:<hour ms>`,
+`energy:hours`, `util:job`, `assets`, `assets:first_seen`, `assets:status`,
+`pricebook`, `pricebook:error`, `budgets`, `budget:fired`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import TypeAdapter
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from whaleflux.shared.configstore import StoredConfig
+from whaleflux.shared.events import Envelope, JobPlaced
+from whaleflux.shared.outbox import Outbox
+
+from .allocation import EnergyUse
+from .budgets import Budget
+from .energy import EnergyUpdate, Reading
+from .metering import UsageRecord
+from .pricebook import PriceBook, parse_pricebook
+
+HOUR_MS = 3_600_000
+_budgets = TypeAdapter(list[Budget])
+Raw = bytes | str  # what redis-py's types say a reply holds; with decode_responses=True it is always str
+
+
+def _s(value: Raw) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _opt(value: Raw | None) -> str | None:
+    return None if value is None else _s(value)
+
+
+def _strs(mapping: dict[Raw, Raw]) -> dict[str, str]:
+    return {_s(k): _s(v) for k, v in mapping.items()}
+
+
+@dataclass(frozen=True)
+class AssetsCache:
+    """What billing last heard from inventory's `GET /v1/assets`, and how the last fetch went."""
+
+    fetched_at: str | None  # ISO time of the last good fetch; None: never fetched
+    assets: list[dict[str, Any]]  # the last good answer, as inventory sent it
+    first_seen: dict[str, datetime]  # GPU uuid -> when billing first saw it in inventory
+    error: str | None
+    error_at: str | None
+
+
+class BillingStore:
+    """Typed access to billing's keys; `prefix` is the runtime's (`wf:billing`)."""
+
+    def __init__(self, redis: Redis, prefix: str, outbox: Outbox, energy_ttl_s: int,
+                 clock: Callable[[], datetime], log: Any):
+        self.redis = redis
+        self.prefix = prefix
+        self.outbox = outbox
+        self.energy_ttl_s = energy_ttl_s
+        self.pricebook = StoredConfig[PriceBook](redis, self._k("pricebook"), parse_pricebook, clock, log,
+                                                 "pricebook")
+
+    def _k(self, name: str) -> str:
+        return f"{self.prefix}:{name}"
+
+    # ------------------------------------------------------------------ ledger
+
+    async def save_placement(self, ledger: str, placed: JobPlaced) -> None:
+        await self.redis.set(self._k(f"alloc:{ledger}"), placed.model_dump_json())
+
+    async def placement(self, ledger: str) -> JobPlaced | None:
+        raw = await self.redis.get(self._k(f"alloc:{ledger}"))
+        return None if raw is None else JobPlaced.model_validate_json(_s(raw))
+
+    async def usage(self, ledger: str) -> UsageRecord | None:
+        raw = await self.redis.hget(self._k("usage"), ledger)
+        return None if raw is None else UsageRecord.model_validate_json(_s(raw))
+
+    async def usage_records(self) -> list[UsageRecord]:
+        """Every record of the ledger (one per attempt, per part of a gang)."""
+        raw = await self.redis.hgetall(self._k("usage"))
+        return [UsageRecord.model_validate_json(v) for v in raw.values()]
+
+    async def job_usage(self, job_id: str) -> list[UsageRecord]:
+        """The records of one job's attempts (every part of a gang)."""
+        raw = _strs(await self.redis.hgetall(self._k("usage")))
+        return [UsageRecord.model_validate_json(v) for k, v in raw.items() if k.rsplit(":", 1)[0] == job_id]
+
+    async def write_usage(self, record: UsageRecord) -> None:
+        """Write one record; a running attempt holds its GPUs, an ended one releases those it still holds."""
+        key = record.key
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._k("usage"), record.ledger_key, record.model_dump_json())
+            if record.ended_at is None:
+                pipe.hset(self._k("gpu:open"), mapping={g: key for g in record.gpu_uuids})
+            await pipe.execute()
+        if record.ended_at is not None and record.gpu_uuids:
+            holders = await self.redis.hmget(self._k("gpu:open"), record.gpu_uuids)
+            stale = [g for g, h in zip(record.gpu_uuids, holders, strict=True) if _opt(h) == key]
+            if stale:
+                await self.redis.hdel(self._k("gpu:open"), *stale)
+
+    async def holders(self, gpus: Sequence[str]) -> list[str | None]:
+        """The attempt (`<job>:<attempt>`) holding each GPU, or None."""
+        return [_opt(h) for h in await self.redis.hmget(self._k("gpu:open"), list(gpus))]
+
+    # ------------------------------------------------------------------ energy and utilization
+
+    async def last_readings(self, gpus: Sequence[str]) -> list[Reading | None]:
+        """Each GPU's last energy counter reading (encoded `<sample ms>|<joules or empty>`)."""
+        out: list[Reading | None] = []
+        for raw in await self.redis.hmget(self._k("energy:last"), list(gpus)):
+            if not raw:
+                out.append(None)
+                continue
+            ms, _, joules = _s(raw).partition("|")
+            out.append(Reading(int(ms), float(joules) if joules else None))
+        return out
+
+    async def apply_energy(self, update: EnergyUpdate) -> None:
+        """Add one telemetry batch's energy and utilization, and keep its readings, in one round trip."""
+        ekey = self._k(f"energy:{update.hour_ms}")
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for gpu, holder, joules in update.joules:
+                pipe.hincrbyfloat(ekey, gpu, joules)
+                if holder:
+                    pipe.hincrbyfloat(ekey, f"{gpu}|{holder}", joules)
+            for gpu, reading in update.readings.items():
+                value = "" if reading.joules is None else repr(reading.joules)
+                pipe.hset(self._k("energy:last"), gpu, f"{reading.t_ms}|{value}")
+            for holder, util in update.util:
+                pipe.hincrbyfloat(self._k("util:job"), f"{holder}|s", util)
+                pipe.hincrby(self._k("util:job"), f"{holder}|n", 1)
+            if update.joules:
+                pipe.zadd(self._k("energy:hours"), {str(update.hour_ms): update.hour_ms})
+                pipe.expire(ekey, self.energy_ttl_s)
+            await pipe.execute()
+
+    async def energy_hour(self, hour_ms: int, gpu: str) -> float | None:
+        """Joules one GPU drew in one hour, as counted so far."""
+        raw = await self.redis.hget(self._k(f"energy:{hour_ms}"), gpu)
+        return None if raw is None else float(raw)
+
+    async def energy(self, start_ms: int, end_ms: int) -> list[EnergyUse]:
+        """Energy per GPU and hour for hours starting in [start_ms - 1 h, end_ms], with each attempt's part."""
+        found = await self.redis.zrangebyscore(self._k("energy:hours"), start_ms - HOUR_MS, end_ms)
+        hours = [int(_s(h)) for h in found if isinstance(h, (bytes, str))]
+        if not hours:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for h in hours:
+                pipe.hgetall(self._k(f"energy:{h}"))
+            results = await pipe.execute()
+        energy: list[EnergyUse] = []
+        for h, fields in zip(hours, results, strict=True):
+            totals: dict[str, float] = defaultdict(float)
+            by_job: dict[str, list[tuple[str, float]]] = defaultdict(list)
+            for name, value in _strs(fields).items():
+                gpu, _, job = name.partition("|")
+                if job:
+                    by_job[gpu].append((job, float(value)))
+                else:
+                    totals[gpu] = float(value)
+            for gpu in sorted(set(totals) | set(by_job)):
+                energy.append(EnergyUse(gpu, h, totals.get(gpu, 0.0), tuple(sorted(by_job.get(gpu, ())))))
+        return energy
+
+    async def utilization(self) -> dict[str, tuple[float, int]]:
+        """Attempt -> (sum, count) of its GPUs' utilization samples while allocated."""
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        for name, value in _strs(await self.redis.hgetall(self._k("util:job"))).items():
+            job, _, part = name.rpartition("|")
+            if part == "s":
+                sums[job] = float(value)
+            else:
+                counts[job] = int(value)
+        return {job: (sums.get(job, 0.0), counts.get(job, 0)) for job in sums.keys() | counts.keys()}
+
+    # ------------------------------------------------------------------ inventory's assets
+
+    async def save_assets(self, assets: list[dict[str, Any]], now: datetime) -> None:
+        """Keep a good answer of inventory; a GPU's first sighting is kept once."""
+        at = now.isoformat()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._k("assets"), json.dumps({"fetched_at": at, "assets": assets}))
+            for a in assets:
+                pipe.hsetnx(self._k("assets:first_seen"), a["uuid"], at)
+            pipe.hset(self._k("assets:status"), mapping={"ok_at": at, "error": ""})
+            await pipe.execute()
+
+    async def assets_failed(self, error: str, now: datetime) -> None:
+        await self.redis.hset(self._k("assets:status"), mapping={"error": error, "error_at": now.isoformat()})
+
+    async def assets(self) -> AssetsCache:
+        raw = await self.redis.get(self._k("assets"))
+        status = _strs(await self.redis.hgetall(self._k("assets:status")))
+        error = status.get("error") or None
+        error_at = status.get("error_at") if error else None
+        if raw is None:
+            return AssetsCache(None, [], {}, error, error_at)
+        doc = json.loads(raw)
+        seen = _strs(await self.redis.hgetall(self._k("assets:first_seen")))
+        first = {u: datetime.fromisoformat(t) for u, t in seen.items()}
+        return AssetsCache(doc["fetched_at"], doc["assets"], first, error, error_at)
+
+    # ------------------------------------------------------------------ price book and budgets
+
+    async def pricebook_applied_at(self) -> str | None:
+        return _opt(await self.redis.hget(self._k("pricebook"), "applied_at"))
+
+    async def budgets(self) -> list[Budget]:
+        raw = await self.redis.get(self._k("budgets"))
+        return _budgets.validate_json(raw) if raw else []
+
+    async def save_budgets(self, budgets: list[Budget]) -> None:
+        await self.redis.set(self._k("budgets"), _budgets.dump_json(budgets))
+
+    async def stage_alerts(self, due: list[tuple[str, Envelope]]) -> list[str]:
+        """Stage in the outbox each (subject, event) not fired before, once across replicas; their ids."""
+        key = self._k("budget:fired")
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                # WATCH: two replicas checking at once stage each alert once.
+                await pipe.watch(key)
+                fired = {_s(m) for m in await pipe.smembers(key)}
+                new = [(subject, env) for subject, env in due if env.id not in fired]
+                if not new:
+                    return []
+                pipe.multi()
+                pipe.sadd(key, *[env.id for _, env in new])
+                for subject, env in new:
+                    self.outbox.stage(pipe, subject, env)
+                await pipe.execute()
+        except WatchError:
+            return []
+        return [env.id for _, env in new]

@@ -1,0 +1,87 @@
+"""Billing's ledger and energy decisions, pure: what a job event changes, what a telemetry batch adds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from whaleflux.billing.energy import Reading, attribute
+from whaleflux.billing.metering import Span, UsageRecord, interval_after, record_for, spans
+from whaleflux.shared.events import GpuSample, GpuTelemetry, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
+
+T0 = datetime(2026, 3, 10, 8, tzinfo=UTC)
+PLACED = JobPlaced(job_id="j", attempt=2, cluster="c1", node="n1", gpu_model="H100", gpu_uuids=["G0", "G1"],
+                   gpu_indices=[0, 1], command=["x"], team="nlp", project="bot")
+
+
+def _running(start: datetime = T0) -> UsageRecord:
+    span = Span("j", 2, 0, "running", start, None)
+    return record_for(span, PLACED, start, None)
+
+
+def test_start_finish_and_failure_before_start_become_spans_of_the_attempt():
+    started = JobStarted(job_id="j", attempt=2, cluster="c1", node="n1", gpu_uuids=["G0"], pid=1, started_at=T0)
+    finished = JobFinished(job_id="j", attempt=2, cluster="c1", node="n1", exit_code=0, started_at=T0,
+                           finished_at=T0 + timedelta(hours=1))
+    never_ran = JobFailed(job_id="j", attempt=2, cluster="c1", node="n1", reason="image", started_at=None,
+                          failed_at=T0)
+    assert spans(started, T0) == [Span("j", 2, 0, "running", T0, None)]
+    assert spans(finished, T0) == [Span("j", 2, 0, "finished", T0, T0 + timedelta(hours=1))]
+    assert spans(never_ran, T0) == []  # nothing ran: nothing to charge
+    assert spans(PLACED, T0) == []
+
+
+def test_a_requeued_gang_ends_every_part_still_running_at_the_requeue():
+    requeued = JobRequeued(job_id="j", attempt=2, cluster="c1", node="n1", reason="lost", cause="node_lost",
+                           gang_nodes=["n1", "n2", "n3"])
+    at = T0 + timedelta(hours=2)
+    parts = spans(requeued, at)
+    assert [(s.rank, s.state, s.started, s.end) for s in parts] == [(r, "requeued", None, at) for r in range(3)]
+    assert [s.ledger for s in parts] == ["j:2", "j:2#r1", "j:2#r2"]
+    # A running part ends at the requeue; an ended one, or one never started, stays as it is.
+    assert interval_after(parts[0], _running()) == (T0, at)
+    assert interval_after(parts[0], None) is None
+    done = record_for(Span("j", 2, 0, "finished", T0, T0 + timedelta(hours=1)), PLACED, T0, T0 + timedelta(hours=1))
+    assert interval_after(parts[0], done) is None
+    # A requeue stamped before the recorded start never makes a negative interval.
+    late_start = _running(at + timedelta(minutes=5))
+    assert interval_after(parts[0], late_start) == (late_start.started_at, late_start.started_at)
+
+
+def test_a_start_replayed_after_the_end_leaves_the_ended_record_and_a_late_end_replaces_a_requeue():
+    end = T0 + timedelta(hours=3)
+    finished = record_for(Span("j", 2, 0, "finished", T0, end), PLACED, T0, end)
+    assert finished.state == "finished" and finished.gpu_seconds == 2 * 3 * 3600 and finished.gpus == 2
+    replayed_start = Span("j", 2, 0, "running", T0, None)
+    assert replayed_start.needs_current and interval_after(replayed_start, finished) is None
+    requeued = record_for(Span("j", 2, 0, "requeued", T0, T0 + timedelta(hours=2)), PLACED, T0, T0 + timedelta(hours=2))
+    late_end = Span("j", 2, 0, "finished", T0, end)
+    assert not late_end.needs_current and interval_after(late_end, requeued) == (T0, end)
+    record = record_for(late_end, PLACED, T0, end)
+    assert (record.team, record.project, record.gpu_uuids, record.ended_at) == ("nlp", "bot", ["G0", "G1"], end)
+
+
+def _batch(minutes: int, *gpus: tuple[str, float | None, float]) -> GpuTelemetry:
+    samples = [GpuSample(uuid=u, index=i, model="H100", utilization_gpu_pct=util, memory_used_mib=1,
+                         memory_total_mib=81559, temperature_c=50, energy_j=joules)
+               for i, (u, joules, util) in enumerate(gpus)]
+    return GpuTelemetry(cluster="c1", node="n1", seq=minutes, sample_time=T0 + timedelta(minutes=minutes), gpus=samples)
+
+
+def test_energy_counts_the_counter_increase_for_the_gpu_and_its_holder_in_the_sample_hour():
+    t10 = int((T0 + timedelta(minutes=10)).timestamp() * 1000)
+    batch = _batch(20, ("G0", 19e6, 60.0), ("G1", 5e6, 0.0), ("G2", None, 10.0))
+    lasts = [Reading(t10, 1e6), None, Reading(t10, None)]
+    update = attribute(batch, lasts, ["j:2", None, "k:1"])
+    assert update.hour_ms == int(T0.timestamp() * 1000)
+    assert update.joules == [("G0", "j:2", 18e6)]  # G1: a first reading is a baseline; G2: no counter
+    t20 = t10 + 600_000
+    assert update.readings == {"G0": Reading(t20, 19e6), "G1": Reading(t20, 5e6), "G2": Reading(t20, None)}
+    assert update.util == [("j:2", 60.0), ("k:1", 10.0)]
+
+
+def test_a_redelivered_batch_adds_nothing_and_a_driver_reload_starts_a_new_baseline():
+    t20 = int((T0 + timedelta(minutes=20)).timestamp() * 1000)
+    again = attribute(_batch(20, ("G0", 19e6, 60.0)), [Reading(t20, 19e6)], ["j:2"])
+    assert again.empty
+    reloaded = attribute(_batch(30, ("G0", 2e3, 70.0)), [Reading(t20, 19e6)], ["j:2"])
+    assert reloaded.joules == [] and reloaded.readings["G0"].joules == 2e3 and reloaded.util == [("j:2", 70.0)]

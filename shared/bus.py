@@ -77,7 +77,7 @@ class BusMetrics:
     latency: Histogram
 
     @classmethod
-    def create(cls, registry: CollectorRegistry) -> "BusMetrics":
+    def create(cls, registry: CollectorRegistry) -> BusMetrics:
         return cls(
             handled=Counter("whaleflux_events_handled", "Events handled", ["consumer", "type"], registry=registry),
             deadlettered=Counter(
@@ -135,7 +135,7 @@ class Bus:
         metrics: BusMetrics | None = None,
         connect_timeout: float = 5.0,
         reconnect: bool = True,
-    ) -> "Bus":
+    ) -> Bus:
         """Connect; services reconnect forever, a one-shot client (`reconnect=False`) fails fast."""
         bus = cls(nats.NATS(), source, metrics)
         await bus.nc.connect(
@@ -272,7 +272,7 @@ class Bus:
                         psub = await self.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
                         self.bound.add(spec.durable)
                     msgs = await psub.fetch(spec.batch, timeout=1.0)
-                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                except (TimeoutError, nats.errors.TimeoutError):
                     continue
                 except asyncio.CancelledError:
                     raise
@@ -305,7 +305,7 @@ class Bus:
         self.bound.discard(spec.durable)
         try:
             await psub.unsubscribe()
-        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, nats.errors.Error) as exc:
             log.info("consumer.unbind_failed", consumer=spec.durable, error=repr(exc))
 
     async def _dispatch(self, spec: ConsumerSpec, msg: Msg, handler: Handler, redis: Redis | None, prefix: str) -> None:

@@ -23,14 +23,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
 import structlog
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, generate_latest
 from redis.asyncio import Redis
@@ -64,7 +63,7 @@ _STARTUP_TROUBLE = (RedisError, OSError, nats.errors.Error)
 
 def system_clock() -> datetime:
     """The wall clock (UTC): the default `Clock`; tests inject their own."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @dataclass
@@ -370,7 +369,7 @@ class Runtime:
             await asyncio.sleep(STATE_CHECK_S)
             try:
                 current = await asyncio.wait_for(epochs.current(), STATE_CHECK_TIMEOUT_S)
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, RedisError, OSError) as exc:
                 self.state_down(f"state store unreachable ({type(exc).__name__})")
                 continue
             if current == self.epoch:
@@ -403,7 +402,7 @@ class Runtime:
             await asyncio.sleep(1.0)
             try:
                 await self.publish_staged()
-            except (RedisError, OSError, nats.errors.Error, asyncio.TimeoutError, StateUnavailable) as exc:
+            except (TimeoutError, RedisError, OSError, nats.errors.Error, StateUnavailable) as exc:
                 self.log.warning("outbox.flush_failed", error=repr(exc))
 
     async def _guard(self, loop: Loop) -> None:

@@ -44,7 +44,7 @@ class CommonSettings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _secrets_outside_development(self) -> "CommonSettings":
+    def _secrets_outside_development(self) -> CommonSettings:
         if self.environment == "production":
             for name in self.required_secrets:
                 value = getattr(self, name)

@@ -1,0 +1,135 @@
+"""GPU and node events: telemetry batches, registration, heartbeats, drain requests (see docs/events/)."""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from .event_data import EventData, JobId, NonNeg, Percent, Token
+
+
+class GpuSample(BaseModel):
+    """One GPU at one instant. Metrics a device does not support are None, never 0."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    uuid: str = Field(min_length=1, max_length=96)
+    index: int = Field(ge=0, le=255)
+    model: str
+    utilization_gpu_pct: Percent
+    utilization_memory_pct: Percent | None = None
+    memory_used_mib: NonNeg
+    memory_total_mib: Annotated[float, Field(gt=0)]
+    temperature_c: Annotated[float, Field(ge=-40, le=200)]
+    memory_temperature_c: Annotated[float, Field(ge=-40, le=200)] | None = None
+    slowdown_temperature_c: Annotated[float, Field(ge=0, le=200)] | None = None
+    power_w: NonNeg | None = None
+    power_limit_w: NonNeg | None = None
+    energy_j: NonNeg | None = None
+    sm_clock_mhz: NonNeg | None = None
+    mem_clock_mhz: NonNeg | None = None
+    throttle_reasons: list[str] = Field(default_factory=list)
+    ecc_uncorrected: Annotated[int, Field(ge=0)] | None = None
+    xid_errors: list[int] = Field(default_factory=list, description="XIDs seen since the previous sample")
+    # Added in v1 before release; all optional, absent where the device does not support them.
+    memory_free_mib: NonNeg | None = None
+    memory_reserved_mib: NonNeg | None = None
+    shutdown_temperature_c: Annotated[float, Field(ge=0, le=200)] | None = None
+    thermal_margin_c: Annotated[float, Field(ge=-100, le=200)] | None = Field(
+        None, description="degrees below the slowdown limit, as the device reports it"
+    )
+    ecc_corrected: Annotated[int, Field(ge=0)] | None = None
+    remapped_rows_correctable: Annotated[int, Field(ge=0)] | None = None
+    remapped_rows_uncorrectable: Annotated[int, Field(ge=0)] | None = None
+    row_remap_failure: bool | None = None
+    pcie_replay_count: Annotated[int, Field(ge=0)] | None = None
+    pcie_tx_bytes_per_s: NonNeg | None = None
+    pcie_rx_bytes_per_s: NonNeg | None = None
+    nvlink_links_active: Annotated[int, Field(ge=0, le=64)] | None = None
+    nvlink_crc_errors: Annotated[int, Field(ge=0)] | None = Field(None, description="flit + data CRC errors, all links")
+    nvlink_replay_errors: Annotated[int, Field(ge=0)] | None = None
+    nvlink_recovery_errors: Annotated[int, Field(ge=0)] | None = None
+    nvlink_bandwidth_bytes: NonNeg | None = Field(None, description="rx + tx bytes over all links since boot")
+    tensor_active: Annotated[float, Field(ge=0, le=1)] | None = Field(None, description="ratio of cycles the tensor pipe is active")
+    processes: list[GpuProcess] = Field(default_factory=list)
+
+
+class GpuProcess(BaseModel):
+    """A process holding GPU memory; `job_id` when the agent launched it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pid: int = Field(ge=0)
+    used_mib: NonNeg
+    job_id: str | None = None
+
+
+class GpuIdentity(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    uuid: str = Field(min_length=1, max_length=96)
+    index: int = Field(ge=0, le=255)
+    model: str
+    name: str
+    serial: str | None = None
+    memory_total_mib: Annotated[float, Field(gt=0)]
+    pci_bus_id: str | None = None
+    driver_version: str | None = None
+    vbios_version: str | None = None
+
+
+class GpuTelemetry(EventData):
+    """All GPUs of one node at one sample time (one message per node per interval)."""
+
+    event_name: ClassVar[str] = "gpu.telemetry"
+    cluster: Token
+    node: Token
+    seq: int = Field(ge=0)
+    sample_time: AwareDatetime
+    gpus: list[GpuSample]
+
+
+class NodeRegistered(EventData):
+    event_name: ClassVar[str] = "node.registered"
+    cluster: Token
+    node: Token
+    rack: str | None = None
+    pool: str | None = None
+    interconnect: Literal["nvlink", "pcie"] = "pcie"
+    agent_version: str
+    gpus: list[GpuIdentity]
+
+
+class AttemptReport(BaseModel):
+    """One attempt the node holds: running under its supervisor, or ended (with its recorded exit) and
+    listed for a while after its job.finished was published, so the scheduler can reconcile both ways."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    job_id: JobId
+    attempt: int = Field(ge=1)
+    rank: Annotated[int, Field(ge=0)] | None = None
+    state: Literal["running", "exited"]
+    started_at: AwareDatetime | None = None
+    exit_code: int | None = None
+    finished_at: AwareDatetime | None = None
+    interrupted: str | None = Field(None, description="why the node stopped it (a planned stop), if it did")
+
+
+class NodeHeartbeat(EventData):
+    event_name: ClassVar[str] = "node.heartbeat"
+    cluster: Token
+    node: Token
+    seq: int = Field(ge=0)
+    running_jobs: list[str] = Field(default_factory=list)
+    # Added in v1 before release: the node is the authority on what runs on it. Every attempt it
+    # runs, and those that ended recently, with their recorded exit (None: an agent too old to say).
+    attempts: list[AttemptReport] | None = None
+
+
+class NodeDrainRequested(EventData):
+    """Take no new work on the node and move its jobs elsewhere (alerting, an operator)."""
+
+    event_name: ClassVar[str] = "node.drain_requested"
+    cluster: Token
+    node: Token
+    reason: str
+    fingerprint: str | None = Field(None, description="the alert that asked for it, if any")
+

@@ -1,0 +1,163 @@
+"""Job events: submitted, placed, started, finished, failed, rejected, preempted, requeued (see docs/events/)."""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AwareDatetime, Field
+
+from .event_data import EventData, JobId, Name, NonNeg, Token
+
+
+class JobSubmitted(EventData):
+    """A request to run a job. Any system may publish it (see docs/events/)."""
+
+    event_name: ClassVar[str] = "job.submitted"
+    job_id: JobId
+    name: str = Field(min_length=1, max_length=128)
+    team: Name = "default"
+    project: Name = "default"
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    gpus: int = Field(default=1, ge=1, le=1024)
+    gpu_models: list[str] = Field(default_factory=list, description="allowed models; empty means any")
+    min_memory_mib: NonNeg = 0
+    expected_runtime_s: Annotated[float, Field(gt=0)] | None = Field(None, description="the submitter's estimate, if any")
+    submitted_by: str | None = None
+    # Added in v1 before release; all optional with defaults.
+    workload_class: Literal["llm-train", "finetune", "inference", "small"] = Field(
+        "small", description="what kind of work: picks the GPU model that runs it fastest"
+    )
+    priority: Literal["high", "normal", "low"] = "normal"
+    preemptible: bool = Field(False, description="may be stopped (SIGTERM, grace, then requeued) for higher-priority work")
+    checkpoint_dir: str | None = Field(
+        None, description="passed as WHALEFLUX_CHECKPOINT_DIR; default <agent home>/checkpoints/<job_id>"
+    )
+    resume: Literal["checkpoint", "restart"] = Field(
+        "checkpoint", description="after a preemption or failover: resume from the checkpoint dir, or start over"
+    )
+    nvlink: bool = Field(
+        False,
+        description="all GPUs on one node whose GPUs are joined by NVLink; when false, a job larger than any"
+        " node it may use runs as a gang across nodes (one process per node, all or nothing)",
+    )
+    labels: dict[Name, Name] = Field(default_factory=dict, description="placement constraints, e.g. {\"pool\": \"onprem\"}")
+    service: Name | None = Field(None, description="inference service name: its replicas are spread across nodes")
+    restart_on_failure: bool = Field(False, description="requeue the job when it exits non-zero or fails")
+
+
+class JobPlaced(EventData):
+    event_name: ClassVar[str] = "job.placed"
+    job_id: JobId
+    attempt: int = Field(ge=1)
+    cluster: Token
+    node: Token
+    gpu_model: str
+    gpu_uuids: list[str] = Field(min_length=1)
+    gpu_indices: list[int]
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    team: Name
+    project: Name
+    # Added in v1 before release: where the job keeps checkpoints, and whether this attempt resumes.
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    # Added in v1 before release: a gang spanning nodes gets one job.placed per node (a "part"); absent
+    # (None) for a job on one node, so its events are unchanged.
+    rank: Annotated[int, Field(ge=0)] | None = Field(None, description="this node's rank in a gang spanning nodes")
+    gang_nodes: list[Token] | None = Field(
+        None, description="every node of the gang in rank order; the first (rank 0) is the coordinator"
+    )
+    gang_gpus: Annotated[int, Field(ge=2)] | None = Field(None, description="GPUs of the whole gang, all nodes")
+
+    @property
+    def part(self) -> int:
+        """This placement's rank in its gang (0 for a job on one node)."""
+        return self.rank or 0
+
+
+class JobPreempted(EventData):
+    """Stop this attempt of the job on its node (SIGTERM, grace, SIGKILL); the scheduler has requeued it.
+
+    Sent for preemption by a higher-priority job, a move by the queue policy
+    (to faster GPUs, or out of a blocked job's way), a drained node, and to
+    fence a node declared lost that comes back still running the job.
+    """
+
+    event_name: ClassVar[str] = "job.preempted"
+    job_id: JobId
+    attempt: int = Field(ge=1)
+    cluster: Token
+    node: Token
+    reason: str
+    grace_s: float = Field(5.0, ge=0, le=3600)
+
+
+class JobRequeued(EventData):
+    """The job went back to the queue; its next placement is attempt `attempt + 1`."""
+
+    event_name: ClassVar[str] = "job.requeued"
+    job_id: JobId
+    attempt: int = Field(ge=1, description="the attempt that was stopped or lost")
+    cluster: Token
+    node: Token
+    reason: str
+    cause: Literal["preempted", "node_lost", "node_drained", "restart_on_failure", "interrupted", "attempt_lost"]
+    # Added in v1 before release: every node of a gang's attempt in rank order (`node` is rank 0); None for one node.
+    gang_nodes: list[Token] | None = None
+
+
+class JobStarted(EventData):
+    event_name: ClassVar[str] = "job.started"
+    job_id: JobId
+    attempt: int = Field(ge=1)
+    cluster: Token
+    node: Token
+    gpu_uuids: list[str]
+    pid: int
+    started_at: AwareDatetime
+    # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
+    rank: Annotated[int, Field(ge=0)] | None = None
+
+
+class JobFinished(EventData):
+    event_name: ClassVar[str] = "job.finished"
+    job_id: JobId
+    attempt: int = Field(ge=1)
+    cluster: Token
+    node: Token
+    exit_code: int
+    started_at: AwareDatetime
+    finished_at: AwareDatetime
+    # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
+    rank: Annotated[int, Field(ge=0)] | None = None
+    # Added in v1 before release: set when the node stopped the job for a planned stop (agent or
+    # `up` shut down): not the job's own failure; the scheduler requeues it to resume.
+    interrupted: str | None = None
+
+
+class JobRejected(EventData):
+    """The job can never run on this fleet (e.g. more GPUs per node than any node has)."""
+
+    event_name: ClassVar[str] = "job.rejected"
+    job_id: JobId
+    reason: str
+
+
+class JobFailed(EventData):
+    """The job could not run or its process died abnormally (not a plain non-zero exit)."""
+
+    event_name: ClassVar[str] = "job.failed"
+    job_id: JobId
+    attempt: int = Field(ge=1)
+    cluster: Token
+    node: Token
+    reason: str
+    exit_code: int | None = None
+    started_at: AwareDatetime | None = None
+    failed_at: AwareDatetime
+    # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
+    rank: Annotated[int, Field(ge=0)] | None = None
+

@@ -242,6 +242,40 @@ def _aliases() -> dict[str, str]:
 
 def from_hf_config(config: Any, name: str = "config.json", source: str = "config.json") -> Architecture:
     """Build an Architecture from the contents of a Hugging Face config.json."""
+    model_type = _model_type(config, name)
+    read = _ConfigReader(config, name)
+    layers = read.integer("num_hidden_layers")
+    hidden = read.integer("hidden_size")
+    heads = read.integer("num_attention_heads")
+    kv_heads = read.integer("num_key_value_heads", default=heads)
+    if heads % kv_heads:
+        raise SizingError(
+            "config", f"{name}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    if config.get("head_dim") is None and hidden % heads:
+        raise SizingError(
+            "config", f"{name}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; give head_dim")
+    head_dim = read.integer("head_dim", default=hidden // heads)
+    experts = read.integer("num_local_experts", "num_experts", default=0, minimum=0)
+    inter = read.integer("intermediate_size", default=0 if experts else None, minimum=0)
+    vocab = read.integer("vocab_size")
+    max_context = read.integer("max_position_embeddings", "max_sequence_length", "seq_length")
+    notes: list[str] = []
+    if model_type not in GATED_TYPES:
+        notes.append(f"model_type {model_type!r} is not one the estimator knows; counted as a Llama-style decoder")
+    tied = config.get("tie_word_embeddings")
+    if tied is None:
+        tied = model_type not in UNTIED_BY_DEFAULT  # transformers' PretrainedConfig default is True
+    bias = bool(config.get("attention_bias", False))
+    return Architecture(
+        name=name, source=source, model_type=model_type, layers=layers, hidden=hidden, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, intermediate=inter, vocab=vocab, max_context=max_context,
+        tied_embeddings=bool(tied), qkv_bias=bias or model_type in QKV_BIAS_TYPES, o_bias=bias, notes=tuple(notes),
+        **_mixture_of_experts(read, experts, inter),
+    )
+
+
+def _model_type(config: Any, name: str) -> str:
+    """The config's model_type, once it is known to be a config this estimator can read."""
     if not isinstance(config, dict):
         raise SizingError("config", f"{name}: expected a JSON object, got {type(config).__name__}")
     if "text_config" in config and "hidden_size" not in config:
@@ -257,75 +291,47 @@ def from_hf_config(config: Any, name: str = "config.json", source: str = "config
         )
     if "kv_lora_rank" in config:
         raise SizingError("config", f"{name}: multi-head latent attention (kv_lora_rank, DeepSeek) is not modelled")
+    return model_type
 
-    def integer(key: str, *alternatives: str, default: int | None = None, minimum: int = 1) -> int:
+
+class _ConfigReader:
+    """Integers of a config.json, each checked, under the first of its names that is set."""
+
+    def __init__(self, config: dict[str, Any], name: str) -> None:
+        self.config, self.name = config, name
+
+    def integer(self, key: str, *alternatives: str, default: int | None = None, minimum: int = 1) -> int:
         for k in (key, *alternatives):
-            if config.get(k) is not None:
-                value = config[k]
+            if self.config.get(k) is not None:
+                value = self.config[k]
                 if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                    raise SizingError("config", f"{name}: {k} must be an integer >= {minimum}, got {value!r}")
+                    raise SizingError("config", f"{self.name}: {k} must be an integer >= {minimum}, got {value!r}")
                 return value
         if default is None:
             raise SizingError(
-                "config", f"{name}: missing {key} (not a decoder-only transformer config this estimator reads)")
+                "config", f"{self.name}: missing {key} (not a decoder-only transformer config this estimator reads)")
         return default
 
-    layers = integer("num_hidden_layers")
-    hidden = integer("hidden_size")
-    heads = integer("num_attention_heads")
-    kv_heads = integer("num_key_value_heads", default=heads)
-    if heads % kv_heads:
+
+def _mixture_of_experts(read: _ConfigReader, experts: int, inter: int) -> dict[str, int]:
+    """The MoE fields of an Architecture (none for a dense model, whose MLP must then have a size)."""
+    name = read.name
+    if not experts:
+        if inter == 0:
+            raise SizingError("config", f"{name}: intermediate_size must be an integer >= 1, got 0")
+        return {}
+    if read.integer("decoder_sparse_step", default=1) != 1 or read.config.get("mlp_only_layers"):
         raise SizingError(
-            "config", f"{name}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    if config.get("head_dim") is None and hidden % heads:
-        raise SizingError(
-            "config", f"{name}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; give head_dim")
-    head_dim = integer("head_dim", default=hidden // heads)
-    experts = integer("num_local_experts", "num_experts", default=0, minimum=0)
-    inter = integer("intermediate_size", default=0 if experts else None, minimum=0)
-    vocab = integer("vocab_size")
-    max_context = integer("max_position_embeddings", "max_sequence_length", "seq_length")
-    notes: list[str] = []
-    if model_type not in GATED_TYPES:
-        notes.append(f"model_type {model_type!r} is not one the estimator knows; counted as a Llama-style decoder")
-    moe: dict[str, int] = {}
-    if experts:
-        if integer("decoder_sparse_step", default=1) != 1 or config.get("mlp_only_layers"):
-            raise SizingError(
-                "config", f"{name}: MoE on only some layers (decoder_sparse_step/mlp_only_layers) is not modelled")
-        per_token = integer("num_experts_per_tok")
-        if per_token > experts:
-            raise SizingError("config", f"{name}: num_experts_per_tok {per_token} exceeds the {experts} experts")
-        moe = {
-            "experts": experts,
-            "experts_per_token": per_token,
-            "expert_intermediate": integer("moe_intermediate_size", default=inter),
-            "shared_expert_intermediate": integer("shared_expert_intermediate_size", default=0, minimum=0),
-        }
-    elif inter == 0:
-        raise SizingError("config", f"{name}: intermediate_size must be an integer >= 1, got 0")
-    tied = config.get("tie_word_embeddings")
-    if tied is None:
-        tied = model_type not in UNTIED_BY_DEFAULT  # transformers' PretrainedConfig default is True
-    bias = bool(config.get("attention_bias", False))
-    return Architecture(
-        name=name,
-        source=source,
-        model_type=model_type,
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate=inter,
-        vocab=vocab,
-        max_context=max_context,
-        tied_embeddings=bool(tied),
-        qkv_bias=bias or model_type in QKV_BIAS_TYPES,
-        o_bias=bias,
-        notes=tuple(notes),
-        **moe,
-    )
+            "config", f"{name}: MoE on only some layers (decoder_sparse_step/mlp_only_layers) is not modelled")
+    per_token = read.integer("num_experts_per_tok")
+    if per_token > experts:
+        raise SizingError("config", f"{name}: num_experts_per_tok {per_token} exceeds the {experts} experts")
+    return {
+        "experts": experts,
+        "experts_per_token": per_token,
+        "expert_intermediate": read.integer("moe_intermediate_size", default=inter),
+        "shared_expert_intermediate": read.integer("shared_expert_intermediate_size", default=0, minimum=0),
+    }
 
 
 def _build_catalogue() -> dict[str, Architecture]:

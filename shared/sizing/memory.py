@@ -11,7 +11,7 @@ micro-batches, the last of one. A split reports its heaviest stage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
@@ -97,28 +97,58 @@ def _param_split(w: Workload, split: Split, stage: str) -> tuple[float, float, i
 
 def stage_memory(w: Workload, split: Split, stage: str = "all") -> MemoryBreakdown:
     """Memory one GPU of `stage` needs under `split`."""
-    a = w.arch
     linear, other, layers = _param_split(w, split, stage)
-    shard = split.dp if w.training else 1
-    params = linear + other
-    wbytes = DTYPE_BYTES[w.weight_dtype]
-    keep = 4.0 if w.weight_dtype == "fp32" else 2.0  # embeddings, head, norms, biases stay 16-bit
-    items: list[MemoryItem] = []
-
-    def add(key: str, label: str, value: float, note: str = "", counted: bool = True) -> None:
-        items.append(MemoryItem(key=key, label=label, bytes=round(value), counted=counted, note=note))
-
-    quant_note = ("" if wbytes >= 2
-                  else f"matrices {w.weight_dtype} ({wbytes * 8:.3g} bits incl. scales), embeddings/head/norms bf16")
-    add("weights", f"weights ({w.weight_dtype})", (linear * wbytes + other * keep) / shard, quant_note)
-
-    in_flight = split.pp if stage == "first" else 1
-    has_head = stage in ("all", "last")
+    gpu = _StageMemory(w, split, layers, in_flight=split.pp if stage == "first" else 1,
+                       has_head=stage in ("all", "last"), shard=split.dp if w.training else 1)
+    quant_note = ("" if gpu.wbytes >= 2 else
+                  f"matrices {w.weight_dtype} ({gpu.wbytes * 8:.3g} bits incl. scales), embeddings/head/norms bf16")
+    weights = (linear * gpu.wbytes + other * gpu.keep) / gpu.shard
+    gpu.add("weights", f"weights ({w.weight_dtype})", weights, quant_note)
     if w.task == "serve":
+        gpu.add_serving()
+    else:
+        gpu.add_activations()
+        gpu.add_training_state(linear + other)
+    base = sum(i.bytes for i in gpu.items if i.counted)
+    nccl = NCCL_BYTES if split.count > 1 else 0
+    gpu.add("overhead", "framework/CUDA overhead", CUDA_CONTEXT_BYTES + nccl + FRAGMENTATION * base,
+            f"CUDA context and workspaces 1 GiB{', NCCL 0.5 GiB' if nccl else ''}, "
+            f"{FRAGMENTATION:.0%} allocator fragmentation")
+    total = sum(i.bytes for i in gpu.items if i.counted)
+    return MemoryBreakdown(stage=stage, items=gpu.items, total_bytes=total)
+
+
+@dataclass
+class _StageMemory:
+    """The items of one GPU's memory as they are added, and what each item's size depends on."""
+
+    w: Workload
+    split: Split
+    layers: int  # of this stage
+    in_flight: int  # micro-batches whose activations the stage holds at once
+    has_head: bool
+    shard: int  # FSDP's split of weights and training state
+    items: list[MemoryItem] = field(default_factory=list)
+
+    @property
+    def wbytes(self) -> float:
+        return DTYPE_BYTES[self.w.weight_dtype]
+
+    @property
+    def keep(self) -> float:
+        """Bytes per value of what stays 16-bit (embeddings, head, norms, biases), or fp32."""
+        return 4.0 if self.w.weight_dtype == "fp32" else 2.0
+
+    def add(self, key: str, label: str, value: float, note: str = "", counted: bool = True) -> None:
+        self.items.append(MemoryItem(key=key, label=label, bytes=round(value), counted=counted, note=note))
+
+    def add_serving(self) -> None:
+        """The KV cache of every sequence at full context, and one prefill chunk's activations."""
+        w, a, split, layers = self.w, self.w.arch, self.split, self.layers
         kv_heads = ceil_div(a.kv_heads, split.tp)  # tp beyond the KV heads replicates them
         kv_bytes = DTYPE_BYTES[w.kv_cache_dtype]
         per_token = 2 * layers * kv_heads * a.head_dim * kv_bytes
-        add(
+        self.add(
             "kv_cache",
             f"KV cache ({w.kv_cache_dtype})",
             per_token * w.context * w.batch,
@@ -127,10 +157,13 @@ def stage_memory(w: Workload, split: Split, stage: str = "all") -> MemoryBreakdo
         )
         chunk = min(PREFILL_CHUNK_TOKENS, w.context * w.batch)
         prefill = activation_elements_per_token(w) * chunk * 2 / split.tp
-        logits = w.batch * a.vocab * 4 / split.tp if has_head else 0
-        add("activations", "activations (prefill)", prefill + logits,
-            f"one layer's tensors for a {chunk}-token prefill chunk, fp32 logits of {w.batch} sequences")
-    else:
+        logits = w.batch * a.vocab * 4 / split.tp if self.has_head else 0
+        self.add("activations", "activations (prefill)", prefill + logits,
+                 f"one layer's tensors for a {chunk}-token prefill chunk, fp32 logits of {w.batch} sequences")
+
+    def add_activations(self) -> None:
+        """Training: activations with and without checkpointing (one of them counted), and the logits."""
+        w, a, split, layers, in_flight = self.w, self.w.arch, self.split, self.layers, self.in_flight
         act_bytes = 4 if w.weight_dtype == "fp32" else 2
         tokens = w.context * w.batch
         full_layer = activation_elements_per_token(w) * tokens * act_bytes / split.tp
@@ -138,39 +171,36 @@ def stage_memory(w: Workload, split: Split, stage: str = "all") -> MemoryBreakdo
         without = full_layer * layers * in_flight
         batches = f"{in_flight} micro-batch{'es' if in_flight > 1 else ''}"
         where = f"{layers} layers x {batches} of {w.batch} x {w.context} tokens"
-        add("activations_checkpointed", "activations, with checkpointing", with_ckpt,
-            f"layer inputs of {where}, plus one layer recomputed", counted=w.checkpointing)
-        add("activations_full", "activations, without checkpointing", without, where, counted=not w.checkpointing)
-        if has_head:
-            add("logits", "logits and loss", tokens * a.vocab * (act_bytes + 4) / split.tp,
-                f"{tokens} tokens x {a.vocab} vocab, {act_bytes} B logits + fp32 copy for the loss")
+        self.add("activations_checkpointed", "activations, with checkpointing", with_ckpt,
+                 f"layer inputs of {where}, plus one layer recomputed", counted=w.checkpointing)
+        self.add("activations_full", "activations, without checkpointing", without, where,
+                 counted=not w.checkpointing)
+        if self.has_head:
+            self.add("logits", "logits and loss", tokens * a.vocab * (act_bytes + 4) / split.tp,
+                     f"{tokens} tokens x {a.vocab} vocab, {act_bytes} B logits + fp32 copy for the loss")
+
+    def add_training_state(self, params: float) -> None:
+        """Gradients and optimizer states (of the adapters, or of every weight), and FSDP's gathered layers."""
+        w, a, split, shard = self.w, self.w.arch, self.split, self.shard
         opt = OPTIMIZER_STATE_BYTES[w.optimizer_name]
         if w.adapters:
-            n = a.lora_params(w.rank, w.lora_targets) * layers / a.layers / split.tp / shard
+            n = a.lora_params(w.rank, w.lora_targets) * self.layers / a.layers / split.tp / shard
             targets = ",".join(w.lora_targets)
-            add("lora_weights", "LoRA adapter weights", n * ADAPTER_BYTES, f"rank {w.rank} on {targets}, fp32")
-            add("lora_gradients", "LoRA adapter gradients", n * ADAPTER_BYTES, "fp32")
-            add("lora_optimizer", "LoRA adapter optimizer states", n * opt, OPTIMIZER_NOTES[w.optimizer_name])
+            self.add("lora_weights", "LoRA adapter weights", n * ADAPTER_BYTES, f"rank {w.rank} on {targets}, fp32")
+            self.add("lora_gradients", "LoRA adapter gradients", n * ADAPTER_BYTES, "fp32")
+            self.add("lora_optimizer", "LoRA adapter optimizer states", n * opt, OPTIMIZER_NOTES[w.optimizer_name])
         else:
             n = params / shard
             grad = 4 if w.weight_dtype == "fp32" else 2
             master = 0 if w.weight_dtype == "fp32" else 4
-            add("gradients", f"gradients ({'fp32' if grad == 4 else 'bf16'})", n * grad)
+            self.add("gradients", f"gradients ({'fp32' if grad == 4 else 'bf16'})", n * grad)
             note = OPTIMIZER_NOTES[w.optimizer_name] + (" + fp32 master weights" if master else "")
-            add("optimizer", "optimizer states", n * (opt + master), note)
+            self.add("optimizer", "optimizer states", n * (opt + master), note)
         if shard > 1:
             # FSDP gathers one layer's full weights to compute it, and prefetches the next.
-            layer_bytes = a.layer_linear() * wbytes + a.layer_other() * keep
-            add("fsdp_buffers", "FSDP gathered layers", 2 * layer_bytes / split.tp,
-                "two unsharded layers (current + prefetch)")
-
-    base = sum(i.bytes for i in items if i.counted)
-    nccl = NCCL_BYTES if split.count > 1 else 0
-    add("overhead", "framework/CUDA overhead", CUDA_CONTEXT_BYTES + nccl + FRAGMENTATION * base,
-        f"CUDA context and workspaces 1 GiB{', NCCL 0.5 GiB' if nccl else ''}, "
-        f"{FRAGMENTATION:.0%} allocator fragmentation")
-    total = sum(i.bytes for i in items if i.counted)
-    return MemoryBreakdown(stage=stage, items=items, total_bytes=total)
+            layer_bytes = a.layer_linear() * self.wbytes + a.layer_other() * self.keep
+            self.add("fsdp_buffers", "FSDP gathered layers", 2 * layer_bytes / split.tp,
+                     "two unsharded layers (current + prefetch)")
 
 
 def per_gpu_memory(w: Workload, split: Split) -> MemoryBreakdown:

@@ -130,38 +130,11 @@ def resolve(req: SizingRequest) -> Workload:
             f"{req.context} tokens is longer than {arch.name} supports ({arch.max_context}, "
             f"max_position_embeddings){hint}",
         )
-    weights = req.weight_dtype or DEFAULT_WEIGHTS[task]
-    if task == "full" and weights not in ("fp32", "bf16", "fp16"):
-        raise SizingError("weight_dtype", f"a full fine-tune trains every weight, which cannot be {weights}; "
-                                          "use fp32/bf16, or task qlora")
-    if task == "qlora" and weights not in ("nf4", "int4"):
-        raise SizingError(
-            "weight_dtype", f"qlora trains adapters on a 4-bit base (nf4/int4), not {weights}; use task lora")
-    if task == "lora" and weights in ("nf4", "int4"):
-        raise SizingError("weight_dtype", "LoRA on a 4-bit base is task qlora")
-    if task == "serve":
-        _forbid(req, task, ("dataset_tokens", "epochs", "optimizer", "checkpointing", "mfu"), "training only")
-        _forbid(req, task, ("lora_rank", "lora_targets"), "lora/qlora only")
-    else:
-        _forbid(req, task, ("kv_dtype",), "serving only: training keeps no KV cache")
-        if task == "full":
-            _forbid(req, task, ("lora_rank", "lora_targets"), "lora/qlora only")
+    weights = _weight_dtype(req)
+    _forbid_others(req)
     kv = (req.kv_dtype or "bf16") if task == "serve" else None
     if kv == "nf4":
         raise SizingError("kv_dtype", "nf4 is a weight format; for a 4-bit KV cache use int4")
-    targets: tuple[str, ...] = ()
-    if task in ("lora", "qlora"):
-        names = req.lora_targets or list(LORA_MODULES)
-        resolved = []
-        for n in names:
-            key = HF_MODULE_NAMES.get(n, n)
-            if key not in LORA_MODULES:
-                raise SizingError("lora_targets", f"unknown module {n!r}; choose from {', '.join(LORA_MODULES)}")
-            if key not in resolved:
-                resolved.append(key)
-        if not resolved:
-            raise SizingError("lora_targets", "name at least one module")
-        targets = tuple(resolved)
     return Workload(
         arch=arch,
         task=task,
@@ -172,11 +145,52 @@ def resolve(req: SizingRequest) -> Workload:
         dataset_tokens=req.dataset_tokens,
         epochs=req.epochs or 1.0,
         lora_rank=(req.lora_rank or 16) if task in ("lora", "qlora") else None,
-        lora_targets=targets,
+        lora_targets=_lora_targets(req) if task in ("lora", "qlora") else (),
         optimizer=(req.optimizer or "adamw") if task != "serve" else None,
         checkpointing=req.checkpointing if req.checkpointing is not None else task != "serve",
         mfu=req.mfu,
     )
+
+
+def _weight_dtype(req: SizingRequest) -> str:
+    """The weights' dtype: given or the task's default, and one the task can train."""
+    task = req.task
+    weights = req.weight_dtype or DEFAULT_WEIGHTS[task]
+    if task == "full" and weights not in ("fp32", "bf16", "fp16"):
+        raise SizingError("weight_dtype", f"a full fine-tune trains every weight, which cannot be {weights}; "
+                                          "use fp32/bf16, or task qlora")
+    if task == "qlora" and weights not in ("nf4", "int4"):
+        raise SizingError(
+            "weight_dtype", f"qlora trains adapters on a 4-bit base (nf4/int4), not {weights}; use task lora")
+    if task == "lora" and weights in ("nf4", "int4"):
+        raise SizingError("weight_dtype", "LoRA on a 4-bit base is task qlora")
+    return weights
+
+
+def _forbid_others(req: SizingRequest) -> None:
+    """Refuse the settings of another kind of task."""
+    task = req.task
+    if task == "serve":
+        _forbid(req, task, ("dataset_tokens", "epochs", "optimizer", "checkpointing", "mfu"), "training only")
+        _forbid(req, task, ("lora_rank", "lora_targets"), "lora/qlora only")
+    else:
+        _forbid(req, task, ("kv_dtype",), "serving only: training keeps no KV cache")
+        if task == "full":
+            _forbid(req, task, ("lora_rank", "lora_targets"), "lora/qlora only")
+
+
+def _lora_targets(req: SizingRequest) -> tuple[str, ...]:
+    """The adapters' modules in the estimator's names (Hugging Face names accepted), each once."""
+    resolved: list[str] = []
+    for n in req.lora_targets or list(LORA_MODULES):
+        key = HF_MODULE_NAMES.get(n, n)
+        if key not in LORA_MODULES:
+            raise SizingError("lora_targets", f"unknown module {n!r}; choose from {', '.join(LORA_MODULES)}")
+        if key not in resolved:
+            resolved.append(key)
+    if not resolved:
+        raise SizingError("lora_targets", "name at least one module")
+    return tuple(resolved)
 
 
 def _same_shape(arch: Architecture) -> list[Architecture]:

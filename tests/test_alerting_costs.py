@@ -12,18 +12,23 @@ import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import httpx
 import pytest
+import structlog
 
 from whaleflux.alerting.config import DEFAULT_RULES_FILE, ConfigError, FindingRule, load_config, parse_config
 from whaleflux.alerting.dispatch.route import build_route
-from whaleflux.alerting.rules.engine import RuleEngine
+from whaleflux.alerting.guardians import FindingsSource
+from whaleflux.alerting.rules.engine import RuleEngine, Transition
 from whaleflux.inventory.findings import Finding
 from whaleflux.inventory.views import finding_json
 from whaleflux.servers import QuietHandler, serve_http
 from whaleflux.shared import subjects
 from whaleflux.shared.catalog import gpu_models
+from whaleflux.shared.contracts import FINDINGS
+from whaleflux.shared.contracts import Finding as FindingJson
 from whaleflux.shared.events import AlertRaised
 
 from .processes import make_cluster, wait_until
@@ -49,6 +54,11 @@ def other_findings() -> list[dict]:
     ]
 
 
+def observe(e: RuleEngine, findings: list[dict], now: datetime) -> list[Transition]:
+    """The engine fed findings as alerting reads them: JSON parsed with the shared contract."""
+    return e.observe_findings(FINDINGS.validate_python(findings), now)
+
+
 GUARD = """rules:
   - {name: ReservedIdle, kind: finding, finding: reserved-idle, min_monthly_usd: 100, severity: warning, category: cost,
      summary: "{summary} [{model}/{pool}, {gpus} GPUs, {monthly_usd:.0f} USD]"}
@@ -59,7 +69,7 @@ receivers: [{name: r, type: webhook, url: 'http://x'}]
 
 def test_reserved_idle_findings_fire_once_per_model_ownership_pool_and_resolve_when_gone():
     e = RuleEngine(parse_config(GUARD), gpu_models())
-    first = e.observe_findings([reserved_idle(hours=80), reserved_idle(model="H100", pool="onprem", ownership="owned"),
+    first = observe(e, [reserved_idle(hours=80), reserved_idle(model="H100", pool="onprem", ownership="owned"),
                                 *other_findings()], T0)
     assert [(t.firing, t.labels["model"], t.labels["pool"]) for t in first] == [(True, "A100", "cloud"),
                                                                               (True, "H100", "onprem")]
@@ -68,23 +78,23 @@ def test_reserved_idle_findings_fire_once_per_model_ownership_pool_and_resolve_w
     assert a100.summary == "8x A100 (leased, pool cloud) idle 80 h — $15120.00/month [A100/cloud, 8 GPUs, 15120 USD]"
     assert a100.value == 15120.0
     # Idle for longer, more GPUs, a new summary: the same alert (same fingerprint), nothing new.
-    assert e.observe_findings([reserved_idle(hours=81, gpus=9), reserved_idle(model="H100", pool="onprem",
+    assert observe(e, [reserved_idle(hours=81, gpus=9), reserved_idle(model="H100", pool="onprem",
                                                                            ownership="owned")], T0) == []
     # The H100s got work: only their alert resolves.
-    [gone] = e.observe_findings([reserved_idle(hours=82)], T0 + timedelta(hours=1))
+    [gone] = observe(e, [reserved_idle(hours=82)], T0 + timedelta(hours=1))
     assert not gone.firing and gone.labels["model"] == "H100" and "no longer reported" in gone.summary
     # Under the money floor: not raised; unknown cost: raised (the floor only filters known costs).
-    assert e.observe_findings([reserved_idle(), reserved_idle(model="RTX4090", pool="dev", usd="40.00")], T0) == []
-    [unknown] = e.observe_findings([reserved_idle(), reserved_idle(model="L4", pool="dev", usd=None)], T0)
+    assert observe(e, [reserved_idle(), reserved_idle(model="RTX4090", pool="dev", usd="40.00")], T0) == []
+    [unknown] = observe(e, [reserved_idle(), reserved_idle(model="L4", pool="dev", usd=None)], T0)
     assert unknown.firing and unknown.value is None and "nan USD" in unknown.summary
 
 
 def test_a_finding_without_key_fields_is_identified_by_its_gpus():
     e = RuleEngine(parse_config(GUARD), gpu_models())
     legacy = {**reserved_idle(), "detail": {"idle_hours": "80"}}  # an inventory that names no model/pool
-    [t] = e.observe_findings([legacy], T0)
+    [t] = observe(e, [legacy], T0)
     assert set(t.labels) == {"finding", "gpus"}
-    assert e.observe_findings([{**legacy, "summary": "changed"}], T0) == []
+    assert observe(e, [{**legacy, "summary": "changed"}], T0) == []
 
 
 def test_finding_rules_are_validated_and_cannot_drain():
@@ -236,3 +246,24 @@ def test_guardian_polls_inventory_pages_finops_once_and_billing_cost_alerts_go_t
         inventory.close()
         oncall.close()
         finops.close()
+
+
+async def _poll(url: str) -> tuple[list[FindingJson] | None, dict[str, Any]]:
+    async with httpx.AsyncClient() as http:
+        source = FindingsSource(url, http, structlog.get_logger("test"))
+        return await source.fetch(T0), source.status
+
+
+def test_findings_are_parsed_with_the_contract_and_a_wrong_shape_is_refused_naming_the_field():
+    inventory = Findings([reserved_idle(), *other_findings()])
+    try:
+        findings, status = asyncio.run(_poll(inventory.url))
+        assert findings is not None and [f.kind for f in findings] == ["reserved-idle", "idle-allocated", "capacity"]
+        assert findings[0].monthly_usd == Decimal("15120.00") and status["error"] is None and status["findings"] == 3
+        inventory.findings = [{**reserved_idle(), "monthly_usd": "lots of money"}]
+        findings, status = asyncio.run(_poll(inventory.url))
+    finally:
+        inventory.close()
+    assert findings is None
+    assert status["error"].startswith("unexpected findings from inventory: 1 problem(s), first at 0.monthly_usd:")
+    assert "lots of money" not in status["error"]  # where and what, never the values

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from whaleflux.shared import yamlconfig
+from whaleflux.shared.contracts import FindingKind
 from whaleflux.shared.yamlconfig import ConfigFileError, KeyPath
 
 from .dispatch.matchers import Matcher, parse_matchers
@@ -199,10 +200,6 @@ class EventRule(RuleBase):
     event: Literal["lease.expiring", "lease.expired", "job.failed", "job.rejected"]
     key: list[str] = Field(min_length=1, description="event fields that identify one alert (become labels)")
     resolve_after: Duration = 86400.0
-
-
-FindingKind = Literal["reserved-idle", "idle-allocated", "consolidation", "capacity", "undeclared", "never-seen",
-                      "mismatch"]
 
 
 class FindingRule(RuleBase):

@@ -1,4 +1,4 @@
-"""Cost guardians' input: inventory's findings, fetched over HTTP (GET /v1/findings)."""
+"""Cost guardians' input: inventory's findings, fetched over HTTP (GET /v1/findings) and parsed with the contract."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any
 
 import httpx
 import structlog
+from pydantic import ValidationError
 
-from .rules.findings import Finding
+from whaleflux.shared.contracts import FINDINGS, Finding
 
 FINDINGS_TIMEOUT_S = 10.0
 
@@ -27,10 +28,8 @@ class FindingsSource:
         try:
             resp = await self.http.get(self.url, timeout=FINDINGS_TIMEOUT_S)
             resp.raise_for_status()
-            findings = resp.json()
-            if not isinstance(findings, list) or not all(isinstance(f, dict) and "kind" in f for f in findings):
-                raise ValueError("unexpected response shape (want a list of {kind, summary, detail, ...})")
-        except (httpx.HTTPError, ValueError) as exc:
+            findings = FINDINGS.validate_json(resp.content)
+        except (httpx.HTTPError, ValidationError) as exc:
             self._failed(_describe(exc), now)
             return None
         self.status.update(ok_at=now.isoformat(), error=None, error_at=None, findings=len(findings))
@@ -42,9 +41,12 @@ class FindingsSource:
         self.status.update(error=error, error_at=now.isoformat())
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: httpx.HTTPError | ValidationError) -> str:
     if isinstance(exc, httpx.HTTPStatusError):
         return f"inventory answered {exc.response.status_code}"
     if isinstance(exc, httpx.HTTPError):
         return type(exc).__name__  # not str(exc): it may carry the URL
-    return f"{type(exc).__name__}: {str(exc)[:200]}"
+    # Where and what, never the values (a response is no place to copy into logs).
+    first = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(body)"
+    return f"unexpected findings from inventory: {exc.error_count()} problem(s), first at {where}: {first['msg']}"

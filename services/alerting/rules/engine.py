@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, get_args
 
 from whaleflux.shared.catalog import GpuModel, model_key
+from whaleflux.shared.contracts import Finding
 from whaleflux.shared.events import EventData, GpuSample, GpuTelemetry
 
 from ..config import AlertingConfig, BaselineRule, EventRule, FindingRule, HeartbeatRule, Rule, RuleBase
@@ -231,7 +232,7 @@ class RuleEngine:
 
     # ------------------------------------------------------------ cost guardians
 
-    def observe_findings(self, findings: list[finding_rules.Finding], now: datetime) -> list[Transition]:
+    def observe_findings(self, findings: list[Finding], now: datetime) -> list[Transition]:
         """One successful poll of inventory's findings: raise the new ones, resolve those no longer listed."""
         out: list[Transition] = []
         for rule in self.finding_rules:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from whaleflux.shared.contracts import Finding
+
 from ..config import FindingRule
 from .series import fingerprint
-
-Finding = dict[str, Any]  # one item of GET /v1/findings: {kind, severity, summary, monthly_usd, gpus, detail}
 
 
 def finding_identity(rule: FindingRule, finding: Finding) -> dict[str, str]:
@@ -15,16 +15,14 @@ def finding_identity(rule: FindingRule, finding: Finding) -> dict[str, str]:
 
     A finding that carries none of them is identified by its GPUs instead.
     """
-    detail = _detail(finding)
     ident: dict[str, str] = {"finding": rule.finding}
     for k in rule.key:
-        v = detail.get(k, finding.get(k))
+        v = finding.detail.get(k, getattr(finding, k, None))
         if v is not None and not isinstance(v, (dict, list)):
             ident[k] = str(v)
     if len(ident) == 1:
-        gpus = sorted(str(g) for g in finding.get("gpus") or [])
-        by = {"gpus": ",".join(gpus)} if gpus else {"summary": str(finding.get("summary"))}
-        ident["gpus"] = fingerprint(by)
+        gpus = sorted(finding.gpus)
+        ident["gpus"] = fingerprint({"gpus": ",".join(gpus)} if gpus else {"summary": finding.summary})
     return ident
 
 
@@ -32,7 +30,7 @@ def matching(rule: FindingRule, findings: list[Finding]) -> dict[str, tuple[dict
     """fingerprint -> (identity labels, finding) of the findings this rule alerts on."""
     present: dict[str, tuple[dict[str, str], Finding]] = {}
     for f in findings:
-        if not isinstance(f, dict) or f.get("kind") != rule.finding:
+        if f.kind != rule.finding:
             continue
         usd = monthly_usd(f)
         if usd is not None and usd < rule.min_monthly_usd:
@@ -45,22 +43,10 @@ def matching(rule: FindingRule, findings: list[Finding]) -> dict[str, tuple[dict
 def summary_values(rule: FindingRule, ident: dict[str, str], finding: Finding) -> dict[str, Any]:
     """The fields a finding rule's summary template may use."""
     usd = monthly_usd(finding)
-    return {**_detail(finding), **ident, "summary": finding.get("summary", ""), "finding": rule.finding,
-            "monthly_usd": usd if usd is not None else float("nan"), "gpus": len(finding.get("gpus") or []),
-            "value": usd}
+    return {**finding.detail, **ident, "summary": finding.summary, "finding": rule.finding,
+            "monthly_usd": usd if usd is not None else float("nan"), "gpus": len(finding.gpus), "value": usd}
 
 
 def monthly_usd(finding: Finding) -> float | None:
-    """A JSON number or decimal string (inventory sends money as strings); None when absent or not a number."""
-    value = finding.get("monthly_usd")
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _detail(finding: Finding) -> dict[str, Any]:
-    detail = finding.get("detail")
-    return detail if isinstance(detail, dict) else {}
+    """The monthly cost as a number for thresholds and templates; None when inventory does not know it."""
+    return None if finding.monthly_usd is None else float(finding.monthly_usd)

@@ -318,7 +318,8 @@ async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_s
 
 
 async def _held(svc: Billing, gpu: str) -> bool:
-    return (await svc.store.holders([gpu])) != [None]
+    [holder] = await svc.store.holders([gpu])
+    return holder is not None and holder.started_at is not None
 
 
 async def _float_at(awaitable, expected):

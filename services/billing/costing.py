@@ -14,6 +14,8 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from whaleflux.shared.contracts import Asset
+
 from . import allocation as alloc
 from .allocation import Chargeback, EnergyUse, Interval, JobInfo
 from .budgets import day_windows
@@ -54,7 +56,7 @@ def in_window(records: list[UsageRecord], start: datetime, end: datetime) -> lis
     return [r for r in records if r.started_at < end and (r.ended_at is None or r.ended_at > start)]
 
 
-def inventory_terms(url: str, fetched_at: str | None, assets: list[dict[str, Any]], first_seen: dict[str, datetime],
+def inventory_terms(url: str, fetched_at: str | None, assets: list[Asset], first_seen: dict[str, datetime],
                     error: str | None, error_at: str | None) -> tuple[dict[str, GpuTerms], dict[str, Any]]:
     """Terms per GPU from inventory's last good answer, and the report's account of where they came from."""
     info: dict[str, Any] = {"url": url, "fetched_at": None, "error": error, "error_at": error_at}

@@ -6,7 +6,10 @@ hour of the sample) and, while an attempt holds the GPU, towards that
 attempt. Utilization samples while allocated feed the attempt's efficiency.
 A reading not newer than the last adds nothing (a redelivered batch is not
 counted twice even without id dedup); a smaller value (driver reload) starts
-a new baseline rather than counting a negative draw.
+a new baseline rather than counting a negative draw. Who holds a GPU is the
+shared fold of `job.*` events (`shared.contracts.holders`); its energy counts
+towards the holding attempt from the attempt's start (what a GPU draws between
+placement and start is the GPU's alone).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from whaleflux.shared.contracts import Holder
 from whaleflux.shared.events import GpuTelemetry
 
 from .ownership import to_ms
@@ -53,6 +57,11 @@ def energy_delta(last: tuple[int, float] | None, t_ms: int, joules: float) -> tu
     if joules < last_j:
         return 0.0, True
     return joules - last_j, True
+
+
+def charged_to(holder: Holder | None) -> str | None:
+    """The attempt (`<job>:<attempt>`) a GPU's energy and utilization count towards: its holder's, once running."""
+    return holder.attempt_key if holder is not None and holder.started_at is not None else None
 
 
 def attribute(batch: GpuTelemetry, lasts: Sequence[Reading | None], holders: Sequence[str | None]) -> EnergyUpdate:

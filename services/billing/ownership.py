@@ -23,7 +23,8 @@ import bisect
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+
+from whaleflux.shared.contracts import Asset
 
 from .pricebook import PriceBook, PriceEntry, day_start
 
@@ -84,30 +85,23 @@ class GpuTerms:
     in_fleet_since: datetime | None = None  # when billing first saw it (cloud, and owned without a purchase date)
 
 
-def _dec(value: object) -> Decimal | None:
-    return None if value in (None, "") else Decimal(str(value))
-
-
-def terms_from_assets(assets: list[dict[str, Any]], first_seen: dict[str, datetime]) -> dict[str, GpuTerms]:
+def terms_from_assets(assets: list[Asset], first_seen: dict[str, datetime]) -> dict[str, GpuTerms]:
     """Inventory's /v1/assets rows -> terms per GPU uuid. `owned-unknown` (undeclared) counts as unknown."""
     out = {}
     for a in assets:
-        lease, purchase = a.get("lease") or {}, a.get("purchase") or {}
-        declared = a.get("ownership")
-        ownership = declared if isinstance(declared, str) and declared in ("owned", "leased", "cloud") else "unknown"
-        out[a["uuid"]] = GpuTerms(
-            uuid=a["uuid"], model=a["model"], ownership=ownership, pool=a.get("pool") or "unassigned",
-            node=a.get("node"), site=a.get("site"), cluster=a.get("cluster"),
-            purchase_price=_dec(purchase.get("price_per_gpu_usd")),
-            purchase_date=date.fromisoformat(purchase["date"]) if purchase.get("date") else None,
-            depreciation_months=purchase.get("depreciation_months"),
-            lease_contract=lease.get("contract_id"), lease_provider=lease.get("provider"),
-            lease_monthly=_dec(lease.get("monthly_price_per_gpu_usd")),
-            lease_start=date.fromisoformat(lease["start"]) if lease.get("start") else None,
-            lease_end=date.fromisoformat(lease["end"]) if lease.get("end") else None,
-            minimum_term_months=lease.get("minimum_term_months") or 1,
-            cloud_hourly=_dec(a.get("hourly_price_per_gpu_usd")),
-            in_fleet_since=first_seen.get(a["uuid"]),
+        lease, purchase = a.lease, a.purchase
+        out[a.uuid] = GpuTerms(
+            uuid=a.uuid, model=a.model, ownership="unknown" if a.ownership == "owned-unknown" else a.ownership,
+            pool=a.pool or "unassigned", node=a.node, site=a.site, cluster=a.cluster,
+            purchase_price=purchase.price_per_gpu_usd if purchase else None,
+            purchase_date=purchase.date if purchase else None,
+            depreciation_months=purchase.depreciation_months if purchase else None,
+            lease_contract=lease.contract_id if lease else None, lease_provider=lease.provider if lease else None,
+            lease_monthly=lease.monthly_price_per_gpu_usd if lease else None,
+            lease_start=lease.start if lease else None, lease_end=lease.end if lease else None,
+            minimum_term_months=(lease.minimum_term_months if lease else None) or 1,
+            cloud_hourly=a.hourly_price_per_gpu_usd,
+            in_fleet_since=first_seen.get(a.uuid),
         )
     return out
 

@@ -15,10 +15,12 @@ from typing import Any
 
 import httpx
 import nats.errors
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Retry
+from whaleflux.shared.contracts import ASSETS, fold_holders, gpus_involved
 from whaleflux.shared.errors import StateUnavailable
 from whaleflux.shared.events import AlertRaised, Envelope, EventData, GpuTelemetry, JobPlaced, make_envelope
 from whaleflux.shared.runtime import Runtime
@@ -96,12 +98,26 @@ class Billing:
     # ------------------------------------------------------------------ metering
 
     async def on_job_event(self, env: Envelope, data: EventData) -> None:
-        """`job.placed` keeps the placement; starts, ends and requeues change the usage ledger."""
+        """Who holds which GPU (the shared fold); `job.placed` keeps the placement; starts, ends and
+        requeues change the usage ledger."""
+        await self._fold_holders(env, data)
         if isinstance(data, JobPlaced):
             await self.store.save_placement(ledger_key(data.job_id, data.attempt, data.part), data)
             return
         for span in metering.spans(data, env.time):
             await self._apply(span)
+
+    async def _fold_holders(self, env: Envelope, data: EventData) -> None:
+        job_id = getattr(data, "job_id", None)
+        if not isinstance(job_id, str):
+            return
+        store = self.store
+        job = await store.job_holds(job_id)
+        gpus = sorted(gpus_involved(job, data))
+        current = dict(zip(gpus, await store.holders(gpus), strict=True))
+        change = fold_holders(job, data, env.time, current)
+        if change.changed or change.job != job:
+            await store.apply_holders(job_id, change)
 
     async def _apply(self, span: Span) -> None:
         store = self.store
@@ -123,7 +139,7 @@ class Billing:
         if not isinstance(data, GpuTelemetry) or not uuids:
             return
         lasts = await self.store.last_readings(uuids)
-        holders = await self.store.holders(uuids)
+        holders = [energy.charged_to(h) for h in await self.store.holders(uuids)]
         update = energy.attribute(data, lasts, holders)
         if not update.empty:
             await self.store.apply_energy(update)
@@ -152,11 +168,9 @@ class Billing:
         try:
             resp = await self._http.get(url, timeout=5.0)
             resp.raise_for_status()
-            assets = resp.json()
-            if not isinstance(assets, list) or not all(
-                    isinstance(a, dict) and "uuid" in a and "model" in a for a in assets):
-                raise ValueError("unexpected response shape")
-        except (httpx.HTTPError, ValueError) as exc:
+            # Typed at the boundary: a renamed or retyped field is a failed fetch, never a GPU priced as unknown.
+            assets = ASSETS.validate_json(resp.content)
+        except (httpx.HTTPError, ValidationError) as exc:
             await self.store.assets_failed(f"{type(exc).__name__}: {str(exc)[:200]}", now)
             return False
         await self.store.save_assets(assets, now)

@@ -2,9 +2,10 @@
 
 Nothing else in billing talks to Redis. The keys (docs/services/billing.md):
 `alloc:<ledger>` (the `job.placed` data), `usage` (ledger -> usage record),
-`gpu:open` (GPU -> the attempt holding it), `energy:last`, `energy:<hour ms>`,
-`energy:hours`, `util:job`, `assets`, `assets:first_seen`, `assets:status`,
-`pricebook`, `pricebook:error`, `budgets`, `budget:fired`.
+`holds` and `gpu:holder` (the GPU-holder fold: job -> its holds, GPU -> the
+part holding it), `energy:last`, `energy:<hour ms>`, `energy:hours`,
+`util:job`, `assets`, `assets:first_seen`, `assets:status`, `pricebook`,
+`pricebook:error`, `budgets`, `budget:fired`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from whaleflux.shared.configstore import StoredConfig
+from whaleflux.shared.contracts import ASSETS, Asset, Holder, HolderChange, JobHolds
 from whaleflux.shared.events import Envelope, JobPlaced
 from whaleflux.shared.outbox import Outbox
 
@@ -52,7 +54,7 @@ class AssetsCache:
     """What billing last heard from inventory's `GET /v1/assets`, and how the last fetch went."""
 
     fetched_at: str | None  # ISO time of the last good fetch; None: never fetched
-    assets: list[dict[str, Any]]  # the last good answer, as inventory sent it
+    assets: list[Asset]  # the last good answer
     first_seen: dict[str, datetime]  # GPU uuid -> when billing first saw it in inventory
     error: str | None
     error_at: str | None
@@ -97,22 +99,30 @@ class BillingStore:
         return [UsageRecord.model_validate_json(v) for k, v in raw.items() if k.rsplit(":", 1)[0] == job_id]
 
     async def write_usage(self, record: UsageRecord) -> None:
-        """Write one record; a running attempt holds its GPUs, an ended one releases those it still holds."""
-        key = record.key
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self._k("usage"), record.ledger_key, record.model_dump_json())
-            if record.ended_at is None:
-                pipe.hset(self._k("gpu:open"), mapping={g: key for g in record.gpu_uuids})
-            await pipe.execute()
-        if record.ended_at is not None and record.gpu_uuids:
-            holders = await self.redis.hmget(self._k("gpu:open"), record.gpu_uuids)
-            stale = [g for g, h in zip(record.gpu_uuids, holders, strict=True) if _opt(h) == key]
-            if stale:
-                await self.redis.hdel(self._k("gpu:open"), *stale)
+        await self.redis.hset(self._k("usage"), record.ledger_key, record.model_dump_json())
 
-    async def holders(self, gpus: Sequence[str]) -> list[str | None]:
-        """The attempt (`<job>:<attempt>`) holding each GPU, or None."""
-        return [_opt(h) for h in await self.redis.hmget(self._k("gpu:open"), list(gpus))]
+    # ------------------------------------------------------------------ GPU holders (shared.contracts.holders)
+
+    async def job_holds(self, job_id: str) -> JobHolds:
+        raw = await self.redis.hget(self._k("holds"), job_id)
+        return JobHolds() if raw is None else JobHolds.decode(_s(raw))
+
+    async def holders(self, gpus: Sequence[str]) -> list[Holder | None]:
+        """The part of an attempt holding each GPU, or None."""
+        if not gpus:
+            return []
+        raw = await self.redis.hmget(self._k("gpu:holder"), list(gpus))
+        return [None if h is None else Holder.decode(_s(h)) for h in raw]
+
+    async def apply_holders(self, job_id: str, change: HolderChange) -> None:
+        """Keep the fold's outcome for one event: the job's holds, GPUs held and released, together."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._k("holds"), job_id, change.job.encode())
+            if change.hold:
+                pipe.hset(self._k("gpu:holder"), mapping={g: h.encode() for g, h in change.hold.items()})
+            if change.release:
+                pipe.hdel(self._k("gpu:holder"), *change.release)
+            await pipe.execute()
 
     # ------------------------------------------------------------------ energy and utilization
 
@@ -189,13 +199,14 @@ class BillingStore:
 
     # ------------------------------------------------------------------ inventory's assets
 
-    async def save_assets(self, assets: list[dict[str, Any]], now: datetime) -> None:
+    async def save_assets(self, assets: list[Asset], now: datetime) -> None:
         """Keep a good answer of inventory; a GPU's first sighting is kept once."""
         at = now.isoformat()
+        doc = {"fetched_at": at, "assets": ASSETS.dump_python(assets, mode="json")}
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self._k("assets"), json.dumps({"fetched_at": at, "assets": assets}))
+            pipe.set(self._k("assets"), json.dumps(doc))
             for a in assets:
-                pipe.hsetnx(self._k("assets:first_seen"), a["uuid"], at)
+                pipe.hsetnx(self._k("assets:first_seen"), a.uuid, at)
             pipe.hset(self._k("assets:status"), mapping={"ok_at": at, "error": ""})
             await pipe.execute()
 
@@ -212,7 +223,7 @@ class BillingStore:
         doc = json.loads(raw)
         seen = _strs(await self.redis.hgetall(self._k("assets:first_seen")))
         first = {u: datetime.fromisoformat(t) for u, t in seen.items()}
-        return AssetsCache(doc["fetched_at"], doc["assets"], first, error, error_at)
+        return AssetsCache(doc["fetched_at"], ASSETS.validate_python(doc["assets"]), first, error, error_at)
 
     # ------------------------------------------------------------------ price book and budgets
 

@@ -1,4 +1,6 @@
-"""Receivers as configured, with their URLs and keys resolved, and the deliveries a notification makes."""
+"""Receivers as configured, with their URLs and keys resolved, and the deliveries a notification makes.
+Pure: the environment the `*_env` settings name is passed in.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run a delivery through its stages; the first stage with an outcome ends it."""
+"""Run a delivery through its stages; the first stage with an outcome ends it. No I/O of its own."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """The stages of delivery, each with one job: resolve receiver, inhibit and silence, rate limit, render, post.
+No I/O: time is passed in, and the post stage calls the `send` it is given (the service's `http.py`).
 
 A stage takes the `Job` (the delivery and what earlier stages found) and
 returns None to go on, or an outcome: `Finished` (it goes in the notification
 log: delivered, rejected, failed, skipped) or `Later` (it stays queued until
-`at`). `record` turns a finished job into its log entry. Time is passed in.
+`at`). `record` turns a finished job into its log entry.
 """
 
 from __future__ import annotations

@@ -164,14 +164,18 @@ def raw_redis_calls(file: Path) -> list[int]:
 
 
 def owner_folder(path: str) -> str:
-    """The folder an owner answers for: services/<name>, or the top folder."""
+    """The folder (or for tests/ and bench/, the file) an owner answers for: services/<name>, tests/test_x.py,
+    or the top folder."""
     parts = Path(path).parts
-    return "/".join(parts[:2]) if parts[0] in ("services", "tests") and len(parts) > 2 else parts[0]
+    if parts[0] in ("services", "tests", "bench") and len(parts) > 1:
+        return "/".join(parts[:2])
+    return parts[0]
 
 
 @dataclass
 class LintFigures:
     ruff: dev.Checked
+    mypy: dev.Checked
     strict: Counter[str]  # mypy error codes on shared/ and the strict pure cores
     rest: Counter[str]  # mypy error codes elsewhere
 
@@ -183,7 +187,7 @@ def lint_figures() -> LintFigures:
     if not (ruff.ran and mypy.ran):
         sys.exit(f"shape_report: ruff or mypy failed to run:\n{ruff.stderr}{mypy.stderr}")
     patterns = dev.strict_patterns()
-    figures = LintFigures(ruff, Counter(), Counter())
+    figures = LintFigures(ruff, mypy, Counter(), Counter())
     for line in mypy.errors:
         module = dev.module_name(ROOT / line.split(":", 1)[0])
         code = (re.findall(r"\[([\w-]+)\]$", line) or ["?"])[0]
@@ -221,6 +225,10 @@ def main() -> int:
     print(f"ruff: {len(ruff.errors)} errors ({_codes(Counter(line.split(' ')[1] for line in ruff.errors), 10)})")
     print(f"mypy, shared/ and the strict pure cores: {lint.strict.total()} errors ({_codes(lint.strict)})")
     print(f"mypy, the rest: {lint.rest.total()} errors ({_codes(lint.rest)})\n")
+    per_folder = Counter(owner_folder(line.split(":")[0]) for line in [*ruff.errors, *lint.mypy.errors])
+    print(f"lint errors per folder (ruff + mypy, whole tree): {sum(per_folder.values())}")
+    for folder, count in sorted(per_folder.items()):
+        print(f"  {count:4d}  {folder}")
     for rule, title in (("BLE001", "blind excepts (BLE001)"), ("ASYNC2", "blocking calls in async code (ASYNC2xx)")):
         hits = [line for line in ruff.errors if line.split(" ")[1].startswith(rule)]
         print(f"{title}: {len(hits)}")

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from whaleflux.agent.simulated import SimulatedNode
 from whaleflux.shared.catalog import gpu_models
-from whaleflux.shared.events import GpuSample, GpuTelemetry, JobFinished, JobPlaced, JobStarted, JobSubmitted
+from whaleflux.shared.events import GpuSample, GpuTelemetry, JobFailed, JobFinished, JobPlaced, JobStarted, JobSubmitted
 from whaleflux.telemetry import dcgm
 from whaleflux.telemetry.admission import Last, Refused, Verdict, admit, gone_and_back, judge
 from whaleflux.telemetry.history import Point, Rollup, minutes_to_roll, resolution_for, roll_offset
@@ -107,6 +107,8 @@ def test_a_gang_run_spans_its_parts_gpus_first_start_and_last_end():
     # A new attempt starts over: its GPUs only, no end.
     again = apply(run, JobPlaced(node="n2", gpu_uuids=["GPU-2"], rank=0, **{**placed, "attempt": 2}))
     assert (again.gpu_uuids, again.finished_at, again.state) == (("GPU-2",), None, "placed")
+    late = JobFailed(job_id="g", attempt=1, cluster="c", node="n0", reason="lost", failed_at=t + timedelta(hours=1))
+    assert apply(again, late) == again  # the older attempt's late end changes nothing
 
 
 # --------------------------------------------------------------------------- history

@@ -174,8 +174,24 @@ async def test_metrics_carry_job_labels_while_the_job_holds_the_gpu(env):
         assert [n["node"] for n in nodes] == ["a100-01"] and nodes[0]["gpus"] == 2
         assert (await http.get("/v1/nodes/nope")).status_code == 404
 
+        # The job moves to its second attempt on the same GPU; the first attempt's end, arriving
+        # late, does not take the GPU from the second (the shared GPU-holder fold).
+        await bus.publish(subjects.job_placed("onprem", "a100-01"), JobPlaced(
+            job_id="j1", attempt=2, cluster="onprem", node="a100-01", gpu_model="A100", gpu_uuids=[uuids[1]],
+            gpu_indices=[1], command=["x"], team="search", project="rank"))
         await bus.publish(subjects.JOB_FINISHED, JobFinished(
             job_id="j1", attempt=1, cluster="onprem", node="a100-01", exit_code=0, started_at=T0,
+            finished_at=T0 + timedelta(seconds=1)))
+        # A marker behind it on the same stream: once it is stored, the late end was handled.
+        await bus.publish(subjects.JOB_SUBMITTED, JobSubmitted(job_id="marker", name="m", command=["x"]))
+        await until(lambda: svc.store.run("marker"), what="the late end handled")
+        assert (await svc.store.job_holds("j1")).attempt == 2
+        run = await svc.store.run("j1")
+        assert run is not None and run.attempt == 2 and run.finished_at is None  # the run is attempt 2's
+        [g1] = [g for g in (await http.get("/v1/gpus", params={"node": "a100-01"})).json() if g["gpu"]["index"] == 1]
+        assert g1["job"]["job_id"] == "j1"
+        await bus.publish(subjects.JOB_FINISHED, JobFinished(
+            job_id="j1", attempt=2, cluster="onprem", node="a100-01", exit_code=0, started_at=T0,
             finished_at=T0 + timedelta(seconds=1)))
 
         async def unlabelled():

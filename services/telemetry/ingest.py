@@ -86,14 +86,8 @@ class Ingest:
 
     # ------------------------------------------------------------------ batches
 
-    async def on_telemetry(self, env: Envelope, data: GpuTelemetry) -> None:
-        """One batch on its own (the consumer runs `on_telemetry_batch`)."""
-        (outcome,) = await self.on_telemetry_batch([(env, data)])
-        if outcome is not None:
-            raise outcome
-
     @batch_handler
-    async def on_telemetry_batch(self, events: list[tuple[Envelope, GpuTelemetry]]) -> list[Exception | None]:
+    async def on_telemetry_batch(self, events: list[tuple[Envelope, EventData]]) -> list[Exception | None]:
         """Judge each node batch in order, then store all admitted ones in one store call."""
         outcomes: list[Exception | None] = [None] * len(events)
         accepted: dict[str, Last] = {}  # node -> last batch admitted so far in this call
@@ -102,6 +96,9 @@ class Ingest:
         now = self.clock()
         times = []
         for i, (env, data) in enumerate(events):
+            if not isinstance(data, GpuTelemetry):  # the consumer's subjects carry only these
+                outcomes[i] = Reject(f"{env.type}: not a telemetry batch")
+                continue
             node_key = f"{data.cluster}/{data.node}"
             t = data.sample_time.timestamp()
             last = accepted.get(node_key) or self._last.get(node_key) or await self.store.last_batch(node_key)

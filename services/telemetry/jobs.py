@@ -42,16 +42,18 @@ def apply(run: JobRun, data: EventData) -> JobRun:
     """The run after one of its job events (other events leave it as it is)."""
     if isinstance(data, JobSubmitted):
         return dataclasses.replace(run, name=data.name, team=data.team, project=data.project)
+    if not isinstance(data, (JobPlaced, JobStarted, JobFinished, JobFailed)):
+        return run
+    if run.attempt is not None and data.attempt < run.attempt:
+        return run  # an older attempt's event, arriving late, never overrides the newer attempt's run
     if isinstance(data, (JobPlaced, JobStarted)):
         return _placed_or_started(run, data)
-    if isinstance(data, (JobFinished, JobFailed)):
-        ended = data.finished_at if isinstance(data, JobFinished) else data.failed_at
-        if data.rank is not None and run.finished_at is not None:  # a gang's run ends with its last part
-            ended = max(ended, run.finished_at)
-        state = "finished" if isinstance(data, JobFinished) else "failed"
-        # A usage settled before a later part of a gang ended is out of date: it is settled again.
-        return dataclasses.replace(run, finished_at=ended, state=state, usage=None)
-    return run
+    ended = data.finished_at if isinstance(data, JobFinished) else data.failed_at
+    if data.rank is not None and run.finished_at is not None:  # a gang's run ends with its last part
+        ended = max(ended, run.finished_at)
+    state = "finished" if isinstance(data, JobFinished) else "failed"
+    # A usage settled before a later part of a gang ended is out of date: it is settled again.
+    return dataclasses.replace(run, finished_at=ended, state=state, usage=None)
 
 
 def _placed_or_started(run: JobRun, data: JobPlaced | JobStarted) -> JobRun:

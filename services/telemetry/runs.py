@@ -10,7 +10,9 @@ import asyncio
 from collections.abc import Callable
 from datetime import datetime
 
-from whaleflux.shared.events import Envelope, EventData, JobFailed, JobFinished, JobPlaced, JobStarted
+from whaleflux.shared.contracts import fold_holders, gpus_involved
+from whaleflux.shared.contracts.holders import JOB_EVENTS as HOLDER_EVENTS
+from whaleflux.shared.events import Envelope, EventData, JobFailed, JobFinished
 
 from .history import resolution_for
 from .jobs import JOB_EVENTS, JobRun, apply
@@ -36,10 +38,13 @@ class Runs:
         job_id = data.job_id
         before = await self.store.run(job_id) or JobRun()
         after = apply(before, data)
-        hold = list(data.gpu_uuids) if isinstance(data, (JobPlaced, JobStarted)) else []
+        holds = None
+        if isinstance(data, HOLDER_EVENTS):
+            job = await self.store.job_holds(job_id)
+            current = await self.store.holders_of(gpus_involved(job, data))
+            holds = fold_holders(job, data, env.time, current)
         ended = isinstance(data, (JobFinished, JobFailed))
-        release = list(before.gpu_uuids) if ended else []
-        await self.store.save_run(job_id, before, after, hold, release, settle=ended)
+        await self.store.save_run(job_id, before, after, holds, settle=ended)
 
     async def usage(self, job_id: str) -> JobUsage:
         """Usage of the job's GPUs over its run (so far); stored once the job has ended and settled."""
@@ -75,9 +80,9 @@ class Runs:
     async def jobs_by_gpu(self) -> dict[str, JobRef]:
         """GPU uuid -> the job holding it now."""
         holders = await self.store.holders()
-        refs = await self.store.job_refs(sorted(set(holders.values())))
-        return {u: refs[j] for u, j in holders.items()}
+        refs = await self.store.job_refs(sorted({h.job_id for h in holders.values()}))
+        return {u: refs[h.job_id] for u, h in holders.items()}
 
     async def job_of(self, uuid: str) -> JobRef | None:
-        job_id = await self.store.holder_of(uuid)
-        return (await self.store.job_refs([job_id]))[job_id] if job_id else None
+        holder = (await self.store.holders_of([uuid])).get(uuid)
+        return (await self.store.job_refs([holder.job_id]))[holder.job_id] if holder else None

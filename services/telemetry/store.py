@@ -15,6 +15,7 @@ from typing import Any, Protocol, cast
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
+from whaleflux.shared.contracts import Holder, HolderChange, JobHolds
 from whaleflux.shared.events import GpuIdentity, GpuTelemetry, NodeRegistered, decode_typed
 
 from .admission import Last
@@ -160,34 +161,41 @@ class TelemetryStore:
         raw = _map(await self.redis.hgetall(self.key("job", job_id)))
         return _decode_run(raw) if raw else None
 
-    async def save_run(self, job_id: str, before: JobRun, after: JobRun, hold: list[str], release: list[str],
+    async def save_run(self, job_id: str, before: JobRun, after: JobRun, holds: HolderChange | None,
                        settle: bool) -> None:
-        """Store the run as `after` (it was read as `before`): its job now holds the GPUs `hold` and no longer
-        those of `release` it still holds; with `settle`, its usage is to be settled."""
+        """Store the run as `after` (it was read as `before`) and what the GPU-holder fold changed, in one
+        transaction; with `settle`, the run's usage is to be settled."""
         key = self.key("job", job_id)
         fields = _encode_run(after)
         cleared = sorted(set(_encode_run(before)) - set(fields))
-        holders = await self.redis.hmget(self.key("gpujob"), release) if release else []
-        mine = [u for u, j in zip(release, holders, strict=True) if j == job_id]
         async with self.redis.pipeline(transaction=True) as pipe:
             if fields:
                 pipe.hset(key, mapping={k: v for k, v in fields.items()})
             if cleared:
                 pipe.hdel(key, *cleared)
-            if hold:
-                pipe.hset(self.key("gpujob"), mapping={u: job_id for u in hold})
-            if mine:
-                pipe.hdel(self.key("gpujob"), *mine)
+            if holds is not None:
+                pipe.hset(self.key("holds"), job_id, holds.job.encode())
+                if holds.hold:
+                    pipe.hset(self.key("holder"), mapping={g: h.encode() for g, h in holds.hold.items()})
+                if holds.release:
+                    pipe.hdel(self.key("holder"), *holds.release)
             if settle:
                 pipe.sadd(self.key("jobs", "unsettled"), job_id)
             await pipe.execute()
 
-    async def holders(self) -> dict[str, str]:
-        """GPU uuid -> the job holding it now."""
-        return _map(await self.redis.hgetall(self.key("gpujob")))
+    async def job_holds(self, job_id: str) -> JobHolds:
+        raw = _str(await self.redis.hget(self.key("holds"), job_id))
+        return JobHolds.decode(raw) if raw else JobHolds()
 
-    async def holder_of(self, uuid: str) -> str | None:
-        return _str(await self.redis.hget(self.key("gpujob"), uuid))
+    async def holders_of(self, uuids: Iterable[str]) -> dict[str, Holder]:
+        """The part of a job attempt holding each of these GPUs now (GPUs nobody holds are left out)."""
+        wanted = list(uuids)
+        raw = await self.redis.hmget(self.key("holder"), wanted) if wanted else []
+        return {u: Holder.decode(cast(str, h)) for u, h in zip(wanted, raw, strict=True) if h}
+
+    async def holders(self) -> dict[str, Holder]:
+        """GPU uuid -> the part of a job attempt holding it now."""
+        return {u: Holder.decode(h) for u, h in _map(await self.redis.hgetall(self.key("holder"))).items()}
 
     async def job_refs(self, job_ids: list[str]) -> dict[str, JobRef]:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -149,9 +149,10 @@ class AlertStore:
                 out.append(Delivery.model_validate_json(raw))
         return out
 
-    async def next_due(self) -> float | None:
-        """Epoch seconds when the next delivery is due; None when the queue is empty."""
-        first = await self.redis.zrange(self.queue, 0, 0, withscores=True)
+    async def next_due(self, after: datetime) -> float | None:
+        """Epoch seconds when the next delivery after `after` is due; None when none is."""
+        first = await self.redis.zrangebyscore(self.queue, f"({after.timestamp()}", "+inf", start=0, num=1,
+                                               withscores=True)
         return float(first[0][1]) if first else None
 
     async def postpone(self, delivery_id: str, at: datetime) -> None:

@@ -28,7 +28,7 @@ def mount_api_docs(app: FastAPI) -> None:
     @app.get("/docs", include_in_schema=False)
     async def swagger_ui() -> HTMLResponse:
         return _local_only(get_swagger_ui_html(
-            openapi_url=app.openapi_url, title=f"{title} - API",
+            openapi_url=app.openapi_url or "/openapi.json", title=f"{title} - API",
             swagger_js_url=f"{MOUNT}/swagger-ui/swagger-ui-bundle.js",
             swagger_css_url=f"{MOUNT}/swagger-ui/swagger-ui.css",
             swagger_favicon_url=f"{MOUNT}/swagger-ui/favicon-32x32.png",
@@ -37,7 +37,7 @@ def mount_api_docs(app: FastAPI) -> None:
     @app.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
         return _local_only(get_redoc_html(
-            openapi_url=app.openapi_url, title=f"{title} - ReDoc",
+            openapi_url=app.openapi_url or "/openapi.json", title=f"{title} - ReDoc",
             redoc_js_url=f"{MOUNT}/redoc/redoc.standalone.js",
             redoc_favicon_url=f"{MOUNT}/swagger-ui/favicon-32x32.png", with_google_fonts=False,
         ))

@@ -23,9 +23,7 @@ its own (a one-event batch), so one bad event cannot hold up the others.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from typing import Any
 
 import nats
 import nats.errors
@@ -33,79 +31,22 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from nats.js.errors import BadRequestError, NotFoundError
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from . import subjects
-from .events import Envelope, EventData, InvalidEvent, decode, decode_typed, encode, make_envelope
+from .clock import Clock, system_clock
+from .consumer import Consumer
+from .dedup_store import SEEN_TTL_S, SeenStore
+from .events import Envelope, EventData, encode, make_envelope
+from .handlers import BatchHandler, BusMetrics, Handler, Reject, Retry, batch_handler, is_batch_handler
 from .streams import STREAMS, ConsumerSpec
 
+__all__ = ["REASON_HEADER", "SEEN_TTL_S", "BatchHandler", "Bus", "BusMetrics", "Handler", "Reject", "Retry",
+           "batch_handler", "is_batch_handler"]
+
 log = structlog.get_logger("whaleflux.bus")
-
-Handler = Callable[[Envelope, EventData], Awaitable[None]]
-# Gets the valid events of one fetch, in stream order; returns one outcome per event
-# (None: handled; Reject, Retry or another exception: settled like a raising handler),
-# or None when all were handled.
-BatchHandler = Callable[[list[tuple[Envelope, EventData]]], Awaitable["list[Exception | None] | None"]]
-SEEN_TTL_S = 14 * 86400
 REASON_HEADER = "WhaleFlux-Reason"
-
-
-class Reject(Exception):
-    """Raised by a handler for an event that is well-formed but can never be processed."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-class Retry(Exception):
-    """Raised by a handler for transient trouble: redeliver later, dead-letter when out of tries."""
-
-    def __init__(self, reason: str, delay_s: float | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.delay_s = delay_s
-
-
-@dataclass
-class BusMetrics:
-    handled: Counter
-    deadlettered: Counter
-    errors: Counter
-    duplicates: Counter
-    latency: Histogram
-
-    @classmethod
-    def create(cls, registry: CollectorRegistry) -> BusMetrics:
-        return cls(
-            handled=Counter("whaleflux_events_handled", "Events handled", ["consumer", "type"], registry=registry),
-            deadlettered=Counter(
-                "whaleflux_events_deadlettered",
-                "Events sent to deadletter.<subject>",
-                ["consumer", "stage"],
-                registry=registry,
-            ),
-            errors=Counter("whaleflux_handler_errors", "Handler failures (retried)", ["consumer"], registry=registry),
-            duplicates=Counter("whaleflux_events_duplicate", "Redelivered events skipped", ["consumer"], registry=registry),
-            latency=Histogram(
-                "whaleflux_event_handle_seconds",
-                "Time to handle one event",
-                ["consumer"],
-                registry=registry,
-                buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
-            ),
-        )
-
-
-def batch_handler(fn):
-    """Mark a handler as a BatchHandler: `Bus.start_consumer` then runs its consumer in batch mode."""
-    fn.whaleflux_batch = True
-    return fn
-
-
-def is_batch_handler(handler) -> bool:
-    return getattr(handler, "whaleflux_batch", False)
 
 
 def _header_safe(text: str, limit: int = 1000) -> str:
@@ -113,15 +54,16 @@ def _header_safe(text: str, limit: int = 1000) -> str:
 
 
 class Bus:
-    """One NATS connection with JetStream, used by one process."""
+    """One NATS connection with JetStream, used by one process; envelopes it makes are timed by `clock`."""
 
-    def __init__(self, nc: nats.NATS, source: str, metrics: BusMetrics | None = None):
+    def __init__(self, nc: nats.NATS, source: str, metrics: BusMetrics | None = None, clock: Clock = system_clock):
         self.nc = nc
         self.js = nc.jetstream()
         self.source = source
+        self.clock = clock
         self.metrics = metrics or BusMetrics.create(CollectorRegistry())
         self.bound: set[str] = set()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
 
     @classmethod
@@ -133,11 +75,12 @@ class Bus:
         user: str | None = None,
         password: str | None = None,
         metrics: BusMetrics | None = None,
-        connect_timeout: float = 5.0,
+        connect_timeout: int = 5,
         reconnect: bool = True,
+        clock: Clock = system_clock,
     ) -> Bus:
         """Connect; services reconnect forever, a one-shot client (`reconnect=False`) fails fast."""
-        bus = cls(nats.NATS(), source, metrics)
+        bus = cls(nats.NATS(), source, metrics, clock)
         await bus.nc.connect(
             url,
             user=user,
@@ -166,7 +109,11 @@ class Bus:
 
     @property
     def connected(self) -> bool:
-        return self.nc.is_connected
+        return bool(self.nc.is_connected)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     async def ensure_streams(self) -> None:
         """Create or update every declared stream (idempotent)."""
@@ -208,10 +155,12 @@ class Bus:
 
     # ------------------------------------------------------------------ publish
 
-    def envelope(self, data: EventData, *, subject: str | None = None, **kw) -> Envelope:
+    def envelope(self, data: EventData, *, subject: str | None = None, **kw: Any) -> Envelope:
+        """A new envelope from this process (`kw`: event_id, correlation_id, time), timed by the bus's clock."""
+        kw.setdefault("time", self.clock())
         return make_envelope(data, source=self.source, subject=subject, **kw)
 
-    async def publish(self, nats_subject: str, data: EventData, **kw) -> Envelope:
+    async def publish(self, nats_subject: str, data: EventData, **kw: Any) -> Envelope:
         """Publish `data` in a new envelope; `kw` sets envelope attributes (subject, event_id, ...)."""
         env = self.envelope(data, **kw)
         await self.publish_envelope(nats_subject, env)
@@ -237,194 +186,19 @@ class Bus:
 
     # ------------------------------------------------------------------ consume
 
-    def start_consumer(self, spec: ConsumerSpec, handler: Handler | BatchHandler, redis: Redis | None, seen_prefix: str,
-                       gate: asyncio.Event | None = None) -> None:
+    def start_consumer(self, spec: ConsumerSpec, handler: Handler | BatchHandler, redis: Redis | None,
+                       seen_prefix: str, gate: asyncio.Event | None = None) -> None:
         """Run a durable consumer; a handler marked `@batch_handler` gets each fetch's valid events at once.
 
+        `redis`: where handled event ids are remembered (`seen_prefix`), for consumers with `dedup`.
         `gate`: fetch only while it is set (a service whose state store is down or being rebuilt
         takes no events meanwhile, so none is spent on retries it cannot win)."""
         if is_batch_handler(handler) and spec.dedup:
             # Batch mode has no per-event id dedup: only for handlers idempotent by nature.
             raise ValueError(f"consumer {spec.durable}: a batch handler needs dedup=False")
-        self._tasks.append(asyncio.create_task(self._consume(spec, handler, redis, seen_prefix, gate), name=spec.durable))
-
-    async def _consume(self, spec: ConsumerSpec, handler: Handler, redis: Redis | None, seen_prefix: str,
-                       gate: asyncio.Event | None) -> None:
-        # Batch mode handles one fetch while fetching the next; at most one batch is in
-        # flight, so batches are still handled one after another, in stream order.
-        batch_mode = is_batch_handler(handler)
-        inflight: asyncio.Task | None = None
-        psub = None
-        try:
-            while not self._stopping.is_set():
-                if gate is not None and not gate.is_set():
-                    if inflight is not None:
-                        await inflight
-                        inflight = None
-                    await gate.wait()
-                    # The state may have been rebuilt meanwhile, and the consumer recreated or moved.
-                    if psub is not None:
-                        await self._unbind(spec, psub)
-                        psub = None
-                try:
-                    if psub is None:
-                        await self.ensure_consumer(spec)
-                        psub = await self.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
-                        self.bound.add(spec.durable)
-                    msgs = await psub.fetch(spec.batch, timeout=1.0)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except asyncio.CancelledError:
-                    raise
-                except NotFoundError:
-                    # Stream or consumer removed underneath us: declare again.
-                    self.bound.discard(spec.durable)
-                    psub = None
-                    await asyncio.sleep(0.5)
-                    continue
-                except Exception as exc:  # connection trouble: keep trying, never die
-                    log.warning("consumer.fetch_failed", consumer=spec.durable, error=repr(exc))
-                    self.bound.discard(spec.durable)
-                    psub = None
-                    await asyncio.sleep(1.0)
-                    continue
-                if batch_mode:
-                    if inflight is not None:
-                        await inflight
-                    inflight = asyncio.create_task(self._dispatch_batch(spec, msgs, handler))
-                    if spec.linger_s and len(msgs) < spec.batch // 4:
-                        await asyncio.sleep(spec.linger_s)
-                    continue
-                for msg in msgs:
-                    await self._dispatch(spec, msg, handler, redis, seen_prefix)
-        finally:
-            if inflight is not None and not inflight.done():
-                inflight.cancel()  # its unacked events are delivered again after ack_wait
-
-    async def _unbind(self, spec: ConsumerSpec, psub) -> None:
-        self.bound.discard(spec.durable)
-        try:
-            await psub.unsubscribe()
-        except (TimeoutError, nats.errors.Error) as exc:
-            log.info("consumer.unbind_failed", consumer=spec.durable, error=repr(exc))
-
-    async def _dispatch(self, spec: ConsumerSpec, msg: Msg, handler: Handler, redis: Redis | None, prefix: str) -> None:
-        name = spec.durable
-        try:
-            env, data = decode(msg.data)
-        except InvalidEvent as exc:
-            await self._settle_dead(msg, name, "validation", exc.reason)
-            return
-
-        seen_key = f"{prefix}:seen:{name}:{env.id}" if (spec.dedup and redis is not None) else None
-        structlog.contextvars.bind_contextvars(event_id=env.id, correlation_id=env.correlationid)
-        started = time.perf_counter()
-        try:
-            if seen_key and await redis.exists(seen_key):
-                self.metrics.duplicates.labels(name).inc()
-                await msg.ack()
-                log.info("event.duplicate", consumer=name, type=env.type, subject=msg.subject)
-                return
-            await handler(env, data)
-            if seen_key:
-                await redis.set(seen_key, 1, ex=SEEN_TTL_S)
-            await msg.ack()
-            self.metrics.handled.labels(name, env.type).inc()
-            elapsed = time.perf_counter() - started
-            self.metrics.latency.labels(name).observe(elapsed)
-            log.info("event.handled", consumer=name, type=env.type, subject=msg.subject, ms=round(elapsed * 1000, 2))
-        except Reject as exc:
-            await self._settle_dead(msg, name, "rejected", exc.reason)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await self._retry_or_dead(msg, spec, exc)
-        finally:
-            structlog.contextvars.unbind_contextvars("event_id", "correlation_id")
-
-    async def _dispatch_batch(self, spec: ConsumerSpec, msgs: list[Msg], handler: BatchHandler) -> None:
-        name = spec.durable
-        valid: list[tuple[Msg, Envelope, EventData]] = []
-        for msg in msgs:
-            try:
-                # env.data is the typed model here (see decode_typed): same as `data`.
-                env, data = decode_typed(msg.data)
-            except InvalidEvent as exc:
-                await self._settle_dead(msg, name, "validation", exc.reason)
-                continue
-            valid.append((msg, env, data))
-        if not valid:
-            return
-        started = time.perf_counter()
-        try:
-            outcomes = await self._run_batch(handler, [(env, data) for _, env, data in valid])
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("batch.failed", consumer=name, events=len(valid), error=repr(exc),
-                        note="handling each event of the batch on its own")
-            outcomes = []
-            for _, env, data in valid:
-                try:
-                    outcomes += await self._run_batch(handler, [(env, data)])
-                except asyncio.CancelledError:
-                    raise
-                except Exception as one:
-                    outcomes.append(one)
-        handled = 0
-        for (msg, env, _), outcome in zip(valid, outcomes):
-            if outcome is None:
-                try:
-                    await msg.ack()
-                except Exception as exc:  # connection trouble: it comes again after ack_wait, handling is idempotent
-                    log.warning("event.ack_failed", consumer=name, error=repr(exc))
-                    continue
-                self.metrics.handled.labels(name, env.type).inc()
-                handled += 1
-            elif isinstance(outcome, Reject):
-                await self._settle_dead(msg, name, "rejected", outcome.reason)
-            else:
-                await self._retry_or_dead(msg, spec, outcome)
-        elapsed = time.perf_counter() - started
-        per_event = elapsed / len(valid)
-        for _ in range(handled):
-            self.metrics.latency.labels(name).observe(per_event)
-        # One line per batch, not per event: at thousands of events a second the
-        # lines themselves would cost as much as the handling (docs/bus.md).
-        log.info("events.handled", consumer=name, handled=handled, events=len(valid), first_event_id=valid[0][1].id,
-                 last_event_id=valid[-1][1].id, ms=round(elapsed * 1000, 2))
-
-    @staticmethod
-    async def _run_batch(handler: BatchHandler, events: list[tuple[Envelope, EventData]]) -> list[Exception | None]:
-        outcomes = await handler(events)
-        if outcomes is None:
-            return [None] * len(events)
-        if len(outcomes) != len(events):
-            raise RuntimeError(f"batch handler returned {len(outcomes)} outcomes for {len(events)} events")
-        return list(outcomes)
-
-    async def _settle_dead(self, msg: Msg, consumer: str, stage: str, reason: str) -> None:
-        try:
-            await self.deadletter(msg, consumer, stage, reason)
-            await msg.term()
-        except Exception as exc:
-            # Could not record it: leave it unacked so it is delivered again.
-            log.error("deadletter.failed", consumer=consumer, error=repr(exc))
-
-    async def _retry_or_dead(self, msg: Msg, spec: ConsumerSpec, exc: Exception) -> None:
-        consumer = spec.durable
-        self.metrics.errors.labels(consumer).inc()
-        delivered = msg.metadata.num_delivered if msg.metadata else 1
-        reason = exc.reason if isinstance(exc, Retry) else f"{type(exc).__name__}: {exc}"
-        if delivered >= spec.max_deliver:
-            await self._settle_dead(msg, consumer, "exhausted", f"failed {delivered} times; last: {reason}")
-            return
-        delay = exc.delay_s if isinstance(exc, Retry) and exc.delay_s else spec.delay_before(delivered)
-        log.warning("event.retry", consumer=consumer, subject=msg.subject, attempt=delivered, delay_s=delay, reason=reason)
-        try:
-            await msg.nak(delay=delay)
-        except Exception:
-            pass
+        seen = SeenStore(redis, seen_prefix, spec.durable) if redis is not None else None
+        consumer = Consumer(self, spec, handler, seen, gate)
+        self._tasks.append(asyncio.create_task(consumer.run(), name=spec.durable))
 
     async def close(self) -> None:
         self._stopping.set()
@@ -437,6 +211,6 @@ class Bus:
             # its timeout on the pull subscriptions, so flush and close instead.
             try:
                 await self.nc.flush(timeout=2)
-            except Exception:
-                pass
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.info("nats.flush_failed", error=repr(exc))
             await self.nc.close()

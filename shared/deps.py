@@ -26,8 +26,9 @@ __all__ = ["Admin", "AdminDep", "NowDep", "RuntimeDep", "StateDep", "WholeState"
 
 def runtime_of(request: Request) -> Runtime:
     """The runtime of the app serving this request (`app.state.runtime`)."""
-    runtime = request.app.state.runtime
-    assert isinstance(runtime, Runtime), "app built by Runtime.app"
+    runtime = getattr(request.app.state, "runtime", None)
+    if not isinstance(runtime, Runtime):
+        raise RuntimeError("this app was not built by Runtime.app: no app.state.runtime")
     return runtime
 
 

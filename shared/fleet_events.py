@@ -50,7 +50,8 @@ class GpuSample(BaseModel):
     nvlink_replay_errors: Annotated[int, Field(ge=0)] | None = None
     nvlink_recovery_errors: Annotated[int, Field(ge=0)] | None = None
     nvlink_bandwidth_bytes: NonNeg | None = Field(None, description="rx + tx bytes over all links since boot")
-    tensor_active: Annotated[float, Field(ge=0, le=1)] | None = Field(None, description="ratio of cycles the tensor pipe is active")
+    tensor_active: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="ratio of cycles the tensor pipe is active")
     processes: list[GpuProcess] = Field(default_factory=list)
 
 

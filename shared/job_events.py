@@ -23,14 +23,16 @@ class JobSubmitted(EventData):
     gpus: int = Field(default=1, ge=1, le=1024)
     gpu_models: list[str] = Field(default_factory=list, description="allowed models; empty means any")
     min_memory_mib: NonNeg = 0
-    expected_runtime_s: Annotated[float, Field(gt=0)] | None = Field(None, description="the submitter's estimate, if any")
+    expected_runtime_s: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="the submitter's estimate, if any")
     submitted_by: str | None = None
     # Added in v1 before release; all optional with defaults.
     workload_class: Literal["llm-train", "finetune", "inference", "small"] = Field(
         "small", description="what kind of work: picks the GPU model that runs it fastest"
     )
     priority: Literal["high", "normal", "low"] = "normal"
-    preemptible: bool = Field(False, description="may be stopped (SIGTERM, grace, then requeued) for higher-priority work")
+    preemptible: bool = Field(
+        False, description="may be stopped (SIGTERM, grace, then requeued) for higher-priority work")
     checkpoint_dir: str | None = Field(
         None, description="passed as WHALEFLUX_CHECKPOINT_DIR; default <agent home>/checkpoints/<job_id>"
     )
@@ -42,7 +44,8 @@ class JobSubmitted(EventData):
         description="all GPUs on one node whose GPUs are joined by NVLink; when false, a job larger than any"
         " node it may use runs as a gang across nodes (one process per node, all or nothing)",
     )
-    labels: dict[Name, Name] = Field(default_factory=dict, description="placement constraints, e.g. {\"pool\": \"onprem\"}")
+    labels: dict[Name, Name] = Field(
+        default_factory=dict, description="placement constraints, e.g. {\"pool\": \"onprem\"}")
     service: Name | None = Field(None, description="inference service name: its replicas are spread across nodes")
     restart_on_failure: bool = Field(False, description="requeue the job when it exits non-zero or fails")
 

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
@@ -40,30 +37,21 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from .apidocs import mount_api_docs
 from .bus import BatchHandler, Bus, BusMetrics, Handler, Retry, batch_handler, is_batch_handler
+from .clock import Clock, system_clock
 from .errors import BadRequest, StateUnavailable
 from .events import Envelope, EventData, make_envelope
 from .logs import configure_logging
-from .outbox import Outbox
+from .outbox_store import Outbox
 from .runtime_http import add_error_handlers, add_ops_routes, refuse_before_connected
 from .settings import CommonSettings
-from .state_store import EpochStore, is_rebuilding
+from .state_guard import StateGuard
+from .state_store import EpochStore
 from .streams import CONSUMERS, ConsumerSpec
 
-Clock = Callable[[], datetime]
 Loop = Callable[[], Awaitable[None]]
-# How often a running service checks that its state is still there, and how long a rebuilding
-# replica's claim lasts if it dies mid-rebuild.
-STATE_CHECK_S = 0.5
-STATE_CHECK_TIMEOUT_S = 2.0
-REBUILD_CLAIM_MS = 300_000
 __all__ = ["BadRequest", "Clock", "Runtime", "ServiceParts", "StateUnavailable", "serve", "system_clock"]
 # What a failed start-up step may raise and still be retried (anything else is a bug).
 _STARTUP_TROUBLE = (RedisError, OSError, nats.errors.Error)
-
-
-def system_clock() -> datetime:
-    """The wall clock (UTC): the default `Clock`; tests inject their own."""
-    return datetime.now(UTC)
 
 
 @dataclass
@@ -107,12 +95,9 @@ class Runtime:
         self._redis: Redis | None = None
         self._bus: Bus | None = None
         self._outbox: Outbox | None = None
-        self._epochs: EpochStore | None = None
         self._tasks: list[asyncio.Task[Any]] = []
-        # Set while the state store is reachable and whole; consumers fetch only then.
-        self.state_ready = asyncio.Event()
-        self.state_problem: str | None = "starting"
-        self.epoch: str | None = None
+        # Whether the state store is reachable and whole; consumers fetch only then.
+        self.guard = StateGuard(self.log, self._rebuild)
         self.starting = False  # the lifespan began connecting (an app served without it never connects)
         self.running = False
 
@@ -164,17 +149,27 @@ class Runtime:
         else:
             await self.outbox.flush(self.bus)
 
+    @property
+    def state_ready(self) -> asyncio.Event:
+        """Set while the state store is reachable and whole."""
+        return self.guard.ready
+
+    @property
+    def state_problem(self) -> str | None:
+        return self.guard.problem
+
+    @property
+    def epoch(self) -> str | None:
+        """The state generation this process works on (the state-epoch marker)."""
+        return self.guard.epoch
+
     def require_state(self) -> None:
         """Raise StateUnavailable unless the state store is reachable and whole."""
-        if not self.state_ready.is_set():
-            raise StateUnavailable(self.state_problem or "state store not ready")
+        self.guard.require()
 
     def state_down(self, problem: str) -> None:
         """Stop deciding: consumers pause, the API answers 503 with `problem`."""
-        if self.state_ready.is_set():
-            self.log.error("state.unavailable", problem=problem, note="consumers paused; nothing decided until it is back")
-        self.state_problem = problem
-        self.state_ready.clear()
+        self.guard.down(problem)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run `coro` as a task the runtime cancels at stop."""
@@ -221,7 +216,7 @@ class Runtime:
         await self._connect()
         redis, bus = self.redis, self.bus
         self._outbox = Outbox(redis, self.prefix)
-        self._epochs = EpochStore(redis, self.prefix)
+        self.guard.epochs = EpochStore(redis, self.prefix)
         # A failure here (the store went away between connect and now, say) must not leave a
         # service that never becomes ready: nothing has started yet, so it is tried again.
         async for attempt in AsyncRetrying(retry=retry_if_exception_type((*_STARTUP_TROUBLE, StateUnavailable)),
@@ -230,11 +225,11 @@ class Runtime:
             with attempt:
                 if self.parts.on_ready is not None:
                     await self.parts.on_ready()
-                await self._ensure_state()
+                await self.guard.ensure()
         specs = self.consumer_specs()
         for name, handler in self.parts.consumers.items():
             bus.start_consumer(specs[name], self._store_guarded(handler), redis, self.prefix, self.state_ready)
-        for loop in [*self.parts.background, self._outbox_loop, self._state_watch]:
+        for loop in [*self.parts.background, self._outbox_loop, self.guard.watch]:
             self.spawn(self._guard(loop), name=getattr(loop, "__name__", "loop"))
         self.running = True
         self.log.info("service.started", consumers=sorted(specs))
@@ -268,9 +263,9 @@ class Runtime:
         """The /readyz checks before the service's `readiness` part adjusts them."""
         checks = {"nats": self._bus is not None and self._bus.connected, "redis": False,
                   "state": self.state_ready.is_set()}
-        if self._epochs is not None:
-            with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
-                checks["redis"] = await asyncio.wait_for(self._epochs.ping(), 1.0)
+        if self.guard.epochs is not None:
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                checks["redis"] = await asyncio.wait_for(self.guard.epochs.ping(), 1.0)
         bound = self._bus.bound if self._bus is not None else set()
         for name in self.consumer_specs():
             checks[f"consumer:{name}"] = name in bound
@@ -309,30 +304,8 @@ class Runtime:
                     self._bus = await Bus.connect(self.settings.nats_url, source=self.source,
                                                   user=self.settings.nats_user,
                                                   password=self.settings.secret("nats_password"),
-                                                  metrics=self.bus_metrics)
+                                                  metrics=self.bus_metrics, clock=self.clock)
                 await self._bus.ensure_streams()
-
-    async def _ensure_state(self) -> None:
-        """Rebuild when Redis holds none of this service's state (first start, wiped, or replaced);
-        while another replica rebuilds (its claim has a TTL in case it dies), wait for it."""
-        epochs = self._epochs
-        assert epochs is not None, "started"
-        while True:
-            current = await epochs.current()
-            if current is not None and not is_rebuilding(current):
-                self.epoch = current
-                self._state_up()
-                return
-            if current is None:
-                mine = uuid.uuid4().hex
-                if await epochs.claim_rebuild(mine, REBUILD_CLAIM_MS):
-                    self.log.warning("state.rebuilding", reason=self.state_problem)
-                    started = time.perf_counter()
-                    await self._rebuild()
-                    await epochs.mark_rebuilt(mine)
-                    self.log.warning("state.rebuilt", seconds=round(time.perf_counter() - started, 2))
-                    continue
-            await asyncio.sleep(0.2)
 
     async def _rebuild(self) -> None:
         if self.parts.rebuild is not None:
@@ -354,32 +327,6 @@ class Runtime:
                 pass  # never created: a first start
         if self.running and self.parts.on_ready is not None:  # lost while running: memory is stale
             await self.parts.on_ready()
-
-    def _state_up(self) -> None:
-        if not self.state_ready.is_set():
-            self.log.warning("state.ready", after=self.state_problem)
-        self.state_problem = None
-        self.state_ready.set()
-
-    async def _state_watch(self) -> None:
-        """Notice a lost or unreachable store while running, not only at start-up."""
-        epochs = self._epochs
-        assert epochs is not None, "started"
-        while True:
-            await asyncio.sleep(STATE_CHECK_S)
-            try:
-                current = await asyncio.wait_for(epochs.current(), STATE_CHECK_TIMEOUT_S)
-            except (TimeoutError, RedisError, OSError) as exc:
-                self.state_down(f"state store unreachable ({type(exc).__name__})")
-                continue
-            if current == self.epoch:
-                self._state_up()
-                continue
-            self.state_down("state lost (the store was wiped or replaced); rebuilding from JetStream")
-            try:
-                await self._ensure_state()
-            except (RedisError, OSError) as exc:
-                self.log.warning("state.rebuild_interrupted", error=repr(exc))
 
     def _store_guarded(self, handler: Handler | BatchHandler) -> Handler | BatchHandler:
         """A handler that hits an unreachable store pauses the consumers and asks for a redelivery."""
@@ -413,7 +360,7 @@ class Runtime:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # a loop's bug must not stop the service: logged, restarted
+            except Exception as exc:  # noqa: BLE001 - a loop's bug must not stop the service: logged, restarted
                 self.log.error("background.crashed", loop=getattr(loop, "__name__", "loop"), error=repr(exc))
                 await asyncio.sleep(1.0)
 

@@ -20,11 +20,12 @@ from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
 
 from .bus import BatchHandler, Bus, Handler
+from .clock import Clock, system_clock
 from .deps import AdminDep
 from .errors import StateUnavailable
 from .logs import configure_logging
-from .outbox import Outbox
-from .runtime import Clock, Runtime, ServiceParts, serve, system_clock
+from .outbox_store import Outbox
+from .runtime import Runtime, ServiceParts, serve
 from .settings import CommonSettings
 from .streams import ConsumerSpec
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,7 +27,8 @@ class CommonSettings(BaseSettings):
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("NATS_URL", "WHALEFLUX_NATS_URL"))
     nats_user: str | None = None
     nats_password: SecretStr | None = None
-    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("REDIS_URL", "WHALEFLUX_REDIS_URL"))
+    redis_url: str = Field("redis://127.0.0.1:6379/0",
+                           validation_alias=AliasChoices("REDIS_URL", "WHALEFLUX_REDIS_URL"))
     redis_password: SecretStr | None = None
     admin_token: SecretStr | None = None
     http_host: str = "127.0.0.1"
@@ -59,9 +60,9 @@ class CommonSettings(BaseSettings):
             self.admin_token = SecretStr(secrets.token_urlsafe(32))
         return self
 
-    def redacted(self) -> dict:
+    def redacted(self) -> dict[str, Any]:
         """Settings as a dict safe to show: secrets are masked."""
-        out = {}
+        out: dict[str, Any] = {}
         for key, value in self.model_dump().items():
             if isinstance(value, SecretStr):
                 value = "********"

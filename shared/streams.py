@@ -7,6 +7,7 @@ ad hoc. `Bus.ensure_streams()` applies these declarations idempotently.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 
@@ -100,7 +101,7 @@ class ConsumerSpec:
         )
 
 
-def _c(durable: str, stream: str, *filters: str, **kw) -> ConsumerSpec:
+def _c(durable: str, stream: str, *filters: str, **kw: Any) -> ConsumerSpec:
     return ConsumerSpec(durable=durable, stream=stream, filter_subjects=list(filters), **kw)
 
 
@@ -111,19 +112,23 @@ CONSUMERS: dict[str, ConsumerSpec] = {
            linger_s=0.005),
         _c("telemetry-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>"),
         # Job names, teams and GPUs, so samples and /metrics carry job labels and per-job usage.
-        _c("telemetry-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED),
+        _c("telemetry-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED,
+           s.JOB_FINISHED, s.JOB_FAILED),
         # In batches (a burst of submissions is recorded in one MULTI) and without the per-event id dedup
         # marker: every scheduler job handler is idempotent by nature (SET NX, attempt and state guards).
         _c("scheduler-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED,
            batch=256, dedup=False),
         _c("scheduler-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_DRAIN_REQUESTED}.>"),
         # Measured free memory per GPU, for placement: only the latest sample matters (no id dedup).
-        _c("scheduler-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False,
+        _c("scheduler-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
+           dedup=False,
            linger_s=0.05),
         # Liveness only matters now: start at new heartbeats, and skip the per-event dedup
         # marker (one per node per second); recording the latest time twice changes nothing.
-        _c("scheduler-heartbeats", "WHALEFLUX_NODES", f"{s.NODE_HEARTBEAT}.>", deliver_new=True, batch=256, dedup=False),
-        _c("alerting-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
+        _c("scheduler-heartbeats", "WHALEFLUX_NODES", f"{s.NODE_HEARTBEAT}.>", deliver_new=True, batch=256,
+           dedup=False),
+        _c("alerting-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
+           dedup=False),
         _c("alerting-notify", "WHALEFLUX_ALERTS", f"{s.ALERT_RAISED}", f"{s.ALERT_RESOLVED}"),
         # Topology (rack, pool) from registrations, liveness from heartbeats: idempotent, no id dedup.
         _c("alerting-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
@@ -132,12 +137,16 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("alerting-jobs", "WHALEFLUX_JOBS", s.JOB_FAILED, s.JOB_REJECTED, s.JOB_SUBMITTED, s.JOB_FINISHED,
            deliver_new=True),
         _c("alerting-leases", "WHALEFLUX_LEASES", s.LEASE_EXPIRING, s.LEASE_EXPIRED, deliver_new=True),
-        _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, s.JOB_REQUEUED, f"{s.JOB_PLACED}.>"),
+        _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, s.JOB_REQUEUED,
+           f"{s.JOB_PLACED}.>"),
         # Measured energy for power cost; counters are cumulative, so a redelivered sample adds nothing.
-        _c("billing-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
+        _c("billing-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
+           dedup=False),
         _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
-        _c("inventory-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_REJECTED, f"{s.JOB_PLACED}.>", s.JOB_FINISHED, s.JOB_FAILED),
-        _c("inventory-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False),
+        _c("inventory-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_REJECTED, f"{s.JOB_PLACED}.>",
+           s.JOB_FINISHED, s.JOB_FAILED),
+        _c("inventory-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
+           dedup=False),
     )
 }
 

@@ -70,7 +70,8 @@ def _record_lines(node: yaml.Node, path: KeyPath, out: dict[KeyPath, int]) -> No
             _record_lines(item, (*path, i), out)
 
 
-def parse(text: str, filename: str, error: type[ConfigFileError] = ConfigFileError, expect: str = "a mapping") -> LocatedDocument:
+def parse(text: str, filename: str, error: type[ConfigFileError] = ConfigFileError,
+          expect: str = "a mapping") -> LocatedDocument:
     """Parse one YAML document that must be a mapping (an empty document is an empty mapping)."""
     loader = yaml.SafeLoader(text)
     try:
@@ -95,7 +96,7 @@ def validate(
     model: type[M],
     error: type[ConfigFileError] = ConfigFileError,
     prepare: Callable[[Any], Any] | None = None,
-    locate: Callable[[dict], KeyPath] | None = None,
+    locate: Callable[[dict[str, Any]], KeyPath] | None = None,
 ) -> M:
     """Validate the document with `model`; every field error becomes a `FILE:LINE: key: problem` line.
 
@@ -107,7 +108,7 @@ def validate(
     except ValidationError as exc:
         errors = []
         for err in exc.errors(include_url=False, include_input=False):
-            path = locate(err) if locate else tuple(err["loc"])
+            path = locate(dict(err)) if locate else tuple(err["loc"])
             errors.append(f"{located.where(path)}: {err['msg'].removeprefix('Value error, ')}")
         raise error(errors) from None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -27,15 +27,28 @@ templates.env.filters.update(FILTERS)
 
 
 def create_app(settings: ConsoleSettings) -> FastAPI:
+    """The console app: pages, static files, ops endpoints; the lifespan connects the live hub to the bus."""
     hub = LiveHub(settings.live_interval_s)
     upstream = Upstream(settings.service_urls(), settings.secret("admin_token") or "", settings.upstream_timeout_s)
-    tasks: list[asyncio.Task] = []
+    app = FastAPI(title="WhaleFlux console", version="0.1.0", lifespan=_lifespan(settings, hub, upstream),
+                  docs_url=None, redoc_url=None)
+    app.state.console = Console(settings, upstream, hub, Signer(settings.secret("admin_token") or ""))
+    mount_api_docs(app)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    for module in (login, fleet, jobs, alerts, costs, inventory, sizing):
+        app.include_router(module.router)
+    _add_ops_routes(app, hub)
+    _add_error_pages(app)
+    return app
 
+
+def _lifespan(settings: ConsoleSettings, hub: LiveHub,
+              upstream: Upstream) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tasks.append(asyncio.create_task(hub.connect(settings.nats_url, settings.nats_user,
-                                                     settings.secret("nats_password")), name="bus"))
-        tasks.append(asyncio.create_task(hub.run(), name="live"))
+        tasks = [asyncio.create_task(hub.connect(settings.nats_url, settings.nats_user,
+                                                 settings.secret("nats_password")), name="bus"),
+                 asyncio.create_task(hub.run(), name="live")]
         yield
         for task in tasks:
             task.cancel()
@@ -43,22 +56,20 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         await hub.close()
         await upstream.close()
 
-    app = FastAPI(title="WhaleFlux console", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.console = Console(settings, upstream, hub, Signer(settings.secret("admin_token") or ""))
-    mount_api_docs(app)
-    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    for module in (login, fleet, jobs, alerts, costs, inventory, sizing):
-        app.include_router(module.router)
+    return lifespan
 
+
+def _add_ops_routes(app: FastAPI, hub: LiveHub) -> None:
     @app.get("/healthz", tags=["ops"])
-    async def healthz() -> dict:
+    async def healthz() -> dict[str, str]:
         return {"status": "ok", "service": "console"}
 
     @app.get("/readyz", tags=["ops"])
     async def readyz() -> Response:
         """Ready once it hears the bus (live updates); the pages themselves work without it."""
         checks = {"nats": hub.connected}
-        return JSONResponse({"ready": all(checks.values()), "checks": checks}, status_code=200 if all(checks.values()) else 503)
+        ready = all(checks.values())
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["ops"])
     async def metrics() -> Response:
@@ -71,6 +82,8 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                 f"whaleflux_console_live_streams {watchers}\n")
         return Response(body, media_type="text/plain; version=0.0.4")
 
+
+def _add_error_pages(app: FastAPI) -> None:
     @app.exception_handler(NotLoggedIn)
     async def not_logged_in(request: Request, exc: NotLoggedIn) -> Response:
         if request.headers.get("HX-Request") or request.url.path.startswith("/live/"):
@@ -86,8 +99,6 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     async def upstream_error(request: Request, exc: UpstreamError) -> Response:
         status = exc.status if exc.status in (404, 422) else 502
         return page(request, "error.html", None, status_code=status, error=exc)
-
-    return app
 
 
 def main() -> None:

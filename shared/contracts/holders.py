@@ -132,7 +132,6 @@ def fold_holders(job: JobHolds, data: EventData, at: datetime, current: Mapping[
         return HolderChange(replace(job, ended=job.ended | {rank}), release=(*release, *mine))
     if job.closed or rank in job.ended:
         return HolderChange(job, release=tuple(release))  # its end came first: a late placement holds nothing
-    assert isinstance(data, _HOLDING)
     gpus = tuple(dict.fromkeys((*job.parts.get(rank, ()), *data.gpu_uuids)))
     job = replace(job, parts={**job.parts, rank: gpus})
     started = data.started_at if isinstance(data, JobStarted) else None

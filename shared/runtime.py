@@ -47,6 +47,7 @@ from .settings import CommonSettings
 from .state_guard import StateGuard
 from .state_store import EpochStore
 from .streams import CONSUMERS, ConsumerSpec
+from .version import __version__
 
 Loop = Callable[[], Awaitable[None]]
 __all__ = ["BadRequest", "Clock", "Runtime", "ServiceParts", "StateUnavailable", "serve", "system_clock"]
@@ -83,7 +84,7 @@ class ServiceParts:
 class Runtime:
     """One service process's connections and lifecycle (see the module docstring)."""
 
-    def __init__(self, name: str, settings: CommonSettings, clock: Clock = system_clock, version: str = "0.1.0"):
+    def __init__(self, name: str, settings: CommonSettings, clock: Clock = system_clock, version: str = __version__):
         self.name = name
         self.settings = settings
         self.clock = clock

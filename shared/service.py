@@ -28,6 +28,7 @@ from .outbox_store import Outbox
 from .runtime import Runtime, ServiceParts, serve
 from .settings import CommonSettings
 from .streams import ConsumerSpec
+from .version import __version__
 
 __all__ = ["Clock", "ServiceBase", "StateUnavailable", "run_service", "system_clock"]
 
@@ -36,7 +37,7 @@ class ServiceBase:
     """Subclass and set `name`; override `consumers`, `add_routes`, `on_ready`, `background`."""
 
     name: str = "service"
-    version: str = "0.1.0"
+    version: str = __version__
 
     def __init__(self, settings: CommonSettings, clock: Clock = system_clock):
         self.settings = settings

@@ -6,6 +6,17 @@ jobs that resume from a checkpoint of their own, and carries a move out as a
 stop order, a requeue, a hold until the old attempt has ended, and a new
 placement by a later pass. `LIVE` is that; the other switches exist to
 measure what each rule costs (bench/scheduler_trace.py --executor).
+
+What still differs from the live service (docs/services/scheduler.md):
+passes run at each instant with events (live: after events and at least
+every `pass_interval_s`); a stop takes exactly `stop_s` (live: until the job
+exits after SIGTERM, at most the grace period, or grace + `heartbeat_lost_s`
+from a silent agent); a job placed on GPUs a stopping attempt still holds
+starts at once (live: after the agent stopped the old one); a stop keeps all
+the work done and a first attempt has no start-up latency; which trace jobs
+keep a checkpoint is assumed from their class unless the CSV says; runtimes
+follow the speed table; no failures, lost or drained nodes, leases, foreign
+memory use, jobs without an estimate or services.
 """
 
 from __future__ import annotations

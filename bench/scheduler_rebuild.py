@@ -96,7 +96,7 @@ async def main(jobs: int) -> None:
             await leadership.acquire(0.1)
             store = SchedulerStore(redis, "wf:scheduler", Outbox(redis, "wf:scheduler"), "bench", leadership, lambda: "bench")
             t = time.perf_counter()
-            done = await rebuild(bus, redis, store, hold_s=15.0, max_restarts=3, now=datetime.now(timezone.utc))
+            done = await rebuild(bus, store, hold_s=15.0, max_restarts=3, now=datetime.now(timezone.utc))
             rebuild_s = time.perf_counter() - t
             print(f"read the stream once (reference): {read:,} events in {read_s:.1f} s")
             print(f"scheduler rebuild from the stream alone: {rebuild_s:.1f} s for {done.jobs:,} jobs ({done.events:,} events; "
@@ -110,7 +110,7 @@ async def main(jobs: int) -> None:
             await redis.flushdb()
             await leadership.acquire(0.1)
             t = time.perf_counter()
-            done = await rebuild(bus, redis, store, hold_s=15.0, max_restarts=3, now=datetime.now(timezone.utc))
+            done = await rebuild(bus, store, hold_s=15.0, max_restarts=3, now=datetime.now(timezone.utc))
             print(f"scheduler rebuild from the snapshot + a tail of {tail:,} events: {time.perf_counter() - t:.1f} s "
                   f"({done.jobs:,} jobs restored, {done.pending:,} pending, {done.active:,} running)")
             print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; cpus: {os.cpu_count()}")

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from whaleflux.servers import LocalServers, _wait_port, nats_server_binary, redis_server_binary
 
 from .conftest import Servers
-from .processes import ADMIN_TOKEN, Cluster, make_cluster, wait_until
+from .processes import ADMIN_TOKEN, Cluster, Proc, make_cluster, wait_until
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -34,7 +34,11 @@ class OwnServers:
         return Servers(s.nats_url, s.redis_url, s.nats_user, s.nats_password, s.redis_password, "own")
 
     def _proc(self, binary: str) -> subprocess.Popen:
-        return next(p for p in self.local.procs if Path(str(p.args[0])).name.startswith(binary))
+        def program(p: subprocess.Popen) -> str:
+            first = p.args[0] if isinstance(p.args, (list, tuple)) else p.args
+            return Path(str(first)).name
+
+        return next(p for p in self.local.procs if program(p).startswith(binary))
 
     def stop_redis(self) -> None:
         proc = self._proc("redis-server")
@@ -44,8 +48,8 @@ class OwnServers:
 
     def start_redis(self) -> None:
         conf = self.local.state_dir / "redis.conf"
-        proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen([redis_server_binary(), str(conf)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
         self.local.procs.append(proc)
         _wait_port(self.local.redis_port, proc, "redis-server", self.local.state_dir / "redis-server.log")
 
@@ -63,14 +67,15 @@ class OwnServers:
         self.local.procs.remove(proc)
         # The same config (port, store, credentials): the clients reconnect to where it was.
         state = self.local.state_dir
-        proc = subprocess.Popen([nats_server_binary(), "-c", str(state / "nats.conf"), "-l", str(state / "nats-server.log")],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        argv = [nats_server_binary(), "-c", str(state / "nats.conf"), "-l", str(state / "nats-server.log")]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.local.procs.append(proc)
         _wait_port(self.local.nats_port, proc, "nats-server", state / "nats-server.log")
 
 
 def own_servers(tmp_path: Path) -> OwnServers:
-    return OwnServers(LocalServers(tmp_path / "servers", "whaleflux", secrets.token_urlsafe(16), secrets.token_urlsafe(16)).start())
+    local = LocalServers(tmp_path / "servers", "whaleflux", secrets.token_urlsafe(16), secrets.token_urlsafe(16))
+    return OwnServers(local.start())
 
 
 def checkpointing_command(marks: Path, steps: int, step_s: float = 0.25) -> list[str]:
@@ -92,7 +97,8 @@ def checkpointing_command(marks: Path, steps: int, step_s: float = 0.25) -> list
 def first_steps(marks: Path, job_id: str) -> list[tuple[int, int, str]]:
     """(attempt, first step, WHALEFLUX_RESUME) of each run of a checkpointing job."""
     path = marks / job_id
-    return [(int(p[1]), int(p[3]), p[4]) for p in (line.split() for line in path.read_text().splitlines()) if p[0] == "start"]
+    lines = (line.split() for line in path.read_text().splitlines())
+    return [(int(p[1]), int(p[3]), p[4]) for p in lines if p[0] == "start"]
 
 
 def marked_command(marks: Path, seconds: float) -> list[str]:
@@ -156,8 +162,9 @@ def assert_ran_once_each(marks: Path, ids: list[str], records: dict[str, dict]) 
         assert records[job_id]["state"] == "succeeded", (job_id, records[job_id], mine)
         completed = [r for r in mine if r.end is not None and not r.stopped]
         assert len(completed) == 1, f"{job_id} ran to its end {len(completed)} times: {mine}"
-        for a, b in zip(mine, mine[1:]):
-            assert a.end is not None and a.end <= b.start, f"{job_id}: attempt {b.attempt} started while {a.attempt} ran: {mine}"
+        for a, b in zip(mine, mine[1:], strict=False):
+            overlap = f"{job_id}: attempt {b.attempt} started while {a.attempt} ran: {mine}"
+            assert a.end is not None and a.end <= b.start, overlap
 
 
 def billed_gpu_seconds(billing_url: str, job_id: str) -> Decimal:
@@ -182,7 +189,7 @@ def assert_billed_what_ran(billing_url: str, marks: Path, ids: list[str], timeou
     assert abs(total_billed - total_ran) <= 0.01 * total_ran, (total_billed, total_ran, got, ran)
 
 
-def start_stack(servers: Servers, tmp_path: Path, *nodes: str, **scheduler_env: str) -> tuple[Cluster, object, object]:
+def start_stack(servers: Servers, tmp_path: Path, *nodes: str, **scheduler_env: str) -> tuple[Cluster, Proc, Proc]:
     cluster = make_cluster(servers, tmp_path)
     scheduler = cluster.service("scheduler", **scheduler_env)
     billing = cluster.service("billing")

@@ -9,10 +9,10 @@ from decimal import Decimal
 
 import httpx
 
+from whaleflux.billing.pricing import gpu_seconds
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus
 from whaleflux.shared.events import JobFinished, JobPlaced, JobStarted, JobSubmitted, decode
-from whaleflux.billing.pricing import gpu_seconds
 
 from .processes import fetch_stored, make_cluster, wait_until
 
@@ -70,8 +70,9 @@ def test_kill_9_scheduler_and_billing_mid_stream_places_and_charges_each_job_onc
         # Both services are killed after the 10th submission; submissions go on while they are down (the
         # submitter waits after the 15th until the scheduler is back), and billing comes back after the 25th.
         killed, down, scheduler_back, billing_due = (threading.Event() for _ in range(4))
+        milestones, resume = {10: killed, 25: billing_due}, {10: down, 15: scheduler_back}
         submitter = threading.Thread(target=lambda: asyncio.run(
-            _submit(clean_servers, ids, milestones={10: killed, 25: billing_due}, resume={10: down, 15: scheduler_back})))
+            _submit(clean_servers, ids, milestones=milestones, resume=resume)))
         submitter.start()
         assert killed.wait(60)
         scheduler.kill9()

@@ -126,8 +126,8 @@ def test_silent_node_mid_job_is_declared_lost_and_the_job_resumes_on_another_nod
         # The old attempt was stopped on the silent node (its agent still consumes stop orders).
         log1 = tmp_path / "home" / "jobs" / f"{job_id}.1.log"
         wait_until(lambda: "sigterm at" in log1.read_text(), timeout=30, what="attempt 1 stopped")
-        done = wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded" and _job(scheduler, job_id), timeout=90,
-                          what="job succeeded")
+        done = wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded" and _job(scheduler, job_id),
+                          timeout=90, what="job succeeded")
         assert done["attempt"] == 2
         log2 = (tmp_path / "home" / "jobs" / f"{job_id}.2.log").read_text()
         resumed_from = int(log2.split("from=")[1].split()[0])
@@ -153,8 +153,8 @@ def test_agent_killed_9_for_good_mid_job_moves_the_job_to_another_node_once_its_
         log1 = tmp_path / "home" / "jobs" / f"{job_id}.1.log"
         wait_until(lambda: "sigterm at" in log1.read_text(), timeout=30, what="attempt 1 stopped by its supervisor")
         wait_until(lambda: _running_on(scheduler, job_id, "a100-01", 2), timeout=60, what="resumed on the A100 node")
-        done = wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded" and _job(scheduler, job_id), timeout=90,
-                          what="job succeeded")
+        done = wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded" and _job(scheduler, job_id),
+                          timeout=90, what="job succeeded")
         assert done["node"] == "a100-01"
         assert "resume=1" in (tmp_path / "home" / "jobs" / f"{job_id}.2.log").read_text()
         _assert_moved_once(clean_servers, job_id)

@@ -7,14 +7,22 @@ from decimal import Decimal
 
 from whaleflux.agent.runner import gang_environment, job_environment, log_name
 from whaleflux.billing.metering import UsageRecord, ended, intervals, ledger_key, merge_parts
-from whaleflux.scheduler.app import SchedulerSettings
 from whaleflux.scheduler.gang import on_part_report, parts_of
 from whaleflux.scheduler.placement import ClusterState, Placement, place_on
 from whaleflux.scheduler.records import JobRecord
-from whaleflux.scheduler.routes import why
 from whaleflux.scheduler.schedule_request import NodeView, infeasible_reason, job_request, node_state
-from whaleflux.scheduler.store import part_event_id
-from whaleflux.shared.events import GpuIdentity, JobFailed, JobFinished, JobPlaced, JobStarted, JobSubmitted, NodeRegistered
+from whaleflux.scheduler.settings import SchedulerSettings
+from whaleflux.scheduler.transitions import part_event_id
+from whaleflux.scheduler.why import why
+from whaleflux.shared.events import (
+    GpuIdentity,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobStarted,
+    JobSubmitted,
+    NodeRegistered,
+)
 
 T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
 PROFILE = SchedulerSettings(environment="development").policy_config().profile

@@ -10,18 +10,18 @@ import asyncio
 import json
 import sys
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
 import httpx
 from redis.asyncio import Redis
 
-from whaleflux.scheduler.app import SchedulerSettings
 from whaleflux.scheduler.leadership import Leadership
-from whaleflux.scheduler.placement import ClusterState, place_on
+from whaleflux.scheduler.placement import ClusterState, Placement, place_on
 from whaleflux.scheduler.records import JobRecord
 from whaleflux.scheduler.schedule_request import NodeView, job_request, node_state
+from whaleflux.scheduler.settings import SchedulerSettings
 from whaleflux.scheduler.store import SchedulerStore
 from whaleflux.shared.events import (
     GpuIdentity,
@@ -42,7 +42,8 @@ from .test_failover import AUTH, FAST_FAILOVER
 FLEET = """
 name: gang-test
 groups:
-  - {name: h100, gpu_model: H100, nodes: 3, gpus_per_node: 8, interconnect: nvlink, cluster: onprem, pool: onprem, ownership: owned, racks: 1}
+  - {name: h100, gpu_model: H100, nodes: 3, gpus_per_node: 8, interconnect: nvlink,
+     cluster: onprem, pool: onprem, ownership: owned, racks: 1}
 """
 
 # Each part writes the environment it was given, counts steps into its rank's checkpoint (resuming
@@ -59,7 +60,8 @@ seen = {k: v for k, v in os.environ.items() if k.startswith("WHALEFLUX_") or k i
 (ck / f"env.{attempt}.{rank}.json").write_text(json.dumps(seen))
 f = ck / f"step.{rank}"
 step = int(f.read_text()) if os.environ["WHALEFLUX_RESUME"] == "1" and f.exists() else 0
-print(f"start={time.time()} attempt={attempt} rank={rank} resume={os.environ['WHALEFLUX_RESUME']} from={step}", flush=True)
+resume = os.environ["WHALEFLUX_RESUME"]
+print(f"start={time.time()} attempt={attempt} rank={rank} resume={resume} from={step}", flush=True)
 def term(*_):
     print(f"sigterm at {step} end={time.time()}", flush=True)
     sys.exit(143)
@@ -77,6 +79,12 @@ print(f"done at {step} end={time.time()}", flush=True)
 """
 
 
+async def _record(store: SchedulerStore, job_id: str) -> JobRecord:
+    job = await store.job(job_id)
+    assert job is not None, job_id
+    return job
+
+
 async def test_store_commits_one_placement_per_node_and_stops_every_part_in_one_transaction(clean_servers):
     redis = Redis.from_url(clean_servers.redis_url, password=clean_servers.redis_password, decode_responses=True)
     leadership = Leadership(redis, "wf:scheduler", "t", 5)
@@ -87,39 +95,41 @@ async def test_store_commits_one_placement_per_node_and_stops_every_part_in_one_
         spec = JobSubmitted(job_id="g1", name="x", command=["train"], gpus=16)
         regs = [NodeRegistered(
             cluster="c1", node=n, interconnect="nvlink", agent_version="t",
-            gpus=[GpuIdentity(uuid=f"{n}-{i}", index=i, model="H100", name="H100", memory_total_mib=81559) for i in range(8)],
+            gpus=[GpuIdentity(uuid=f"{n}-{i}", index=i, model="H100", name="H100", memory_total_mib=81559)
+                  for i in range(8)],
         ) for n in ("n1", "n2", "n3")]
         await redis.hset(store.nodes_key, mapping={f"c1/{r.node}": r.model_dump_json() for r in regs})
         nodes = [node_state(NodeView(r), {}) for r in regs]
         placement = place_on(ClusterState(nodes), job_request("g1", spec), SchedulerSettings(environment="development")
                              .policy_config().profile, 0.0)
-        job = JobRecord(job_id="g1", spec=spec, submitted_at=datetime.now(timezone.utc))
-        now = datetime.now(timezone.utc)
+        assert isinstance(placement, Placement)
+        job = JobRecord(job_id="g1", spec=spec, submitted_at=datetime.now(UTC))
+        now = datetime.now(UTC)
         await store.commit_placements([(job, placement, None)], now)
 
         async def staged() -> list[tuple[str, str]]:
             raw = await redis.hgetall("wf:scheduler:outbox")
-            out = [(json.loads(v)["subject"], f.split(":", 1)[1]) for f, v in sorted(raw.items())]
+            out = [(json.loads(v)["subject"], str(f).split(":", 1)[1]) for f, v in sorted(raw.items())]
             await redis.delete("wf:scheduler:outbox")
             return out
 
         assert await staged() == [("job.placed.c1.n1", "placed-g1-1"), ("job.placed.c1.n2", "placed-g1-1-r1")]
-        assert len(await store.alloc()) == 16 and (await store.job("g1")).nodes == ["n1", "n2"]
+        assert len(await store.alloc()) == 16 and (await _record(store, "g1")).nodes == ["n1", "n2"]
         # Any node of the gang lost: one requeue, a stop order to every node of the attempt.
         [held] = await store.jobs_on("c1/n2")
         await store.requeue(held, "node_lost", "node lost", now, 2.0)
-        assert await staged() == [("job.preempted.c1.n1", "preempted-g1-1"), ("job.preempted.c1.n2", "preempted-g1-1-r1"),
-                                  ("job.requeued", "requeued-g1-1")]
+        assert await staged() == [("job.preempted.c1.n1", "preempted-g1-1"),
+                                  ("job.preempted.c1.n2", "preempted-g1-1-r1"), ("job.requeued", "requeued-g1-1")]
         assert await store.alloc() == {} and await store.jobs_on("c1/n1") == []
         # A failed gang: the part still running is told to stop.
-        job = await store.job("g1")
+        job = await _record(store, "g1")
         await store.commit_placements([(job, placement, None)], now)
         await staged()
         job.state = "failed"
         await store.end(job, job.parts[:1], "gang failed", 2.0, now)
         assert await staged() == [("job.preempted.c1.n1", "stopped-g1-2")] and await store.alloc() == {}
         # Restart on failure: the part that failed is not told to stop, the others are.
-        job = await store.job("g1")
+        job = await _record(store, "g1")
         await store.commit_placements([(job, placement, None)], now)
         await staged()
         await store.requeue(job, "restart_on_failure", "rank 0 failed", now, 2.0, spare=frozenset({0}))
@@ -153,8 +163,8 @@ def _start(clean_servers, tmp_path: Path):
 
 
 def _submit(scheduler, script: Path, steps: int, **extra) -> str:
-    body = {"name": "train", "command": [sys.executable, str(script), str(steps)], "gpus": 16, "workload_class": "llm-train",
-            **extra}
+    body = {"name": "train", "command": [sys.executable, str(script), str(steps)], "gpus": 16,
+            "workload_class": "llm-train", **extra}
     resp = httpx.post(scheduler.url + "/v1/jobs", json=body, headers=AUTH)
     assert resp.status_code == 202, resp.text
     return resp.json()["job_id"]
@@ -189,14 +199,16 @@ def test_sixteen_gpu_job_runs_one_part_per_node_finishes_once_and_is_charged_for
         # On one NVLink node it can never run: refused at submission, with the reason.
         refused = httpx.post(scheduler.url + "/v1/jobs", headers=AUTH,
                              json={"name": "x", "command": ["true"], "gpus": 16, "nvlink": True})
-        assert refused.status_code == 422 and "on one NVLink node" in refused.text and "only 8 GPUs per node" in refused.text
+        assert refused.status_code == 422
+        assert "on one NVLink node" in refused.text and "only 8 GPUs per node" in refused.text
 
         job_id = _submit(scheduler, script, steps=15)
         done = wait_until(lambda: (j := _job(scheduler, job_id))["state"] in ("succeeded", "failed") and j, timeout=120,
                           what="gang finished")
         assert done["state"] == "succeeded" and done["attempt"] == 1 and done["exit_code"] == 0, done
         parts = done["parts"]
-        assert [p["rank"] for p in parts] == [0, 1] and all(p["state"] == "exited" and p["exit_code"] == 0 for p in parts)
+        assert [p["rank"] for p in parts] == [0, 1]
+        assert all(p["state"] == "exited" and p["exit_code"] == 0 for p in parts)
         nodes = [p["node"] for p in parts]
         assert len(set(nodes)) == 2 and done["node"] == nodes[0] and len(done["gpu_uuids"]) == 16
 
@@ -205,7 +217,8 @@ def test_sixteen_gpu_job_runs_one_part_per_node_finishes_once_and_is_charged_for
             env = json.loads((_ckpt(tmp_path, job_id) / f"env.1.{p['rank']}.json").read_text())
             assert env["CUDA_VISIBLE_DEVICES"].split(",") == p["gpu_uuids"] and len(p["gpu_uuids"]) == 8
             assert env["WHALEFLUX_JOB_ID"] == job_id and env["WHALEFLUX_CHECKPOINT_DIR"] == str(_ckpt(tmp_path, job_id))
-            assert (env["WHALEFLUX_NODE_RANK"], env["WHALEFLUX_NUM_NODES"], env["WHALEFLUX_COORDINATOR"]) == (str(p["rank"]), "2", nodes[0])
+            coordinates = (env["WHALEFLUX_NODE_RANK"], env["WHALEFLUX_NUM_NODES"], env["WHALEFLUX_COORDINATOR"])
+            assert coordinates == (str(p["rank"]), "2", nodes[0])
             assert (env["NODE_RANK"], env["NNODES"], env["MASTER_ADDR"]) == (str(p["rank"]), "2", nodes[0])
             assert env["WHALEFLUX_GANG_GPUS"] == "16"
             assert "done at 15" in _log(tmp_path, job_id, 1, p["rank"])
@@ -214,8 +227,8 @@ def test_sixteen_gpu_job_runs_one_part_per_node_finishes_once_and_is_charged_for
         [usage] = wait_until(lambda: (r := httpx.get(f"{billing.url}/v1/costs/jobs/{job_id}")).status_code == 200
                              and r.json()[0]["state"] == "finished" and r.json(), what="billing record")
         assert usage["gpus"] == 16 and usage["attempt"] == 1 and usage["nodes"] == nodes
-        expected = sum(Decimal(8) * Decimal(str((datetime.fromisoformat(p["finished_at"])
-                                                  - datetime.fromisoformat(p["started_at"])).total_seconds())) for p in parts)
+        ran = [datetime.fromisoformat(p["finished_at"]) - datetime.fromisoformat(p["started_at"]) for p in parts]
+        expected = sum(Decimal(8) * Decimal(str(t.total_seconds())) for t in ran)
         assert abs(Decimal(usage["gpu_seconds"]) - expected) <= Decimal("0.01"), (usage, expected)
         assert float(usage["gpu_seconds"]) >= 16 * 1.4  # each part slept 15 x 0.1 s (less clock granularity)
 
@@ -228,7 +241,8 @@ def test_sixteen_gpu_job_runs_one_part_per_node_finishes_once_and_is_charged_for
         assert rank1.returncode == 0 and "rank=1" in rank1.stdout
 
         history = [e for e in asyncio.run(_job_history(clean_servers)) if getattr(e, "job_id", None) == job_id]
-        kinds = Counter((type(e).__name__, e.rank) for e in history if isinstance(e, (JobPlaced, JobStarted, JobFinished)))
+        kinds = Counter((type(e).__name__, e.rank) for e in history
+                        if isinstance(e, (JobPlaced, JobStarted, JobFinished)))
         assert kinds == {(k, r): 1 for k in ("JobPlaced", "JobStarted", "JobFinished") for r in (0, 1)}
         assert not [e for e in history if isinstance(e, (JobRequeued, JobPreempted))]
     finally:
@@ -240,7 +254,8 @@ def test_a_silent_node_moves_the_whole_gang_once_and_the_surviving_part_stops_fi
     try:
         job_id = _submit(scheduler, script, steps=50)
         first = wait_until(lambda: (j := _job(scheduler, job_id))["state"] == "running" and j, what="gang running")
-        wait_until(lambda: min(_steps(tmp_path, job_id, 0), _steps(tmp_path, job_id, 1)) >= 5, what="both parts checkpointed")
+        wait_until(lambda: min(_steps(tmp_path, job_id, 0), _steps(tmp_path, job_id, 1)) >= 5,
+                   what="both parts checkpointed")
         survivor, silent = [p["node"] for p in first["parts"]]
         [spare] = {"h100-01", "h100-02", "h100-03"} - {survivor, silent}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from whaleflux.scheduler.attempts import reconcile
 from whaleflux.scheduler.history import Fold, fold
@@ -20,7 +20,7 @@ from whaleflux.shared.events import (
     make_envelope,
 )
 
-T0 = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
 
 def at(s: float) -> datetime:
@@ -37,11 +37,13 @@ def submitted(job="j1", **kw):
 
 def placed(job="j1", attempt=1, node="n1", gpus=("g0",), rank=None, gang=None):
     return JobPlaced(job_id=job, attempt=attempt, cluster="c", node=node, gpu_model="H100", gpu_uuids=list(gpus),
-                     gpu_indices=list(range(len(gpus))), command=["true"], team="t", project="p", rank=rank, gang_nodes=gang)
+                     gpu_indices=list(range(len(gpus))), command=["true"], team="t", project="p", rank=rank,
+                     gang_nodes=gang)
 
 
 def started(job="j1", attempt=1, node="n1", t=1.0, rank=None):
-    return JobStarted(job_id=job, attempt=attempt, cluster="c", node=node, gpu_uuids=["g0"], pid=1, started_at=at(t), rank=rank)
+    return JobStarted(job_id=job, attempt=attempt, cluster="c", node=node, gpu_uuids=["g0"], pid=1, started_at=at(t),
+                      rank=rank)
 
 
 def finished(job="j1", attempt=1, node="n1", code=0, t0=1.0, t1=5.0, interrupted=None, rank=None):
@@ -65,7 +67,8 @@ def test_a_finished_job_stays_finished_and_is_never_queued_again():
 
 def test_a_running_attempt_is_readopted_where_it_runs_not_restarted():
     job = fold_(ev(0, submitted()), ev(0.5, placed(node="n2", gpus=("g5", "g6"))), ev(1, started(node="n2")))["j1"]
-    assert (job.state, job.attempt, job.node, job.gpu_uuids, job.started_at) == ("running", 1, "n2", ["g5", "g6"], at(1))
+    got = (job.state, job.attempt, job.node, job.gpu_uuids, job.started_at)
+    assert got == ("running", 1, "n2", ["g5", "g6"], at(1))
 
 
 def test_only_a_never_placed_job_is_pending():
@@ -111,7 +114,8 @@ def test_a_rejected_job_stays_rejected_and_events_of_unknown_jobs_change_nothing
 
 
 def test_a_failed_start_is_final():
-    fail = JobFailed(job_id="j1", attempt=1, cluster="c", node="n1", reason="cannot start command: nope", failed_at=at(1))
+    fail = JobFailed(job_id="j1", attempt=1, cluster="c", node="n1", reason="cannot start command: nope",
+                     failed_at=at(1))
     job = fold_(ev(0, submitted()), ev(0.5, placed()), ev(1, fail))["j1"]
     assert job.state == "failed" and "cannot start" in job.reason
 
@@ -179,7 +183,8 @@ def test_an_attempt_the_node_runs_that_it_should_not_is_stopped():
     # An attempt newer than the record we read (our view lags) and one already being stopped are left alone.
     lagging = record(attempt=1, node="n2")
     stopping = record("j4", state="pending", attempt=1)
-    plan = reconcile(heartbeat(running("j1", 2), running("j4", 1)), at(20), [], {"j1": lagging, "j4": stopping}, at(20), 30)
+    plan = reconcile(heartbeat(running("j1", 2), running("j4", 1)), at(20), [], {"j1": lagging, "j4": stopping},
+                     at(20), 30)
     assert plan.stop == []
 
 
@@ -189,10 +194,8 @@ def test_the_current_attempt_running_where_we_placed_it_changes_nothing():
 
 
 def test_a_gang_part_is_matched_by_its_rank():
-    parts = [JobPart(rank=0, cluster="c", node="n0", gpu_model="H100", gpu_uuids=["a"], gpu_indices=[0], state="running",
-                     started_at=at(1)),
-             JobPart(rank=1, cluster="c", node="n1", gpu_model="H100", gpu_uuids=["b"], gpu_indices=[0], state="running",
-                     started_at=at(1))]
+    parts = [JobPart(rank=r, cluster="c", node=f"n{r}", gpu_model="H100", gpu_uuids=[g], gpu_indices=[0],
+                     state="running", started_at=at(1)) for r, g in ((0, "a"), (1, "b"))]
     gang = record(node="n0", parts=parts)
     assert not reconcile(heartbeat(running(rank=1)), at(20), [gang], {}, at(20), 30).lost
     assert reconcile(heartbeat(running(rank=0)), at(20), [gang], {}, at(20), 30).lost
@@ -218,8 +221,9 @@ def test_a_snapshot_plus_the_tail_folds_to_the_same_records_as_the_whole_history
 def test_a_snapshot_keeps_live_jobs_and_recent_history_only():
     f = Fold(15.0, 3)
     for e in [ev(0, submitted("old")), ev(0.5, placed("old")), ev(1, started("old")), ev(2, finished("old", t1=2)),
-              ev(0, submitted("recent")), ev(0.5, placed("recent")), ev(1, started("recent")), ev(9, finished("recent", t1=9)),
-              ev(0, submitted("waiting")), ev(0, submitted("running")), ev(0.5, placed("running")), ev(1, started("running"))]:
+              ev(0, submitted("recent")), ev(0.5, placed("recent")), ev(1, started("recent")),
+              ev(9, finished("recent", t1=9)), ev(0, submitted("waiting")), ev(0, submitted("running")),
+              ev(0.5, placed("running")), ev(1, started("running"))]:
         f.apply(*e)
     assert f.forget_finished(before=at(5)) == 1
     assert sorted(f.jobs) == ["recent", "running", "waiting"]

@@ -52,8 +52,8 @@ def test_redis_flushall_mid_run_reruns_no_finished_job_and_loses_none(own, tmp_p
     try:
         ids = submit(scheduler.url, marks, 2.0, 12)
         # Some have finished, some run, some wait (12 jobs on 8 GPUs).
-        wait_until(lambda: sum(1 for j in ids if any(r.end for r in runs(marks, j))) >= 2 and _some_running(marks, ids, 4),
-                   timeout=60, what="jobs finished and running")
+        wait_until(lambda: sum(1 for j in ids if any(r.end for r in runs(marks, j))) >= 2
+                   and _some_running(marks, ids, 4), timeout=60, what="jobs finished and running")
         own.flushall()
         # The store's loss is noticed while running: the API says so instead of answering from nothing.
         wait_until(lambda: httpx.get(scheduler.url + "/readyz").status_code == 200
@@ -145,7 +145,8 @@ def test_agent_kill_9_mid_job_loses_no_end_and_bills_what_ran(own, tmp_path):
         long = submit(scheduler.url, marks, 6.0, 3)  # these are still running when it is back
         wait_until(lambda: _some_running(marks, short + long, 6), timeout=60, what="all six running")
         agent.kill9()
-        wait_until(lambda: all(r.end for j in short for r in runs(marks, j)), timeout=30, what="short jobs ended meanwhile")
+        wait_until(lambda: all(r.end for j in short for r in runs(marks, j)), timeout=30,
+                   what="short jobs ended meanwhile")
         agent.start()
         records = wait_all_ended(scheduler.url, short + long)
         assert_ran_once_each(marks, short + long, records)
@@ -153,6 +154,7 @@ def test_agent_kill_9_mid_job_loses_no_end_and_bills_what_ran(own, tmp_path):
         for job_id in short:
             [run] = runs(marks, job_id)
             finished = records[job_id]["finished_at"]
+            assert run.end is not None, run
             assert abs(datetime.fromisoformat(finished).timestamp() - run.end) < 1.0, (job_id, finished, run)
         assert_billed_what_ran(billing.url, marks, short + long)
     finally:
@@ -164,8 +166,8 @@ def _up(home, out_path):
     env["WHALEFLUX_HOME"] = str(home)
     with open(out_path, "ab") as out:
         # Its own session, as a terminal's foreground group: Ctrl-C reaches `up` and all its children at once.
-        return subprocess.Popen([sys.executable, "-m", "whaleflux", "up"], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True), env
+        return subprocess.Popen([sys.executable, "-m", "whaleflux", "up"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True), env
 
 
 def _ready_up(home):
@@ -183,11 +185,12 @@ def test_ctrl_c_of_up_interrupts_the_job_and_it_resumes_from_its_checkpoint_when
     try:
         services = _ready_up(home)
         token = {"Authorization": f"Bearer {json.loads((home / 'config.json').read_text())['admin_token']}"}
-        # 15 s of steps: the job's own marks miss its process start and exit (tens of ms per attempt), well within 1% of that.
+        # 15 s of steps: the job's own marks miss its process start and exit (tens of ms per attempt), well
+        # within 1% of that.
         body = {"name": "ckpt", "command": checkpointing_command(marks, steps=60), "gpu_models": ["A100"]}
         job_id = httpx.post(services["scheduler"] + "/v1/jobs", json=body, headers=token, timeout=10).json()["job_id"]
-        wait_until(lambda: (home / "checkpoints" / job_id / "step").exists()
-                   and int((home / "checkpoints" / job_id / "step").read_text()) >= 4, timeout=60, what="job past step 4")
+        step = home / "checkpoints" / job_id / "step"
+        wait_until(lambda: step.exists() and int(step.read_text()) >= 4, timeout=60, what="job past step 4")
         os.killpg(up.pid, signal.SIGINT)  # Ctrl-C
         assert up.wait(timeout=90) == 0
         [run] = runs(marks, job_id)
@@ -207,7 +210,7 @@ def test_ctrl_c_of_up_interrupts_the_job_and_it_resumes_from_its_checkpoint_when
         assert starts[0] == (1, 0, "0") and starts[1][0] == 2 and starts[1][2] == "1", starts
         assert starts[1][1] == stopped_at > 0, "the second attempt resumed from the checkpoint the first one wrote"
         runs_ = runs(marks, job_id)
-        assert runs_[0].end <= runs_[1].start
+        assert runs_[0].end is not None and runs_[0].end <= runs_[1].start
         assert_billed_what_ran(services["billing"], marks, [job_id])  # both attempts, the interrupted one included
     finally:
         if up.poll() is None:

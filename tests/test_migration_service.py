@@ -50,7 +50,8 @@ def test_a_long_checkpointable_job_moves_to_faster_gpus_when_they_free_and_a_res
         mover = _submit(scheduler, [sys.executable, str(job), "40"], **train)
         stayer = _submit(scheduler, [sys.executable, str(job), "90"], resume="restart", **train)
         for job_id in (mover, stayer):
-            wait_until(lambda: (j := _job(scheduler, job_id))["state"] == "running" and j["node"] == "a100-01",
+            wait_until(lambda job_id=job_id: (j := _job(scheduler, job_id))["state"] == "running"
+                       and j["node"] == "a100-01",
                        what=f"{job_id} running on the A100s")
         wait_until(lambda: _checkpoint(tmp_path, mover) >= 5, what="mover checkpointed")
 

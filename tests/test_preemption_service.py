@@ -38,7 +38,8 @@ def test_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_che
         wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json(), what="node registered")
 
         # Infeasible jobs are refused at submission, with the reason.
-        too_big = httpx.post(scheduler.url + "/v1/jobs", json={"name": "big", "command": ["true"], "gpus": 8}, headers=AUTH)
+        big = {"name": "big", "command": ["true"], "gpus": 8}
+        too_big = httpx.post(scheduler.url + "/v1/jobs", json=big, headers=AUTH)
         assert too_big.status_code == 422 and "only 4 GPUs per node" in too_big.text
         nowhere = cluster.cli("submit", "--label", "pool=nowhere", "--wait", "--", "true")
         assert nowhere.returncode == 1 and "rejected" in nowhere.stdout and "pool dev, not nowhere" in nowhere.stdout
@@ -66,7 +67,8 @@ def test_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_che
         assert done["attempt"] == 1
 
         for job_id in (low, waiter):
-            wait_until(lambda: _job(scheduler, job_id)["state"] == "succeeded", timeout=90, what=f"{job_id} done")
+            wait_until(lambda job_id=job_id: _job(scheduler, job_id)["state"] == "succeeded", timeout=90,
+                       what=f"{job_id} done")
         assert _job(scheduler, low)["attempt"] == 2 and _job(scheduler, waiter)["attempt"] == 1
         logs = cluster.cli("jobs", "logs", low)
         assert logs.returncode == 0 and "attempt=2 resume=1" in logs.stdout

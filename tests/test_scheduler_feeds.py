@@ -3,7 +3,7 @@ holds on an idle GPU, and a lease that ends before the job would."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 
@@ -18,7 +18,7 @@ AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 def test_free_memory_is_what_the_sample_leaves_less_the_driver_reserve():
     gpu = GpuSample(uuid="g", index=0, model="A100", utilization_gpu_pct=0, memory_used_mib=60000,
                     memory_total_mib=81920, temperature_c=40)
-    batch = GpuTelemetry(cluster="c", node="n", seq=1, sample_time=datetime.now(timezone.utc), gpus=[gpu])
+    batch = GpuTelemetry(cluster="c", node="n", seq=1, sample_time=datetime.now(UTC), gpus=[gpu])
     assert free_memory(batch) == {"g": 81920 - 60000 - DRIVER_RESERVE_MIB}
 
 
@@ -28,8 +28,8 @@ def test_lease_ends_per_node_skip_auto_renewing_leases_and_take_the_first_end():
         {"ends_at": "2026-12-01T12:00:00+00:00", "nodes": ["h200-02"], "auto_renew": False},
         {"ends_at": "2026-12-01T01:00:00+00:00", "nodes": ["rented-01"], "auto_renew": True},
     ])
-    assert ends == {"h200-01": datetime(2026, 12, 2, tzinfo=timezone.utc).timestamp(),
-                    "h200-02": datetime(2026, 12, 1, 12, tzinfo=timezone.utc).timestamp()}
+    assert ends == {"h200-01": datetime(2026, 12, 2, tzinfo=UTC).timestamp(),
+                    "h200-02": datetime(2026, 12, 1, 12, tzinfo=UTC).timestamp()}
 
 
 def _submit(scheduler, **body) -> str:
@@ -40,6 +40,10 @@ def _submit(scheduler, **body) -> str:
 
 def _job(scheduler, job_id: str) -> dict:
     return httpx.get(f"{scheduler.url}/v1/jobs/{job_id}").json()
+
+
+def _why(scheduler, job_id: str) -> str:
+    return httpx.get(f"{scheduler.url}/v1/jobs/{job_id}/why").json()["why"]
 
 
 def test_memory_a_foreign_process_holds_on_an_idle_gpu_keeps_a_job_away_and_why_says_so(clean_servers, tmp_path):
@@ -57,19 +61,19 @@ def test_memory_a_foreign_process_holds_on_an_idle_gpu_keeps_a_job_away_and_why_
         wait_until(lambda: all(f is not None and f < 12000 for f in httpx.get(scheduler.url + "/v1/nodes").json()[0]
                                ["memory_free_mib"][:3]), what="the scheduler sees the held memory")
         first = _submit(scheduler, **spec)
-        placed = wait_until(lambda: (j := _job(scheduler, first))["state"] in ("placed", "running") and j, what="placed")
+        placed = wait_until(lambda: (j := _job(scheduler, first))["state"] in ("placed", "running") and j,
+                            what="placed")
         assert placed["gpu_uuids"] == [g["uuid"] for g in httpx.get(agent.url + "/v1/nodes").json()[0]["gpus"]
                                        if g["index"] == 3], placed
         second = _submit(scheduler, **spec)
-        why = wait_until(lambda: "memory" in (w := httpx.get(f"{scheduler.url}/v1/jobs/{second}/why").json()["why"]) and w,
-                         what="why mentions memory")
+        why = wait_until(lambda: "memory" in (w := _why(scheduler, second)) and w, what="why mentions memory")
         assert _job(scheduler, second)["state"] == "pending", why
     finally:
         cluster.stop()
 
 
 def test_a_job_is_kept_off_a_node_whose_lease_ends_before_it_would_and_why_says_so(clean_servers, tmp_path):
-    tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).date()
+    tomorrow = (datetime.now(UTC) + timedelta(days=1)).date()
     assets = tmp_path / "assets.yaml"
     assets.write_text(
         "contracts:\n"
@@ -86,12 +90,13 @@ def test_a_job_is_kept_off_a_node_whose_lease_ends_before_it_would_and_why_says_
         scheduler.wait_ready()
         inventory.wait_ready()
         wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json(), what="node registered")
-        wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json()[0]["lease_ends_at"], what="lease known to the scheduler")
+        wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json()[0]["lease_ends_at"],
+                   what="lease known to the scheduler")
         long = _submit(scheduler, gpu_models=["H200"], expected_runtime_s=100 * 3600)
-        why = wait_until(lambda: "lease ends in" in (w := httpx.get(f"{scheduler.url}/v1/jobs/{long}/why").json()["why"]) and w,
-                         what="why mentions the lease")
+        why = wait_until(lambda: "lease ends in" in (w := _why(scheduler, long)) and w, what="why mentions the lease")
         assert _job(scheduler, long)["state"] == "pending", why
         short = _submit(scheduler, gpu_models=["H200"], expected_runtime_s=600)
-        wait_until(lambda: _job(scheduler, short)["state"] in ("placed", "running"), what="a short job still runs there")
+        wait_until(lambda: _job(scheduler, short)["state"] in ("placed", "running"),
+                   what="a short job still runs there")
     finally:
         cluster.stop()

@@ -13,9 +13,10 @@ from redis.asyncio import Redis
 
 from whaleflux.scheduler.leadership import Leadership, NotLeader
 from whaleflux.scheduler.store import SchedulerStore
-from whaleflux.shared.service import StateUnavailable
 from whaleflux.servers import free_port
 from whaleflux.shared.events import JobPlaced, JobStarted
+from whaleflux.shared.outbox import Outbox
+from whaleflux.shared.runtime import StateUnavailable
 
 from .processes import Proc, make_cluster, wait_until
 from .test_crash_recovery import _job_history, _submit
@@ -47,7 +48,7 @@ async def test_one_holder_at_a_time_and_each_takeover_gets_a_higher_token(clean_
 async def test_a_paused_ex_leader_cannot_commit_after_a_takeover(clean_servers):
     redis = _redis(clean_servers)
     old, new = Leadership(redis, PREFIX, "old", 5), Leadership(redis, PREFIX, "new", 5)
-    store = SchedulerStore(redis, PREFIX, None, "test", old, lambda: "epoch-1")
+    store = SchedulerStore(redis, PREFIX, Outbox(redis, PREFIX), "test", old, lambda: "epoch-1")
     await redis.set(store.epoch_key, "epoch-1")
     try:
         with pytest.raises(NotLeader):
@@ -77,7 +78,7 @@ async def test_a_paused_ex_leader_cannot_commit_after_a_takeover(clean_servers):
 async def test_no_write_lands_on_a_store_that_was_wiped_or_replaced(clean_servers):
     redis = _redis(clean_servers)
     leader = Leadership(redis, PREFIX, "one", 5)
-    store = SchedulerStore(redis, PREFIX, None, "test", leader, lambda: "epoch-1")
+    store = SchedulerStore(redis, PREFIX, Outbox(redis, PREFIX), "test", leader, lambda: "epoch-1")
     try:
         await redis.set(store.epoch_key, "epoch-1")
         await leader.acquire(poll_s=0.1)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from whaleflux.scheduler.app import SchedulerSettings
 from whaleflux.scheduler.liveness import LivenessPolicy, assess, watch_start
 from whaleflux.scheduler.placement import FIRST_FIT, ClusterState, ModelFacts, Profile
 from whaleflux.scheduler.queueing import PendingQueue, ScheduleRequest, schedule
 from whaleflux.scheduler.records import JobPart, JobRecord, NodeCondition
-from whaleflux.scheduler.routes import why
 from whaleflux.scheduler.schedule_request import (
     NodeView,
     assumed_end,
@@ -23,11 +21,14 @@ from whaleflux.scheduler.schedule_request import (
     pending_job,
     running_job,
 )
+from whaleflux.scheduler.settings import SchedulerSettings
+from whaleflux.scheduler.transitions import requeue, stop_orders
+from whaleflux.scheduler.why import why
 from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import GpuIdentity, JobSubmitted, NodeRegistered
 
 POLICY = LivenessPolicy(suspect_after_s=5, lost_after_s=10, mass_silence_fraction=0.5)
-T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
 
 def test_a_short_silence_is_suspect_and_a_long_one_lost():
@@ -68,11 +69,14 @@ def test_nodes_still_silent_when_a_mass_silence_ends_get_a_grace_period_before_a
     assert assess(seen, now=101.0, since=since, policy=POLICY).lost == set()
     talking = {**seen, "a": 111.0, "b": 111.0}
     assert assess(talking, now=110.5, since=since, policy=POLICY).lost == set()
-    assert assess(talking, now=111.5, since=since, policy=POLICY).lost == {"c", "d"}, "still silent after the grace: lost"
+    late = assess(talking, now=111.5, since=since, policy=POLICY)
+    assert late.lost == {"c", "d"}, "still silent after the grace: lost"
 
 
-def _reg(node: str, model: str = "H100", gpus: int = 8, interconnect: str = "nvlink", pool: str = "onprem") -> NodeRegistered:
-    ids = [GpuIdentity(uuid=f"{node}-{i}", index=i, model=model, name=model, memory_total_mib=81559) for i in range(gpus)]
+def _reg(node: str, model: str = "H100", gpus: int = 8, interconnect: str = "nvlink",
+         pool: str = "onprem") -> NodeRegistered:
+    ids = [GpuIdentity(uuid=f"{node}-{i}", index=i, model=model, name=model, memory_total_mib=81559)
+           for i in range(gpus)]
     return NodeRegistered(cluster="c1", node=node, pool=pool, interconnect=interconnect, agent_version="t", gpus=ids)
 
 
@@ -105,13 +109,17 @@ def test_suspect_lost_and_draining_nodes_take_no_new_work_but_keep_their_jobs():
 def test_infeasible_jobs_are_named_at_submission_and_unknown_fleets_judge_nothing():
     regs = [_reg("h100-01"), _reg("r4090-01", "RTX4090", 4, "pcie", "dev")]
     profile = Profile()
-    assert "only" in infeasible_reason(regs, job_request("a", _spec(gpus=16)), profile)
-    assert "pool" in infeasible_reason(regs, job_request("b", _spec(labels={"pool": "nowhere"})), profile)
-    assert "GPU memory below" in infeasible_reason(regs, job_request("c", _spec(min_memory_mib=200 * 1024)), profile)
-    assert "not allowed" in infeasible_reason(regs, job_request("d", _spec(gpu_models=["B200"])), profile)
+
+    def reason(nodes: list[NodeRegistered], job_id: str, **spec: object) -> str:
+        return infeasible_reason(nodes, job_request(job_id, _spec(**spec)), profile) or ""
+
+    assert "only" in reason(regs, "a", gpus=16)
+    assert "pool" in reason(regs, "b", labels={"pool": "nowhere"})
+    assert "GPU memory below" in reason(regs, "c", min_memory_mib=200 * 1024)
+    assert "not allowed" in reason(regs, "d", gpu_models=["B200"])
     assert infeasible_reason(regs, job_request("e", _spec(gpus=4, nvlink=True)), FIRST_FIT) is None
     only_pcie = [_reg("r4090-01", "RTX4090", 4, "pcie", "dev")]
-    assert "not NVLink" in infeasible_reason(only_pcie, job_request("f", _spec(gpus=2, nvlink=True)), profile)
+    assert "not NVLink" in reason(only_pcie, "f", gpus=2, nvlink=True)
     assert infeasible_reason([], job_request("g", _spec(gpus=999)), profile) is None
 
 
@@ -128,7 +136,8 @@ def _on(node: str, job_id: str, model: str, *, state: str = "running", **spec) -
     """A record of a 2-GPU llm-train job holding GPUs 0-1 (`job_id` "mover") or 2-3 of `node`."""
     first = 0 if job_id == "mover" else 2
     return JobRecord(
-        job_id=job_id, spec=_spec(job_id=job_id, gpus=2, gpu_models=["H100", "A100"], workload_class="llm-train", **spec),
+        job_id=job_id,
+        spec=_spec(job_id=job_id, gpus=2, gpu_models=["H100", "A100"], workload_class="llm-train", **spec),
         submitted_at=T0, state=state, attempt=1, cluster="c1", node=node, gpu_model=model,
         gpu_uuids=[f"{node}-{first}", f"{node}-{first + 1}"], started_at=T0, expected_end=T0.timestamp() + 36000,
     )
@@ -167,7 +176,8 @@ def test_the_service_policy_moves_a_checkpointable_job_to_free_faster_gpus_and_n
     cluster = _cluster([mover, stayer])
     running = {r.job_id: running_job(r, cluster) for r in (mover, stayer)}
     view = running["mover"]
-    assert view.checkpointable and view.request.gpu_models == ("H100", "A100") and view.migrations == 1
+    assert view.checkpointable and view.request is not None and view.migrations == 1
+    assert view.request.gpu_models == ("H100", "A100")
     assert view.speed == pytest.approx(cluster.speed("A100", "llm-train"))  # 2 GPUs on NVLink: no penalty
     assert not running["stayer"].checkpointable and running["stayer"].request is None
     assert running_job(mover).request is None  # without the cluster, no speed: never moved
@@ -180,7 +190,8 @@ def test_the_service_policy_moves_a_checkpointable_job_to_free_faster_gpus_and_n
     # The move count carried in the record stops it: no loops.
     mover.migrations = policy.max_migrations_per_job
     again = {r.job_id: running_job(r, _cluster([mover, stayer])) for r in (mover, stayer)}
-    reply = schedule(ScheduleRequest(T0.timestamp() + 60, _cluster([mover, stayer]), PendingQueue(policy), again, policy))
+    cluster = _cluster([mover, stayer])
+    reply = schedule(ScheduleRequest(T0.timestamp() + 60, cluster, PendingQueue(policy), again, policy))
     assert reply.migrated == []
     # Turned off in the settings: nothing moves.
     off = SchedulerSettings(environment="development", migration=False).policy_config()
@@ -213,10 +224,31 @@ def test_the_service_policy_moves_a_checkpointable_job_out_of_the_way_of_a_block
 
 def test_a_running_job_without_an_estimate_is_assumed_to_end_by_its_workload_class():
     t0 = T0.timestamp()
-    train = JobRecord(job_id="t", spec=_spec(workload_class="llm-train"), submitted_at=T0, state="running", started_at=T0)
+    train = JobRecord(job_id="t", spec=_spec(workload_class="llm-train"), submitted_at=T0, state="running",
+                      started_at=T0)
     assert assumed_end(train, now=t0 + 60) == t0 + 24 * 3600
     assert assumed_end(train, now=t0 + 30 * 3600) == t0 + 30 * 3600 + 300, "past it: assumed to end soon"
-    service = JobRecord(job_id="s", spec=_spec(workload_class="inference"), submitted_at=T0, state="running", started_at=T0)
+    service = JobRecord(job_id="s", spec=_spec(workload_class="inference"), submitted_at=T0, state="running",
+                        started_at=T0)
     assert assumed_end(service, now=t0) is None, "a service may run indefinitely"
     estimated = train.model_copy(update={"expected_end": t0 + 100})
     assert assumed_end(estimated, now=t0) is None and running_job(estimated).expected_end == t0 + 100
+
+
+def test_a_requeued_job_names_its_stopped_attempt_and_a_moved_one_counts_a_migration_not_a_preemption():
+    hold = T0 + timedelta(seconds=15)
+    preempted = _on("h100-01", "mover", "H100")
+    back = requeue(preempted, "preempted", "for a high-priority job", hold, moved=False)
+    assert preempted.state == "pending" and preempted.gpu_uuids == [] and preempted.held_until == hold
+    assert (preempted.preemptions, preempted.migrations) == (1, 0)
+    assert preempted.reason == ("requeued: for a high-priority job; placed again once attempt 1 has stopped "
+                                "on h100-01")
+    assert back.released == ["h100-01-0", "h100-01-1"] and back.parts == [(0, "c1", "h100-01")]
+    assert (back.event.subject, back.event.event_id) == ("job.requeued", "requeued-mover-1")
+    [order] = stop_orders(preempted, back.parts, "for a high-priority job", 5.0)
+    assert (order.subject, order.event_id) == ("job.preempted.c1.h100-01", "preempted-mover-1")
+
+    moved = _on("a100-01", "mover", "A100")
+    requeue(moved, "preempted", "to faster GPUs", None, moved=True)
+    assert (moved.preemptions, moved.migrations) == (0, 1) and moved.reason == "moved: to faster GPUs"
+    assert moved.requeues == ["attempt 1 on a100-01: to faster GPUs"]

@@ -8,7 +8,7 @@ import httpx
 from typer.testing import CliRunner
 
 from whaleflux.cli import app
-from whaleflux.scheduler.app import SchedulerService, SchedulerSettings
+from whaleflux.scheduler.app import SchedulerSettings, build
 
 runner = CliRunner()
 
@@ -69,7 +69,8 @@ def test_size_lists_the_catalogue():
 
 def test_size_bad_input_exits_non_zero_with_one_line_naming_the_problem(tmp_path):
     _one_line_error(size("llama-9"), "model: unknown model 'llama-9'")
-    _one_line_error(size("llama-3-70b", "--context", "128K"), "context: 131072 tokens is longer than llama-3-70b supports")
+    _one_line_error(size("llama-3-70b", "--context", "128K"),
+                    "context: 131072 tokens is longer than llama-3-70b supports")
     _one_line_error(size("llama-3-70b", "--task", "qlora", "--weights", "bf16"), "weight_dtype:")
     _one_line_error(size("llama-3-70b", "--task", "pretrain"), "task:")
     _one_line_error(size("llama-3-70b", "--context", "lots"), "--context 'lots'")
@@ -83,7 +84,7 @@ def test_size_bad_input_exits_non_zero_with_one_line_naming_the_problem(tmp_path
 
 def _client() -> httpx.AsyncClient:
     # The lifespan (NATS, Redis) never starts: sizing needs no state.
-    app_ = SchedulerService(SchedulerSettings()).create_app()
+    app_, _ = build(SchedulerSettings())
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app_), base_url="http://scheduler")
 
 
@@ -118,7 +119,7 @@ async def test_post_size_bad_input_gets_400_or_422_naming_the_field():
 
 
 def test_a_job_naming_a_model_gets_its_memory_figure_from_the_estimate():
-    from whaleflux.scheduler.app import SubmitRequest
+    from whaleflux.scheduler.api import SubmitRequest
     from whaleflux.shared.sizing import SizingRequest, memory_floor_mib
 
     sizing = SizingRequest(model="llama-3-70b", task="qlora", context=8192)
@@ -132,7 +133,7 @@ def test_a_job_naming_a_model_gets_its_memory_figure_from_the_estimate():
 
 async def test_submit_with_a_bad_sizing_is_refused_before_anything_is_published():
     settings = SchedulerSettings(admin_token="t" * 32)
-    app_ = SchedulerService(settings).create_app()
+    app_, _ = build(settings)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_), base_url="http://scheduler") as client:
         r = await client.post(
             "/v1/jobs",

@@ -70,19 +70,20 @@ def reconcile(hb: NodeHeartbeat, sent_at: datetime, ours: list[JobRecord], other
             if (sent_at - started_at).total_seconds() > STARTED_SLACK_S:
                 plan.lost.append((job, f"node {hb.node} no longer runs attempt {job.attempt} and recorded no exit"))
         elif job.placed_at is not None and (now - job.placed_at).total_seconds() > placement_report_s:
-            plan.lost.append((job, f"node {hb.node} never started attempt {job.attempt} ({placement_report_s:g} s after placement)"))
+            why = f"node {hb.node} never started attempt {job.attempt} ({placement_report_s:g} s after placement)"
+            plan.lost.append((job, why))
     mine = {j.job_id: j for j in ours}
     for a in hb.attempts or []:
         if a.state != "running":
             continue
-        job = mine.get(a.job_id) or others.get(a.job_id)
-        if job is None:
+        record = mine.get(a.job_id) or others.get(a.job_id)
+        if record is None:
             continue  # not ours to judge (another deployment's, or older than the history kept)
-        if a.attempt > job.attempt:
+        if a.attempt > record.attempt:
             continue  # newer than what we read: our view lags, never the node's
-        live, rank = _rank_here(job, hb.cluster, hb.node)
-        here = job.state in ACTIVE and live and (rank or 0) == (a.rank or 0)
-        if a.attempt == job.attempt and (job.state == "pending" or here):
+        live, rank = _rank_here(record, hb.cluster, hb.node)
+        here = record.state in ACTIVE and live and (rank or 0) == (a.rank or 0)
+        if a.attempt == record.attempt and (record.state == "pending" or here):
             continue  # the current attempt where it belongs, or one being stopped already (the job is queued again)
         plan.stop.append(a)
     return plan

@@ -1,196 +1,210 @@
 """Failover: nodes that go silent, nodes asked to drain, and nodes that come back.
 
-Part of the scheduler shell (a mixin of `SchedulerService`); the decision of
-who is suspect or lost is `liveness.assess`, pure.
+The decision of who is suspect or lost is `liveness.assess`, and what a node's
+heartbeat says about its attempts is `attempts.reconcile`, both pure; this
+applies them to the store, under the scheduler's lock.
 """
 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from whaleflux.shared import subjects
-from whaleflux.shared.events import Envelope, JobPreempted, NodeDrainRequested, NodeHeartbeat, NodeRegistered, make_envelope
+from whaleflux.shared.events import Envelope, EventData, JobPreempted, NodeDrainRequested, NodeHeartbeat, NodeRegistered
 
 from . import attempts
 from .liveness import Liveness, LivenessPolicy, assess, watch_start
+from .progress import Progress
 from .records import NodeCondition
-
+from .service import TROUBLE, Scheduler
 
 # How often one node's heartbeat is compared with what the scheduler thinks runs there.
 RECONCILE_EVERY_S = 2.0
 
 
-class FailoverMixin:
-    """Needs from the service: store, settings, clock, log, bus, _lock, _dirty, publish_staged."""
+class Failover:
+    """Node events and heartbeats in; lost nodes' jobs requeued, drained nodes emptied, strays stopped."""
 
-    def _liveness_policy(self) -> LivenessPolicy:
-        s = self.settings
-        return LivenessPolicy(s.heartbeat_suspect_s, s.heartbeat_lost_s, s.mass_silence_fraction)
+    def __init__(self, scheduler: Scheduler, progress: Progress):
+        self.s = scheduler
+        self.progress = progress
+        settings = scheduler.settings
+        self.policy = LivenessPolicy(settings.heartbeat_suspect_s, settings.heartbeat_lost_s,
+                                     settings.mass_silence_fraction)
+        # Nodes suspect as of the last check (the pass places nothing new there).
+        self.suspects: frozenset[str] = frozenset()
+        # Nodes are judged by heartbeats heard since then (never blamed for time we were not watching).
+        self.watching_since = 0.0
+        self._mass_silence_logged = False
+        self._heard: dict[str, float] = {}  # node -> when we last heard it (epoch s, our clock)
+        self._fenced: dict[tuple[str, str], datetime] = {}  # (job, node) -> when a stop order last went there
+        self._reconciled: dict[str, datetime] = {}  # node -> when its heartbeat was last reconciled
 
-    async def on_node_event(self, env: Envelope, data) -> None:
+    def watch_afresh(self) -> None:
+        """Nodes get a fresh chance to be heard (after our own downtime, a rebuild, or time as a standby)."""
+        self.watching_since = self.s.clock().timestamp()
+
+    async def on_node_event(self, env: Envelope, data: EventData) -> None:
         if isinstance(data, NodeRegistered):
-            await self.store.register(data)
+            await self.s.store.register(data)
         elif isinstance(data, NodeDrainRequested):
             await self.drain(f"{data.cluster}/{data.node}", data.reason)
-        self._dirty.set()
+        self.s.dirty.set()
 
-    async def on_heartbeat(self, env: Envelope, hb: NodeHeartbeat) -> None:
+    async def on_heartbeat(self, env: Envelope, hb: EventData) -> None:
         """Record liveness by our own clock, as received; a lost node that speaks again is back; what the node
         says it runs is reconciled with what we think it runs (which stops what a node back from the dead still
         runs that moved elsewhere or ended)."""
+        if not isinstance(hb, NodeHeartbeat):
+            return  # the heartbeat consumer's subjects carry nothing else
         key = f"{hb.cluster}/{hb.node}"
+        store = self.s.store
         # First, in memory: a node is judged by what we heard, never by whether we could write it down.
-        self._heard[key] = self.clock().timestamp()
-        if not await self.store.registered(key):
+        self._heard[key] = self.s.clock().timestamp()
+        if not await store.registered(key):
             return  # not registered (yet): nothing to place there
-        # Not fenced: a heartbeat time is a fact about the node, harmless from any replica (and read by standbys).
-        await self.redis.hset(self.store.seen_key, key, self._heard[key])
-        condition = (await self.store.conditions()).get(key)
+        await store.record_heard(key, self._heard[key])
+        condition = (await store.conditions()).get(key)
         if condition is not None and condition.state == "lost":
-            await self.store.set_condition(key, None)
-            self.log.warning("node.back", node=key, lost_since=condition.since.isoformat())
-            self._dirty.set()
-        if hb.attempts is not None and self.leadership.is_leader:
+            await store.set_condition(key, None)
+            self.s.log.warning("node.back", node=key, lost_since=condition.since.isoformat())
+            self.s.dirty.set()
+        if hb.attempts is not None and self.s.is_leader:
             await self.reconcile(env, hb)
 
     async def reconcile(self, env: Envelope, hb: NodeHeartbeat) -> None:
         """The node is the authority on what runs on it; both ways (see `attempts.reconcile`)."""
         key = f"{hb.cluster}/{hb.node}"
-        now = self.clock()
+        now = self.s.clock()
         last = self._reconciled.get(key)
         if last is not None and (now - last).total_seconds() < RECONCILE_EVERY_S:
             return
         self._reconciled[key] = now
-        listed = {a.job_id for a in hb.attempts}
-        async with self._lock:
-            ours = await self.store.jobs_on(key)
-            others = await self.store.jobs(sorted(listed - {j.job_id for j in ours}))
-            plan = attempts.reconcile(hb, env.time, ours, others, now, self.settings.placement_report_s)
+        listed = {a.job_id for a in hb.attempts or []}
+        settings, store = self.s.settings, self.s.store
+        async with self.s.lock:
+            ours = await store.jobs_on(key)
+            others = await store.jobs(sorted(listed - {j.job_id for j in ours}))
+            plan = attempts.reconcile(hb, env.time, ours, others, now, settings.placement_report_s)
             for report in plan.ended:
-                self.log.warning("attempt.ended_per_node", job_id=report.job_id, attempt=report.attempt, node=key,
-                                 exit_code=report.exit_code, interrupted=report.interrupted)
-                await self._on_progress(report)
+                self.s.log.warning("attempt.ended_per_node", job_id=report.job_id, attempt=report.attempt, node=key,
+                                   exit_code=report.exit_code, interrupted=report.interrupted)
+                await self.progress.on_report(report)
             for job, why in plan.lost:
-                self.log.error("attempt.lost", job_id=job.job_id, attempt=job.attempt, node=key, reason=why)
+                self.s.log.error("attempt.lost", job_id=job.job_id, attempt=job.attempt, node=key, reason=why)
                 # The other parts of a gang still run: they are stopped, and the job held until they have.
                 gang = bool(job.parts)
-                await self.store.requeue(job, "attempt_lost", why, now, self.settings.preemption_grace_s if gang else None,
-                                         hold_until=self.stop_hold(now) if gang else None)
-                self._dirty.set()
+                await store.requeue(job, "attempt_lost", why, now, settings.preemption_grace_s if gang else None,
+                                    hold_until=settings.stop_hold(now) if gang else None)
+                self.s.dirty.set()
         for a in plan.stop:
             await self._stop_stray(hb, a.job_id, a.attempt, "this attempt is not the job's current one here")
         if plan.ended or plan.lost:
-            await self.publish_staged()
+            await self.s.publish_staged()
 
     async def _stop_stray(self, hb: NodeHeartbeat, job_id: str, attempt: int, reason: str) -> None:
         """Send a stop order for an attempt the node runs that it should not (at most once per heartbeat_lost_s)."""
-        now = self.clock()
+        settings, now = self.s.settings, self.s.clock()
         last = self._fenced.get((job_id, hb.node))
-        if last is not None and (now - last).total_seconds() < self.settings.heartbeat_lost_s:
+        if last is not None and (now - last).total_seconds() < settings.heartbeat_lost_s:
             return
         self._fenced[(job_id, hb.node)] = now
         order = JobPreempted(job_id=job_id, attempt=attempt, cluster=hb.cluster, node=hb.node, reason=reason,
-                             grace_s=self.settings.preemption_grace_s)
+                             grace_s=settings.preemption_grace_s)
         # One id per throttle window: JetStream drops a repeat within its duplicate window, and an order that is
         # sent again (the attempt still runs, say after an agent restart) must arrive.
-        window = int(now.timestamp() // self.settings.heartbeat_lost_s)
-        env = make_envelope(order, source=self.store.source, subject=job_id,
-                            event_id=f"fence-{job_id}-{attempt}-{hb.node}-{window}", correlation_id=job_id, time=now)
-        await self.bus.publish_envelope(subjects.job_preempted(hb.cluster, hb.node), env)
-        self.log.warning("job.fenced", job_id=job_id, attempt=attempt, node=hb.node, reason=reason)
-
-    def stop_hold(self, now: datetime) -> datetime:
-        """Until when a job sent a stop order waits for its old attempt's end before it is placed again:
-        the grace period, then as long as a silent node takes to be declared lost (failover and fencing
-        take over from there)."""
-        return now + timedelta(seconds=self.settings.preemption_grace_s + self.settings.heartbeat_lost_s)
+        window = int(now.timestamp() // settings.heartbeat_lost_s)
+        runtime = self.s.runtime
+        env = runtime.envelope(order, subject=job_id, event_id=f"fence-{job_id}-{attempt}-{hb.node}-{window}",
+                               correlation_id=job_id)
+        await runtime.bus.publish_envelope(subjects.job_preempted(hb.cluster, hb.node), env)
+        self.s.log.warning("job.fenced", job_id=job_id, attempt=attempt, node=hb.node, reason=reason)
 
     async def drain(self, node_key: str, reason: str) -> int:
         """No new work on the node; its jobs are stopped there and requeued. Returns how many moved."""
-        async with self._lock:
-            now = self.clock()
-            current = (await self.store.conditions()).get(node_key)
+        settings, store = self.s.settings, self.s.store
+        async with self.s.lock:
+            now = self.s.clock()
+            current = (await store.conditions()).get(node_key)
             if current is None or current.state != "draining":
-                await self.store.set_condition(node_key, NodeCondition(state="draining", reason=reason, since=now))
+                await store.set_condition(node_key, NodeCondition(state="draining", reason=reason, since=now))
             moved = 0
-            for job in await self.store.jobs_on(node_key):
-                await self.store.requeue(job, "node_drained", f"node drained: {reason}", now, self.settings.preemption_grace_s,
-                                         hold_until=self.stop_hold(now))
+            for job in await store.jobs_on(node_key):
+                await store.requeue(job, "node_drained", f"node drained: {reason}", now, settings.preemption_grace_s,
+                                    hold_until=settings.stop_hold(now))
                 moved += 1
-        self.log.warning("node.drained", node=node_key, reason=reason, jobs_moved=moved)
-        await self.publish_staged()
-        self._dirty.set()
+        self.s.log.warning("node.drained", node=node_key, reason=reason, jobs_moved=moved)
+        await self.s.publish_staged()
+        self.s.dirty.set()
         return moved
 
     async def undrain(self, node_key: str) -> bool:
-        current = (await self.store.conditions()).get(node_key)
+        """Let a drained node take work again; False if it was not draining."""
+        current = (await self.s.store.conditions()).get(node_key)
         if current is None or current.state != "draining":
             return False
-        await self.store.set_condition(node_key, None)
-        self._dirty.set()
+        await self.s.store.set_condition(node_key, None)
+        self.s.dirty.set()
         return True
 
     async def liveness(self) -> Liveness:
-        # Only nodes that ever sent a heartbeat are judged by them. Lost and draining
-        # nodes are out already (a drained node holds no jobs to move).
-        conditions = await self.store.conditions()
-        registered = await self.redis.hkeys(self.store.nodes_key)
+        """Who is suspect or lost now. Only nodes that ever sent a heartbeat are judged by them; lost and
+        draining nodes are out already (a drained node holds no jobs to move)."""
+        store = self.s.store
+        conditions = await store.conditions()
+        registered = await store.node_keys()
         # As heard by this process; a node not heard since we started is judged by what is recorded
-        # (and never blamed for the time we were not watching: see `_watching_since`).
-        heard = {**(await self.store.last_seen()), **self._heard}
+        # (and never blamed for the time we were not watching: see `watching_since`).
+        heard = {**(await store.last_seen()), **self._heard}
         seen = {k: heard[k] for k in registered if k in heard and k not in conditions}
-        return assess(seen, self.clock().timestamp(), self._watching_since, self._liveness_policy())
+        return assess(seen, self.s.clock().timestamp(), self.watching_since, self.policy)
 
     async def check_liveness(self) -> Liveness:
         """Declare silent nodes lost and requeue their jobs, unless most of the fleet went silent."""
-        async with self._lock:
+        async with self.s.lock:
             live = await self.liveness()
-            since = watch_start(self._mass_silence_logged, live, self._watching_since, self.clock().timestamp())
-            if since != self._watching_since:
-                self.log.warning("nodes.mass_silence_over", still_silent=sorted(live.silent_ages),
-                                 note=f"they get {self.settings.heartbeat_lost_s:g} s afresh")
-                self._watching_since = since
+            since = watch_start(self._mass_silence_logged, live, self.watching_since, self.s.clock().timestamp())
+            if since != self.watching_since:
+                self.s.log.warning("nodes.mass_silence_over", still_silent=sorted(live.silent_ages),
+                                   note=f"they get {self.s.settings.heartbeat_lost_s:g} s afresh")
+                self.watching_since = since
                 live = await self.liveness()
             if live.mass_silence:
                 if not self._mass_silence_logged:
-                    self.log.error("nodes.mass_silence", silent=sorted(live.held_back), note="rescheduling nothing")
+                    self.s.log.error("nodes.mass_silence", silent=sorted(live.held_back), note="rescheduling nothing")
                     self._mass_silence_logged = True
                 return live
             self._mass_silence_logged = False
-            now = self.clock()
-            for key in sorted(live.lost):
-                age = live.silent_ages[key]
-                reason = f"node lost: no heartbeat for {age:.0f} s"
-                await self.store.set_condition(key, NodeCondition(state="lost", reason=reason, since=now))
-                jobs = await self.store.jobs_on(key)
-                for job in jobs:
-                    # The stop order waits in the node's consumer in case it comes back. Its attempt may
-                    # still run there (only the agent died): its supervisor stops it once the agent has been
-                    # silent as long, so the job is held until then, never run twice.
-                    await self.store.requeue(job, "node_lost", reason, now, self.settings.preemption_grace_s,
-                                             hold_until=self.stop_hold(now))
-                self.log.error("node.lost", node=key, silent_s=round(age, 1), jobs_requeued=len(jobs))
+            await self._declare_lost(live)
         if live.lost:
-            await self.publish_staged()
-            self._dirty.set()
+            await self.s.publish_staged()
+            self.s.dirty.set()
         return live
 
-    async def _liveness_loop(self) -> None:
+    async def _declare_lost(self, live: Liveness) -> None:
+        settings, store, now = self.s.settings, self.s.store, self.s.clock()
+        for key in sorted(live.lost):
+            age = live.silent_ages[key]
+            reason = f"node lost: no heartbeat for {age:.0f} s"
+            await store.set_condition(key, NodeCondition(state="lost", reason=reason, since=now))
+            jobs = await store.jobs_on(key)
+            for job in jobs:
+                # The stop order waits in the node's consumer in case it comes back. Its attempt may
+                # still run there (only the agent died): its supervisor stops it once the agent has been
+                # silent as long, so the job is held until then, never run twice.
+                await store.requeue(job, "node_lost", reason, now, settings.preemption_grace_s,
+                                    hold_until=settings.stop_hold(now))
+            self.s.log.error("node.lost", node=key, silent_s=round(age, 1), jobs_requeued=len(jobs))
+
+    async def liveness_loop(self) -> None:
         while True:
-            await asyncio.sleep(min(1.0, self.settings.heartbeat_suspect_s / 2))
-            if not self.state_ready.is_set():
+            await asyncio.sleep(min(1.0, self.s.settings.heartbeat_suspect_s / 2))
+            if not self.s.deciding:
                 # Heartbeats wait in the bus while the store is down: silence meanwhile is ours, not the nodes'.
-                self._watching_since = self.clock().timestamp()
+                self.watch_afresh()
                 continue
             try:
-                self._suspects = (await self.check_liveness()).suspect
-            except Exception as exc:
-                self.log.error("liveness.check_failed", error=repr(exc))
-
-    _watching_since: float = 0.0
-    _mass_silence_logged: bool = False
-    _suspects: frozenset[str] = frozenset()
-    _fenced: dict[tuple[str, str], datetime]
-    _heard: dict[str, float]
-    _reconciled: dict[str, datetime]
+                self.suspects = (await self.check_liveness()).suspect
+            except TROUBLE as exc:
+                self.s.log.error("liveness.check_failed", error=repr(exc))

@@ -1,8 +1,7 @@
 """What the placement core filters on that only other services know: measured free GPU memory
 (telemetry's samples, on the bus) and lease ends (inventory's HTTP API).
 
-Part of the scheduler shell (a mixin of `SchedulerService`). Both are kept in
-memory only: the next sample and the next poll bring them back after a restart.
+Both are kept in memory only: the next sample and the next poll bring them back after a restart.
 """
 
 from __future__ import annotations
@@ -10,11 +9,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 import httpx
+from structlog.typing import FilteringBoundLogger
 
 from whaleflux.shared.bus import batch_handler
 from whaleflux.shared.events import Envelope, GpuTelemetry
+from whaleflux.shared.runtime import Clock
+
+from .settings import SchedulerSettings
 
 # Memory the driver and CUDA context keep on a GPU beyond what a sample reports used.
 DRIVER_RESERVE_MIB = 256.0
@@ -27,7 +31,7 @@ def free_memory(batch: GpuTelemetry) -> dict[str, float]:
     return {g.uuid: max(g.memory_total_mib - g.memory_used_mib - DRIVER_RESERVE_MIB, 0.0) for g in batch.gpus}
 
 
-def lease_ends(leases: Iterable[dict]) -> dict[str, float]:
+def lease_ends(leases: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Node name -> when its lease ends (epoch s), from inventory's /v1/leases; an auto-renewing
     lease does not end, and a node under several leases ends with the first."""
     out: dict[str, float] = {}
@@ -40,11 +44,16 @@ def lease_ends(leases: Iterable[dict]) -> dict[str, float]:
     return out
 
 
-class FeedsMixin:
-    """Needs from the service: settings (inventory_url, lease_refresh_s), clock, log."""
+class Feeds:
+    """Measured free memory per GPU (from telemetry on the bus) and lease ends per node (from inventory)."""
 
-    _memory: dict[str, tuple[float, float]]
-    _leases: dict[str, float]
+    def __init__(self, settings: SchedulerSettings, clock: Clock, log: FilteringBoundLogger):
+        self.settings = settings
+        self.clock = clock
+        self.log = log
+        self._memory: dict[str, tuple[float, float]] = {}  # GPU uuid -> (free MiB, when sampled)
+        # Node name -> when its lease ends (epoch s), as inventory last said.
+        self.leases: dict[str, float] = {}
 
     @batch_handler
     async def on_telemetry(self, events: list[tuple[Envelope, GpuTelemetry]]) -> None:
@@ -58,7 +67,7 @@ class FeedsMixin:
         now = self.clock().timestamp()
         return {uuid: free for uuid, (free, at) in self._memory.items() if now - at <= STALE_S}
 
-    async def _lease_loop(self) -> None:
+    async def lease_loop(self) -> None:
         if not self.settings.inventory_url:
             return
         url = self.settings.inventory_url.rstrip("/") + "/v1/leases"
@@ -67,7 +76,7 @@ class FeedsMixin:
                 try:
                     resp = await http.get(url)
                     resp.raise_for_status()
-                    self._leases = lease_ends(resp.json())
+                    self.leases = lease_ends(resp.json())
                 except (httpx.HTTPError, ValueError, KeyError) as exc:
                     # The last known ends stay in force; inventory may start after the scheduler.
                     self.log.warning("leases.refresh_failed", error=repr(exc))

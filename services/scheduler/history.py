@@ -71,7 +71,8 @@ def record_end(job: JobRecord, report: JobFinished | JobFailed) -> None:
         job.exit_code, job.finished_at = report.exit_code, report.finished_at
         job.started_at = job.started_at or report.started_at
     else:
-        job.state, job.reason, job.exit_code, job.finished_at = "failed", report.reason, report.exit_code, report.failed_at
+        job.state, job.reason = "failed", report.reason
+        job.exit_code, job.finished_at = report.exit_code, report.failed_at
 
 
 def late_end(job: JobRecord, report: EventData) -> bool:
@@ -141,7 +142,7 @@ class Fold:
             job.gpu_uuids, job.gpu_model = list(p.gpu_uuids), p.gpu_model
 
     def _report(self, job: JobRecord, r: JobStarted | JobFinished | JobFailed) -> None:
-        if late_end(job, r):
+        if isinstance(r, (JobFinished, JobFailed)) and late_end(job, r):
             decision = after_end(job, r, self.max_restarts)
             job.held_until = job.lost_attempt = None
             if not decision.requeue:
@@ -160,7 +161,8 @@ class Fold:
                 if job.spec.restart_on_failure and len(job.requeues) < self.max_restarts:
                     return  # the requeue that follows says where it went
                 failed = next(p for p in job.parts if p.rank == (r.rank or 0))
-                job.state, job.reason, job.exit_code, job.finished_at = "failed", step.reason, failed.exit_code, failed.finished_at
+                job.state, job.reason = "failed", step.reason
+                job.exit_code, job.finished_at = failed.exit_code, failed.finished_at
             return
         if isinstance(r, JobStarted):
             job.state, job.started_at = "running", r.started_at
@@ -168,7 +170,8 @@ class Fold:
         decision = after_end(job, r, self.max_restarts)
         if decision.requeue:
             where = job.node or "?"
-            back_to_queue(job, f"attempt {job.attempt} on {where}: {decision.reason}", decision.reason, decision.cause, None)
+            line = f"attempt {job.attempt} on {where}: {decision.reason}"
+            back_to_queue(job, line, decision.reason, decision.cause, None)
         else:
             record_end(job, r)
 
@@ -190,7 +193,8 @@ class Fold:
     def forget_finished(self, before: datetime) -> int:
         """Drop jobs that ended before `before` (a snapshot keeps the live state and recent history, so a
         rebuild's time grows with those, not with every job ever); returns how many were dropped."""
-        old = [j.job_id for j in self.jobs.values() if j.state in TERMINAL and (j.finished_at or j.submitted_at) < before]
+        old = [j.job_id for j in self.jobs.values()
+               if j.state in TERMINAL and (j.finished_at or j.submitted_at) < before]
         for job_id in old:
             del self.jobs[job_id]
         self._ended = {(j, a) for j, a in self._ended if j in self.jobs}
@@ -202,7 +206,7 @@ class Fold:
         return zlib.compress(head + b"\n" + _RECORDS.dump_json(list(self.jobs.values())), 3)
 
     @classmethod
-    def load(cls, blob: bytes, hold_s: float, max_restarts: int) -> tuple["Fold", int]:
+    def load(cls, blob: bytes, hold_s: float, max_restarts: int) -> tuple[Fold, int]:
         """A fold from `dump`, and the stream sequence it is as of."""
         head, _, body = zlib.decompress(blob).partition(b"\n")
         meta = json.loads(head)

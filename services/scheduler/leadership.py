@@ -7,7 +7,7 @@ that WATCH that counter and check it still equals its own token
 (`SchedulerStore.transaction`), so a replica that paused past its lease and
 woke up after another took over cannot commit anything: its EXEC fails.
 Renewals touch only the lease key, never the counter, so they do not disturb
-the holder's own transactions.
+the holder's own transactions. The keys and scripts: `lease_store.py`.
 """
 
 from __future__ import annotations
@@ -17,28 +17,9 @@ import secrets
 from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
-# Take the lease if free: bump the token and store "holder token" with a TTL.
-_ACQUIRE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. token, 'PX', ARGV[2])
-return token
-"""
-
-# Extend the lease only while it is still ours (same holder and token).
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+from .lease_store import LeaseStore
 
 
 class NotLeader(Exception):
@@ -47,9 +28,8 @@ class NotLeader(Exception):
 
 class Leadership:
     def __init__(self, redis: Redis, prefix: str, instance: str, lease_s: float):
-        self.redis = redis
-        self.lease_key = f"{prefix}:leader"
-        self.token_key = f"{prefix}:leader-token"
+        self.lease = LeaseStore(redis, prefix)
+        self.lease_key, self.token_key = self.lease.lease_key, self.lease.token_key
         # Two replicas started with the same instance name must still tell themselves apart.
         self.holder = f"{instance}:{secrets.token_hex(4)}"
         self.lease_ms = max(int(lease_s * 1000), 100)
@@ -64,35 +44,34 @@ class Leadership:
         return f"{self.holder} {self.token}"
 
     async def try_acquire(self) -> bool:
-        token = int(await self.redis.eval(_ACQUIRE, 2, self.lease_key, self.token_key, self.holder, self.lease_ms))
+        token = await self.lease.take(self.holder, self.lease_ms)
         if token:
             self.token = token
         return bool(token)
 
     async def acquire(self, poll_s: float) -> int:
         """Wait until this replica holds the lease; returns its fencing token."""
-        while not await self.try_acquire():
+        while True:
+            token = await self.lease.take(self.holder, self.lease_ms)
+            if token:
+                self.token = token
+                return token
             await asyncio.sleep(poll_s)
-        return self.token
 
     async def renew(self) -> bool:
         """Extend the lease; False when it is no longer ours (expired, or taken over)."""
         if self.token is None:
             return False
-        return bool(await self.redis.eval(_RENEW, 1, self.lease_key, self._value, self.lease_ms))
+        return await self.lease.extend(self._value, self.lease_ms)
 
     async def current(self) -> tuple[str | None, int | None]:
         """(holder, token) of whoever holds the lease now, or (None, None)."""
-        raw = await self.redis.get(self.lease_key)
-        if not raw:
-            return None, None
-        holder, _, token = raw.rpartition(" ")
-        return holder, int(token)
+        return await self.lease.holder()
 
     async def release(self) -> None:
         """Give the lease up at a clean stop, so the standby takes over at once instead of after the TTL."""
         if self.token is not None:
-            await self.redis.eval(_RELEASE, 1, self.lease_key, self._value)
+            await self.lease.give_up(self._value)
             self.token = None
 
     async def keep(self, on_lost: Callable[[], Awaitable[None]]) -> None:
@@ -106,7 +85,7 @@ class Leadership:
                     continue
                 if await self.try_acquire():
                     continue
-            except Exception:
+            except (RedisError, OSError):
                 continue  # Redis unreachable: keep trying; fencing stops any late write
             self.token = None
             await on_lost()

@@ -13,8 +13,8 @@ same reason as the rest, and are likely a moment from speaking again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 
 @dataclass(frozen=True)

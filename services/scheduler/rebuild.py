@@ -25,7 +25,6 @@ import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BucketNotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
-from redis.asyncio import Redis
 
 from whaleflux.shared import subjects as s
 from whaleflux.shared.bus import Bus
@@ -42,7 +41,6 @@ JOB_HISTORY = [s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED, s.JOB_FINISH
 FETCH = 2000
 SNAPSHOT_BUCKET = "WHALEFLUX_SCHEDULER_SNAPSHOTS"
 SNAPSHOT_NAME = "jobs"
-WRITE_CHUNK = 2000
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,8 @@ class Rebuilt:
 
 
 async def read_stream(bus: Bus, stream: str, filters: list[str], upto: int | None = None,
-                      deliver: DeliverPolicy = DeliverPolicy.ALL, after: int = 0) -> AsyncIterator[tuple[int, Envelope, EventData]]:
+                      deliver: DeliverPolicy = DeliverPolicy.ALL,
+                      after: int = 0) -> AsyncIterator[tuple[int, Envelope, EventData]]:
     """Every valid event of `stream` matching `filters`, in order, with its sequence: after sequence `after`,
     up to sequence `upto`, or until none is left."""
     info = await bus.js.stream_info(stream)
@@ -106,7 +105,8 @@ async def snapshot_store(bus: Bus) -> ObjectStore:
     try:
         return await bus.js.object_store(SNAPSHOT_BUCKET)
     except BucketNotFoundError:
-        return await bus.js.create_object_store(SNAPSHOT_BUCKET, description="scheduler: job history folded up to a sequence")
+        return await bus.js.create_object_store(SNAPSHOT_BUCKET,
+                                                description="scheduler: job history folded up to a sequence")
 
 
 async def folded(bus: Bus, hold_s: float, max_restarts: int, upto: int) -> tuple[Fold, int]:
@@ -114,7 +114,8 @@ async def folded(bus: Bus, hold_s: float, max_restarts: int, upto: int) -> tuple
     fold, seq = Fold(hold_s, max_restarts), 0
     try:
         blob = (await (await snapshot_store(bus)).get(SNAPSHOT_NAME)).data
-        fold, seq = Fold.load(blob, hold_s, max_restarts)
+        if blob is not None:
+            fold, seq = Fold.load(blob, hold_s, max_restarts)
     except ObjectNotFoundError:
         pass
     first = (await bus.js.stream_info("WHALEFLUX_JOBS")).state.first_seq
@@ -128,7 +129,8 @@ async def folded(bus: Bus, hold_s: float, max_restarts: int, upto: int) -> tuple
     return fold, events
 
 
-async def snapshot(bus: Bus, hold_s: float, max_restarts: int, now: datetime, keep_finished_s: float) -> tuple[int, int]:
+async def snapshot(bus: Bus, hold_s: float, max_restarts: int, now: datetime,
+                   keep_finished_s: float) -> tuple[int, int]:
     """Refresh the snapshot: the last one plus the tail since, less jobs ended more than `keep_finished_s` ago.
     Returns (sequence it is as of, jobs in it)."""
     upto = (await bus.js.stream_info("WHALEFLUX_JOBS")).state.last_seq
@@ -138,7 +140,7 @@ async def snapshot(bus: Bus, hold_s: float, max_restarts: int, now: datetime, ke
     return upto, len(fold.jobs)
 
 
-async def rebuild(bus: Bus, redis: Redis, store: SchedulerStore, hold_s: float, max_restarts: int, now) -> Rebuilt:
+async def rebuild(bus: Bus, store: SchedulerStore, hold_s: float, max_restarts: int, now: datetime) -> Rebuilt:
     """The latest snapshot, the JOBS stream's tail and the nodes' latest registrations, as a fresh scheduler state."""
     last_jobs = (await bus.js.stream_info("WHALEFLUX_JOBS")).state.last_seq
     fold, events = await folded(bus, hold_s, max_restarts, last_jobs)
@@ -152,32 +154,15 @@ async def rebuild(bus: Bus, redis: Redis, store: SchedulerStore, hold_s: float, 
         elif isinstance(data, NodeDrainRequested):
             drains[f"{data.cluster}/{data.node}"] = data
 
-    jobs = fold.jobs
-    for job in jobs.values():
+    jobs = list(fold.jobs.values())
+    for job in jobs:
         if job.state in ACTIVE and job.expected_end is None and job.spec.expected_runtime_s and job.placed_at:
             job.expected_end = job.placed_at.timestamp() + job.spec.expected_runtime_s
-    pending = {j.job_id: j.submitted_at.timestamp() for j in jobs.values() if j.state == "pending"}
-    alloc = {gpu: j.job_id for j in jobs.values() if j.state in ACTIVE for gpu in j.gpu_uuids}
-    await redis.delete(f"{store.prefix}:jobs", store.pending_key, store.alloc_key, store.nodes_key, store.conditions_key)
-    records = list(jobs.values())
-    for i in range(0, len(records), WRITE_CHUNK):
-        chunk = records[i:i + WRITE_CHUNK]
-        async with redis.pipeline(transaction=False) as pipe:
-            pipe.mset({store.job_key(j.job_id): j.model_dump_json() for j in chunk})
-            pipe.zadd(f"{store.prefix}:jobs", {j.job_id: j.submitted_at.timestamp() for j in chunk})
-            await pipe.execute()
-    async with redis.pipeline(transaction=False) as pipe:
-        if pending:
-            pipe.zadd(store.pending_key, pending)
-        if alloc:
-            pipe.hset(store.alloc_key, mapping=alloc)
-        if registrations:
-            pipe.hset(store.nodes_key, mapping={k: r.model_dump_json() for k, r in registrations.items()})
-        # A drain asked for stays in force (its jobs moved when it was asked; the fold knows where to).
-        for key, d in drains.items():
-            pipe.hset(store.conditions_key, key, NodeCondition(state="draining", reason=d.reason, since=now).model_dump_json())
-        await pipe.execute()
+    # A drain asked for stays in force (its jobs moved when it was asked; the fold knows where to).
+    conditions = {key: NodeCondition(state="draining", reason=d.reason, since=now) for key, d in drains.items()}
+    await store.replace_all(jobs, registrations, conditions)
     await bus.reposition_consumer(CONSUMERS["scheduler-jobs"], last_jobs + 1)
     await bus.reposition_consumer(CONSUMERS["scheduler-nodes"], last_nodes + 1)
-    active = sum(1 for j in jobs.values() if j.state in ACTIVE)
-    return Rebuilt(len(jobs), events, len(pending), active, len(registrations), last_jobs)
+    pending = sum(1 for j in jobs if j.state == "pending")
+    active = sum(1 for j in jobs if j.state in ACTIVE)
+    return Rebuilt(len(jobs), events, pending, active, len(registrations), last_jobs)

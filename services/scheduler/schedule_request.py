@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable, Mapping
 
 from whaleflux.shared.catalog import model_key
 from whaleflux.shared.events import JobSubmitted, NodeRegistered
@@ -141,7 +141,7 @@ def running_job(job: JobRecord, cluster: ClusterState | None = None, now: float 
     started = job.started_at or job.placed_at or job.submitted_at
     request, speed = None, None
     node = cluster.nodes.get(job.node) if cluster is not None and job.node else None
-    if node is not None and node.cluster == job.cluster and movable(job):
+    if cluster is not None and node is not None and node.cluster == job.cluster and movable(job):
         request = job_request(job.job_id, job.spec)
         speed = candidate_speed(cluster, request, node)
     return RunningJob(

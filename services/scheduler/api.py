@@ -1,0 +1,266 @@
+"""The scheduler's HTTP API: jobs (submit, list, show, why), nodes (list, drain, undrain), sizing, leader."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal, cast
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, ValidationError
+
+from whaleflux.shared import subjects
+from whaleflux.shared.deps import AdminDep, NowDep, RuntimeDep
+from whaleflux.shared.events import JobSubmitted, NodeDrainRequested
+from whaleflux.shared.runtime import BadRequest
+from whaleflux.shared.sizing import SizingError, SizingReport, SizingRequest, estimate, memory_floor_mib
+
+from .failover import Failover
+from .feeds import Feeds
+from .leadership import NotLeader
+from .records import JobRecord, JobStateName
+from .schedule_request import NodeView, infeasible_reason, job_request, node_state
+from .service import Scheduler
+from .store import SchedulerStore
+from .why import why
+
+
+def _scheduler(request: Request) -> Scheduler:
+    return cast(Scheduler, request.app.state.scheduler)
+
+
+def _store(request: Request) -> SchedulerStore:
+    return _scheduler(request).store
+
+
+def _failover(request: Request) -> Failover:
+    return cast(Failover, request.app.state.failover)
+
+
+def _feeds(request: Request) -> Feeds:
+    return cast(Feeds, request.app.state.feeds)
+
+
+def _whole_state(scheduler: Annotated[Scheduler, Depends(_scheduler)]) -> None:
+    """The leader answers 503 with the reason while its store is down or being rebuilt, never
+    from partial state; a standby serves reads from whatever the leader keeps."""
+    if scheduler.is_leader:
+        scheduler.runtime.require_state()
+
+
+SchedulerDep = Annotated[Scheduler, Depends(_scheduler)]
+StoreDep = Annotated[SchedulerStore, Depends(_store)]
+FailoverDep = Annotated[Failover, Depends(_failover)]
+FeedsDep = Annotated[Feeds, Depends(_feeds)]
+WholeState = Depends(_whole_state)
+
+
+class SubmitRequest(BaseModel):
+    """Body of POST /v1/jobs: a job.submitted payload whose job_id is optional."""
+
+    name: str = Field(min_length=1, max_length=128)
+    team: str = "default"
+    project: str = "default"
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    gpus: int = Field(1, ge=1, le=1024)
+    gpu_models: list[str] = Field(default_factory=list)
+    min_memory_mib: float = Field(0, ge=0)
+    expected_runtime_s: float | None = Field(None, gt=0)
+    workload_class: Literal["llm-train", "finetune", "inference", "small"] = "small"
+    priority: Literal["high", "normal", "low"] = "normal"
+    preemptible: bool = False
+    checkpoint_dir: str | None = None
+    resume: Literal["checkpoint", "restart"] = "checkpoint"
+    nvlink: bool = False
+    labels: dict[str, str] = Field(default_factory=dict)
+    service: str | None = None
+    restart_on_failure: bool = False
+    replicas: int = Field(1, ge=1, le=64, description="an inference service: this many jobs, spread across nodes")
+    sizing: SizingRequest | None = Field(
+        None, description="a model and workload instead of min_memory_mib: its estimate for `gpus` GPUs fills that in"
+    )
+
+    def job_fields(self) -> dict:
+        """The job.submitted fields; min_memory_mib estimated from `sizing` unless given."""
+        fields = self.model_dump(exclude={"sizing", "replicas"})
+        if self.sizing is not None and not self.min_memory_mib:
+            fields["min_memory_mib"] = math.ceil(memory_floor_mib(self.sizing, self.gpus))
+        if self.replicas > 1 and not self.service:
+            fields["service"] = self.name if _is_name(self.name) else None
+        return fields
+
+
+def _is_name(text: str) -> bool:
+    return bool(text) and all(c.isalnum() or c in "_.-" for c in text)
+
+
+def replica_ids(base: str, replicas: int) -> list[str]:
+    """Job ids of a submission: the id itself, or `<id>-r<i>` for each replica of a service."""
+    return [base] if replicas == 1 else [f"{base}-r{i}" for i in range(replicas)]
+
+
+def _masked(job: JobRecord) -> JobRecord:
+    """A job's environment may carry tokens: read APIs show the names, not the values."""
+    if not job.spec.env:
+        return job
+    spec = job.spec.model_copy(update={"env": {k: "********" for k in job.spec.env}})
+    return job.model_copy(update={"spec": spec})
+
+
+
+class DrainBody(BaseModel):
+    reason: str = Field("drained by an operator", min_length=1, max_length=500)
+
+
+sizing = APIRouter(tags=["sizing"])
+ops = APIRouter(tags=["ops"])
+# The admin token is checked before the state (a request without it gets 401 whatever the store's state).
+jobs = APIRouter(tags=["jobs"])
+nodes = APIRouter(tags=["nodes"])
+
+
+@sizing.post("/v1/size")
+def size(body: SizingRequest) -> SizingReport:
+    """Memory, time and GPU options for serving or fine-tuning an LLM; bad input gets 422/400 naming the field."""
+    return estimate(body)
+
+
+@ops.get("/v1/leader")
+async def leader(scheduler: SchedulerDep) -> dict[str, Any]:
+    """This replica's role (`leader` or `standby`) and who holds the lease now, with its fencing token."""
+    mine = scheduler.leadership if scheduler.connected else None
+    holder, token = await mine.current() if mine is not None else (None, None)
+    return {
+        "role": "leader" if scheduler.is_leader else "standby",
+        "me": mine.holder if mine is not None else None,
+        "leader": holder,
+        "token": token,
+    }
+
+
+@jobs.get("/v1/jobs", dependencies=[WholeState])
+async def list_jobs(store: StoreDep, limit: int = Query(100, ge=1, le=1000),
+                    state: JobStateName | None = None) -> list[JobRecord]:
+    """Jobs, newest first (environment values masked)."""
+    found: list[JobRecord] = []
+    start, page = 0, max(limit, 200)
+    while len(found) < limit:
+        ids = await store.newest_job_ids(start, page)
+        if not ids:
+            break
+        start += page
+        records = await store.jobs(ids)
+        found += [records[i] for i in ids if i in records and (state is None or records[i].state == state)]
+    return [_masked(j) for j in await store.with_waiting(found[:limit])]
+
+
+async def _job(store: SchedulerStore, job_id: str) -> JobRecord:
+    job = await store.job(job_id)
+    if job is None:
+        raise HTTPException(404, f"job {job_id!r} not found")
+    [job] = await store.with_waiting([job])
+    return job
+
+
+@jobs.get("/v1/jobs/{job_id}", dependencies=[WholeState])
+async def get_job(job_id: str, store: StoreDep) -> JobRecord:
+    """One job (environment values masked)."""
+    return _masked(await _job(store, job_id))
+
+
+@jobs.get("/v1/jobs/{job_id}/why", dependencies=[WholeState])
+async def job_why(job_id: str, store: StoreDep) -> dict[str, Any]:
+    """Why the job waits (what it needs, the largest free block, jobs ahead), or where and why it runs."""
+    job = await _job(store, job_id)
+    return {"job_id": job_id, "state": job.state, "attempt": job.attempt, "why": why(job)}
+
+
+@jobs.post("/v1/jobs", status_code=202, dependencies=[AdminDep, WholeState])
+async def submit(body: SubmitRequest, scheduler: SchedulerDep, runtime: RuntimeDep) -> dict[str, Any]:
+    """Submit a job (publishes job.submitted); needs the bearer token. 422 with the reason if it can never run."""
+    base = uuid.uuid4().hex[:12]
+    fields = body.job_fields()
+    try:
+        submitted = [JobSubmitted(job_id=i, submitted_by="api", **fields) for i in replica_ids(base, body.replicas)]
+    except ValidationError as exc:
+        raise BadRequest(str(exc)) from exc
+    # Judged against the registered nodes, all free: a job no node could ever hold is refused now.
+    regs = await scheduler.store.registrations()
+    reason = infeasible_reason(regs.values(), job_request(base, submitted[0]), scheduler.policy.profile)
+    if reason:
+        raise HTTPException(422, f"infeasible: {reason}")
+    for data in submitted:
+        env = runtime.envelope(data, subject=data.job_id, correlation_id=data.job_id)
+        await runtime.bus.publish_envelope(subjects.JOB_SUBMITTED, env)
+    return {"job_id": submitted[0].job_id, "job_ids": [j.job_id for j in submitted]}
+
+
+@nodes.get("/v1/nodes", dependencies=[WholeState])
+async def list_nodes(store: StoreDep, failover: FailoverDep, feeds: FeedsDep, now: NowDep) -> list[dict[str, Any]]:
+    """Registered nodes: model, GPUs, free GPUs and status (healthy, suspect, lost, draining)."""
+    regs = await store.registrations()
+    conditions = await store.conditions()
+    alloc = await store.alloc()
+    seen = await store.last_seen()
+    at = now.timestamp()
+    measured = feeds.measured_free()
+    out = []
+    for key, reg in sorted(regs.items(), key=lambda kv: kv[1].node):
+        view = NodeView(reg, conditions.get(key), key in failover.suspects)
+        n = node_state(view, alloc)
+        out.append({
+            "node": n.name, "cluster": n.cluster, "model": n.model, "gpus": len(n.gpus),
+            "free": sum(1 for g in n.gpus if g.allocated_to is None), "status": view.status,
+            "reason": view.condition.reason if view.condition else None,
+            "heartbeat_age_s": round(at - seen[key], 1) if key in seen else None,
+            # What telemetry says is free on each GPU (in index order; None: no recent sample).
+            "memory_free_mib": [round(measured[g.uuid]) if g.uuid in measured else None for g in reg.gpus],
+            # When its lease ends, as inventory says (None: owned, auto-renewing, or not heard yet).
+            "lease_ends_at": feeds.leases.get(reg.node),
+        })
+    return out
+
+
+async def _node_key(store: SchedulerStore, node: str) -> str:
+    regs = await store.registrations()
+    matches = [k for k, r in regs.items() if r.node == node or k == node]
+    if len(matches) != 1:
+        problem = "not registered" if not matches else f"is ambiguous: {matches}"
+        raise HTTPException(404, f"node {node!r} {problem}")
+    return matches[0]
+
+
+@nodes.post("/v1/nodes/{node}/drain", status_code=202, dependencies=[AdminDep, WholeState])
+async def drain(node: str, store: StoreDep, runtime: RuntimeDep, body: DrainBody | None = None) -> dict[str, Any]:
+    """Publish node.drain_requested: no new work on the node, its jobs stopped and requeued."""
+    reg = (await store.registrations())[await _node_key(store, node)]
+    reason = (body or DrainBody()).reason
+    data = NodeDrainRequested(cluster=reg.cluster, node=reg.node, reason=reason)
+    env = runtime.envelope(data, subject=reg.node)
+    await runtime.bus.publish_envelope(subjects.node_drain_requested(reg.cluster, reg.node), env)
+    return {"node": reg.node, "draining": True}
+
+
+@nodes.post("/v1/nodes/{node}/undrain", dependencies=[AdminDep, WholeState])
+async def undrain(node: str, store: StoreDep, failover: FailoverDep) -> dict[str, Any]:
+    """Let a drained node take work again."""
+    return {"node": node, "undrained": await failover.undrain(await _node_key(store, node))}
+
+
+async def _sizing_error(request: Request, exc: SizingError) -> Response:
+    return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=400)
+
+
+async def _not_leader(request: Request, exc: NotLeader) -> Response:
+    return JSONResponse({"detail": f"this scheduler replica is not the leader: {exc}"}, status_code=503)
+
+
+ROUTERS = [sizing, ops, jobs, nodes]
+EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Any], Awaitable[Response]]] = {
+    SizingError: _sizing_error,
+    NotLeader: _not_leader,
+}

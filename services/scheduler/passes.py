@@ -1,0 +1,144 @@
+"""A pass of the queue policy: the store read into a `ScheduleRequest`, `queueing.schedule`, the reply applied.
+
+A pass runs whenever something changed and every `pass_interval_s`, under the
+scheduler's lock; it decides nothing while the store is down or being rebuilt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+
+from .failover import Failover
+from .feeds import Feeds
+from .placement import ClusterState, Profile, explain_wait
+from .queueing import PendingQueue, ScheduleReply, ScheduleRequest, schedule
+from .records import ACTIVE
+from .schedule_request import NodeView, held, node_state, pending_job, running_job
+from .service import TROUBLE, Scheduler
+
+# How many jobs a pass did not reach still get a full "why" each pass (it costs a scan of the nodes each).
+EXPLAIN_UNEXAMINED = 50
+
+
+@dataclass(frozen=True)
+class PassInput:
+    """What a pass decides on: the policy's request and the queue in submission order."""
+
+    request: ScheduleRequest
+    pending_ids: list[str]
+
+
+def waiting_reasons(reply: ScheduleReply, given: PassInput, profile: Profile) -> dict[str, str]:
+    """Why each queued job still waits after the pass: the policy's answer, a full one for the first few it
+    did not examine (nothing free), a short one for the rest."""
+    request = given.request
+    queue, cluster = request.queue, request.cluster
+    waiting = dict(reply.waiting)
+    for job_id in [j for j in given.pending_ids if j in queue and j not in waiting][:EXPLAIN_UNEXAMINED]:
+        pending = queue.get(job_id)
+        if pending is not None:
+            waiting[job_id] = explain_wait(cluster, pending.request, profile, request.now)
+    not_reached = "no GPU free" if cluster.total_free == 0 else "not reached in this pass"
+    return {j: waiting.get(j, not_reached) for j in given.pending_ids if j in queue}
+
+
+class PlacementPass:
+    """Runs the queue policy over the whole queue and commits what it decided."""
+
+    def __init__(self, scheduler: Scheduler, feeds: Feeds, failover: Failover):
+        self.s = scheduler
+        self.feeds = feeds
+        self.failover = failover
+        self._waiting: dict[str, str] = {}  # the reasons last stored, so a pass writes only what changed
+
+    def forget_reasons(self) -> None:
+        """After a rebuild the stored reasons are gone: the next pass writes them all."""
+        self._waiting = {}
+
+    async def run(self) -> int:
+        """One pass; returns how many jobs were placed."""
+        async with self.s.lock:
+            now = self.s.clock()
+            given = await self._read(now)
+            # In a thread: a long pass must not starve the event loop (lease renewal, HTTP) of the GIL for its length.
+            reply = await asyncio.to_thread(schedule, given.request)
+            await self._apply(reply, now)
+            reasons = waiting_reasons(reply, given, self.s.policy.profile)
+        # Outside the lock, and only what changed: a reason is not a decision, and rewriting every
+        # pending job each pass made the pass cost the queue's length in round trips.
+        changed = {j: why for j, why in reasons.items() if self._waiting.get(j) != why}
+        gone = [j for j in self._waiting if j not in reasons]
+        await self.s.store.set_waiting(changed, gone)
+        self._waiting = reasons
+        if reply.started or reply.preempted or reply.migrated or reply.infeasible:
+            await self.s.publish_staged()
+        return len(reply.started)
+
+    async def _read(self, now: datetime) -> PassInput:
+        store = self.s.store
+        regs = await store.registrations()
+        conditions = await store.conditions()
+        alloc = await store.alloc()
+        pending_ids = await store.pending_ids()
+        active_ids = sorted(set(alloc.values()))
+        # Read only (the cache's own objects while leading): a job the pass changes is re-read as a copy.
+        records = await store.jobs_shared(pending_ids + active_ids)
+        stale = [j for j in pending_ids if j not in records or records[j].state != "pending"]
+        await store.unqueue(stale)
+
+        free, leases, suspects = self.feeds.measured_free(), self.feeds.leases, self.failover.suspects
+        views = [NodeView(reg, conditions.get(key), key in suspects, free, leases.get(reg.node))
+                 for key, reg in sorted(regs.items())]
+        cluster = ClusterState([node_state(v, alloc) for v in views], self.s.facts)
+        queue = PendingQueue(self.s.policy)
+        for seq, job_id in enumerate(pending_ids):
+            # A moved job waits out its old attempt's stop (never two copies): not in this pass.
+            if job_id not in stale and not held(records[job_id], now):
+                queue.add(pending_job(records[job_id], seq))
+        running = {j: running_job(records[j], cluster, now.timestamp())
+                   for j in active_ids if j in records and records[j].state in ACTIVE}
+        request = ScheduleRequest(now.timestamp(), cluster, queue, running, self.s.policy, self.s.teams)
+        return PassInput(request, pending_ids)
+
+    async def _apply(self, reply: ScheduleReply, now: datetime) -> None:
+        """Victims first: their stop orders go out before placements reuse their GPUs. A stopped job
+        waits for its old attempt to end before it is placed again (never two copies)."""
+        store, log = self.s.store, self.s.log
+        grace, hold = self.s.settings.preemption_grace_s, self.s.settings.stop_hold(now)
+        changed = await store.jobs([p.victim for p in reply.preempted] + [m.job_id for m in reply.migrated]
+                                   + [s.job.job_id for s in reply.started] + list(reply.infeasible))
+        for p in reply.preempted:
+            await store.requeue(changed[p.victim], "preempted", p.reason, now, grace, hold_until=hold)
+            log.info("job.preempted", job_id=p.victim, for_job=p.for_job, reason=p.reason)
+        # Moves are preemptions too (stop order, requeue, resume from the checkpoint). The policy's new
+        # placement is not kept: a later pass places the job once its old attempt has stopped.
+        for m in reply.migrated:
+            await store.requeue(changed[m.job_id], "preempted", m.reason, now, grace, hold_until=hold, moved=True)
+            log.info("job.migrated", job_id=m.job_id, to=m.placement.node, model=m.placement.model, reason=m.reason)
+        placed = [(changed[s.job.job_id], s.placement, s.expected_end) for s in reply.started]
+        await store.commit_placements(placed, now)
+        for s in reply.started:
+            job = changed[s.job.job_id]
+            log.info("job.placed", job_id=job.job_id, node=job.node, gpus=list(s.placement.gpu_indices),
+                     attempt=job.attempt, backfilled=s.backfilled, gang=job.nodes if job.parts else None)
+        for job_id, reason in reply.infeasible.items():
+            await store.reject(changed[job_id], reason, now)
+            log.info("job.rejected", job_id=job_id, reason=reason)
+
+    async def loop(self) -> None:
+        """A pass whenever something changed, and every `pass_interval_s`."""
+        while True:
+            try:
+                await asyncio.wait_for(self.s.dirty.wait(), self.s.settings.pass_interval_s)
+            except TimeoutError:
+                pass
+            self.s.dirty.clear()
+            if not self.s.deciding:
+                continue  # nothing is decided on a store that is down or being rebuilt
+            try:
+                await self.run()
+            except TROUBLE as exc:
+                self.s.log.error("placement.pass_failed", error=repr(exc))
+                await asyncio.sleep(1.0)

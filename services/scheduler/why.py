@@ -1,0 +1,33 @@
+"""Why a job is where it is, in words (`GET /v1/jobs/{id}/why`, `whaleflux jobs why`). Pure."""
+
+from __future__ import annotations
+
+from .records import JobRecord
+
+
+def why(job: JobRecord) -> str:
+    """Why the job is where it is, in words."""
+    lines = []
+    if job.state == "pending":
+        lines.append(f"waiting: {job.reason or 'not yet considered by a placement pass'}")
+    elif job.state in ("placed", "running") and job.parts:
+        lines.append(f"{job.state} as a gang on {len(job.parts)} nodes, attempt {job.attempt}:")
+        lines += [f"  rank {p.rank}: {p.node} ({p.gpu_model}), {p.state}, GPUs {', '.join(p.gpu_uuids)}"
+                  for p in job.parts]
+        if job.placed_because:
+            lines.append(f"placed there because: {job.placed_because}")
+    elif job.state in ("placed", "running"):
+        gpus = ", ".join(job.gpu_uuids)
+        lines.append(f"{job.state} on {job.node} ({job.gpu_model}), attempt {job.attempt}, GPUs {gpus}")
+        if job.placed_because:
+            lines.append(f"placed there because: {job.placed_because}")
+    elif job.state == "rejected":
+        lines.append(f"rejected: {job.reason}")
+    else:
+        end = f"exit code {job.exit_code}" if job.exit_code is not None else (job.reason or "")
+        if job.parts and job.reason and job.exit_code is not None:
+            end += f" ({job.reason})"
+        where = f" on {', '.join(job.nodes)}" if job.parts else ""
+        lines.append(f"{job.state} after attempt {job.attempt}{where}: {end}")
+    lines += [f"requeued: {r}" for r in job.requeues]
+    return "\n".join(lines)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from whaleflux.billing.energy import Reading, attribute
-from whaleflux.billing.metering import Span, UsageRecord, interval_after, record_for, spans
+from whaleflux.billing.ledger import JobEventState, Span, interval_after, job_event, record_for, spans
+from whaleflux.billing.metering import UsageRecord
+from whaleflux.shared.contracts import JobHolds
 from whaleflux.shared.events import GpuSample, GpuTelemetry, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
 
 T0 = datetime(2026, 3, 10, 8, tzinfo=UTC)
@@ -52,10 +54,10 @@ def test_a_start_replayed_after_the_end_leaves_the_ended_record_and_a_late_end_r
     finished = record_for(Span("j", 2, 0, "finished", T0, end), PLACED, T0, end)
     assert finished.state == "finished" and finished.gpu_seconds == 2 * 3 * 3600 and finished.gpus == 2
     replayed_start = Span("j", 2, 0, "running", T0, None)
-    assert replayed_start.needs_current and interval_after(replayed_start, finished) is None
+    assert interval_after(replayed_start, finished) is None
     requeued = record_for(Span("j", 2, 0, "requeued", T0, T0 + timedelta(hours=2)), PLACED, T0, T0 + timedelta(hours=2))
     late_end = Span("j", 2, 0, "finished", T0, end)
-    assert not late_end.needs_current and interval_after(late_end, requeued) == (T0, end)
+    assert interval_after(late_end, requeued) == (T0, end)
     record = record_for(late_end, PLACED, T0, end)
     assert (record.team, record.project, record.gpu_uuids, record.ended_at) == ("nlp", "bot", ["G0", "G1"], end)
 
@@ -85,3 +87,32 @@ def test_a_redelivered_batch_adds_nothing_and_a_driver_reload_starts_a_new_basel
     assert again.empty
     reloaded = attribute(_batch(30, ("G0", 2e3, 70.0)), [Reading(t20, 19e6)], ["j:2"])
     assert reloaded.joules == [] and reloaded.readings["G0"].joules == 2e3 and reloaded.util == [("j:2", 70.0)]
+
+
+def test_a_job_event_holds_gpus_and_records_usage_together_and_waits_for_its_placement():
+    started = JobStarted(job_id="j", attempt=2, cluster="c1", node="n1", gpu_uuids=["G0", "G1"], pid=1, started_at=T0)
+    early = job_event(started, T0, JobEventState(JobHolds(), {"G0": None, "G1": None}))
+    assert early.missing == "no placement recorded for job j attempt 2" and early.records == ()
+
+    placed = job_event(PLACED, T0, JobEventState(JobHolds(), {"G0": None, "G1": None}))
+    assert placed.placement == ("j:2", PLACED) and placed.records == ()
+    assert {g: (h.attempt_key, h.started_at) for g, h in placed.holders.hold.items()} == {
+        "G0": ("j:2", None), "G1": ("j:2", None)}
+
+    state = JobEventState(placed.holders.job, placed.holders.hold, {"j:2": None}, {"j:2": PLACED})
+    running = job_event(started, T0, state)
+    [record] = running.records
+    assert running.missing is None and record.state == "running" and record.ended_at is None
+    assert {h.started_at for h in running.holders.hold.values()} == {T0}  # charged from its start on
+
+
+def test_an_older_attempts_late_start_is_metered_but_never_takes_the_gpus_of_a_newer_attempt():
+    newer = PLACED.model_copy(update={"attempt": 3})
+    after = job_event(newer, T0, JobEventState(JobHolds(), {"G0": None, "G1": None}))
+    holders = after.holders.hold
+    old_start = JobStarted(job_id="j", attempt=2, cluster="c1", node="n1", gpu_uuids=["G0", "G1"], pid=1,
+                           started_at=T0 - timedelta(hours=1))
+    late = job_event(old_start, T0, JobEventState(after.holders.job, holders, {"j:2": None}, {"j:2": PLACED}))
+    assert not late.holders.changed and late.holders.job == after.holders.job
+    [record] = late.records
+    assert record.key == "j:2" and record.started_at == T0 - timedelta(hours=1)

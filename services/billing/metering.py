@@ -11,18 +11,17 @@ A gang spanning nodes reports each node's part (its `rank`) on its own: the
 ledger holds one record per part, each with that node's GPUs and interval, so
 every GPU of the gang is charged once, for the time its part ran. Costs are
 still per attempt: every part's intervals carry the attempt's key, and
-`merge_parts` folds the parts into one line for a job's view.
+`merge_parts` folds the parts into one line for a job's view. What each job
+event changes in the ledger is decided in ledger.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 
 from pydantic import BaseModel
-
-from whaleflux.shared.events import EventData, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
 
 from .allocation import Interval, JobInfo
 from .ownership import to_ms
@@ -115,65 +114,3 @@ def intervals(records: list[UsageRecord], now: datetime) -> tuple[list[Interval]
         for gpu in r.gpu_uuids:
             out.append(Interval(gpu, start, end, key))
     return out, jobs
-
-
-@dataclass(frozen=True)
-class Span:
-    """What one job event says about one part of an attempt's allocation."""
-
-    job_id: str
-    attempt: int
-    rank: int
-    state: str  # running | finished | failed | requeued
-    started: datetime | None  # None for a requeue: the recorded start stands
-    end: datetime | None  # None while running
-
-    @property
-    def ledger(self) -> str:
-        return ledger_key(self.job_id, self.attempt, self.rank)
-
-    @property
-    def needs_current(self) -> bool:
-        """Whether the change depends on the record already kept (a start after an end, a requeue)."""
-        return self.end is None or self.state == "requeued"
-
-
-def spans(data: EventData, at: datetime) -> list[Span]:
-    """The ledger changes a job event asks for (`at`: the event's time); none for other events.
-
-    A requeued attempt stops accruing when the scheduler took its GPUs back (every part of a
-    gang): the agent of a lost node never reports the end; if it does later (a preempted job
-    stopping after its grace period), that report replaces this end.
-    """
-    if isinstance(data, JobStarted):
-        return [Span(data.job_id, data.attempt, data.rank or 0, "running", data.started_at, None)]
-    if isinstance(data, JobFinished):
-        return [Span(data.job_id, data.attempt, data.rank or 0, "finished", data.started_at, data.finished_at)]
-    if isinstance(data, JobFailed) and data.started_at is not None:
-        return [Span(data.job_id, data.attempt, data.rank or 0, "failed", data.started_at, data.failed_at)]
-    if isinstance(data, JobRequeued):
-        return [Span(data.job_id, data.attempt, rank, "requeued", None, at)
-                for rank in range(len(data.gang_nodes or ()) or 1)]
-    return []
-
-
-def interval_after(span: Span, current: UsageRecord | None) -> tuple[datetime, datetime | None] | None:
-    """The (start, end) the part's record gets from `span` given the record kept (if `needs_current`);
-    None when the event changes nothing."""
-    if span.started is None:  # a requeue ends a running record; one never started ran nothing
-        if current is None or current.ended_at is not None:
-            return None
-        return current.started_at, max(span.end or current.started_at, current.started_at)
-    if span.end is None and current is not None and current.ended_at is not None:
-        return None  # job.started replayed after its end: the ended record stands
-    return span.started, span.end
-
-
-def record_for(span: Span, placed: JobPlaced, started: datetime, end: datetime | None) -> UsageRecord:
-    """The part's record over [started, end) (`interval_after`), tagged from its placement."""
-    record = UsageRecord(
-        job_id=span.job_id, attempt=span.attempt, team=placed.team, project=placed.project,
-        gpu_model=placed.gpu_model, gpus=len(placed.gpu_uuids), node=placed.node, cluster=placed.cluster,
-        gpu_uuids=placed.gpu_uuids, started_at=started, state="running", rank=span.rank,
-    )
-    return record if end is None else ended(record, end, span.state)

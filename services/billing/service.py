@@ -20,15 +20,23 @@ from redis.exceptions import RedisError
 
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Retry
-from whaleflux.shared.contracts import ASSETS, fold_holders, gpus_involved
+from whaleflux.shared.contracts import ASSETS
 from whaleflux.shared.errors import StateUnavailable
-from whaleflux.shared.events import AlertRaised, Envelope, EventData, GpuTelemetry, JobPlaced, make_envelope
+from whaleflux.shared.events import (
+    AlertRaised,
+    Envelope,
+    EventData,
+    GpuTelemetry,
+    JobPlaced,
+    JobStarted,
+    make_envelope,
+)
 from whaleflux.shared.runtime import Runtime
 
-from . import costing, energy, metering
+from . import costing, energy, ledger
 from .budgets import BudgetStatus, evaluate, history_start
 from .costing import Costed, Inputs
-from .metering import Span, ledger_key, merge_parts
+from .metering import merge_parts
 from .ownership import to_ms
 from .pricebook import PriceBook, reference_book
 from .report import job_line
@@ -98,49 +106,28 @@ class Billing:
     # ------------------------------------------------------------------ metering
 
     async def on_job_event(self, env: Envelope, data: EventData) -> None:
-        """Who holds which GPU (the shared fold); `job.placed` keeps the placement; starts, ends and
-        requeues change the usage ledger."""
-        await self._fold_holders(env, data)
-        if isinstance(data, JobPlaced):
-            await self.store.save_placement(ledger_key(data.job_id, data.attempt, data.part), data)
-            return
-        for span in metering.spans(data, env.time):
-            await self._apply(span)
-
-    async def _fold_holders(self, env: Envelope, data: EventData) -> None:
+        """Who holds which GPU (the shared fold), the placement, the usage records: read, decided
+        (ledger.py) and written together."""
         job_id = getattr(data, "job_id", None)
         if not isinstance(job_id, str):
             return
-        store = self.store
-        job = await store.job_holds(job_id)
-        gpus = sorted(gpus_involved(job, data))
-        current = dict(zip(gpus, await store.holders(gpus), strict=True))
-        change = fold_holders(job, data, env.time, current)
-        if change.changed or change.job != job:
-            await store.apply_holders(job_id, change)
-
-    async def _apply(self, span: Span) -> None:
-        store = self.store
-        current = await store.usage(span.ledger) if span.needs_current else None
-        interval = metering.interval_after(span, current)
-        if interval is None:
-            return
-        placed = await store.placement(span.ledger)
-        if placed is None:
-            rank = f" rank {span.rank}" if span.rank else ""
-            raise Retry(f"no placement recorded for job {span.job_id} attempt {span.attempt}{rank}")
-        record = metering.record_for(span, placed, *interval)
-        await store.write_usage(record)
-        self.log.debug("usage.recorded", job_id=span.job_id, attempt=span.attempt, state=record.state)
+        gpus = sorted(set(data.gpu_uuids)) if isinstance(data, (JobPlaced, JobStarted)) else []
+        ledgers = [span.ledger for span in ledger.spans(data, env.time)]
+        state = await self.store.job_event_state(job_id, gpus, ledgers)
+        outcome = ledger.job_event(data, env.time, state)
+        if outcome.missing is not None:
+            raise Retry(outcome.missing)  # its job.placed comes later (another subject): dead-lettered after 6
+        await self.store.commit_job_event(job_id, outcome)
+        for record in outcome.records:
+            self.log.debug("usage.recorded", job_id=record.job_id, attempt=record.attempt, state=record.state)
 
     async def on_telemetry(self, env: Envelope, data: EventData) -> None:
         """Energy drawn per GPU and hour (and per attempt holding it), and utilization while allocated."""
         uuids = [g.uuid for g in data.gpus] if isinstance(data, GpuTelemetry) else []
         if not isinstance(data, GpuTelemetry) or not uuids:
             return
-        lasts = await self.store.last_readings(uuids)
-        holders = [energy.charged_to(h) for h in await self.store.holders(uuids)]
-        update = energy.attribute(data, lasts, holders)
+        lasts, holders = await self.store.readings_and_holders(uuids)
+        update = energy.attribute(data, lasts, [energy.charged_to(h) for h in holders])
         if not update.empty:
             await self.store.apply_energy(update)
 

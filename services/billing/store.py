@@ -22,13 +22,14 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from whaleflux.shared.configstore import StoredConfig
-from whaleflux.shared.contracts import ASSETS, Asset, Holder, HolderChange, JobHolds
+from whaleflux.shared.contracts import ASSETS, Asset, Holder, JobHolds
 from whaleflux.shared.events import Envelope, JobPlaced
 from whaleflux.shared.outbox import Outbox
 
 from .allocation import EnergyUse
 from .budgets import Budget
 from .energy import EnergyUpdate, Reading
+from .ledger import JobEventOutcome, JobEventState
 from .metering import UsageRecord
 from .pricebook import PriceBook, parse_pricebook
 
@@ -47,6 +48,10 @@ def _opt(value: Raw | None) -> str | None:
 
 def _strs(mapping: dict[Raw, Raw]) -> dict[str, str]:
     return {_s(k): _s(v) for k, v in mapping.items()}
+
+
+def _holder(raw: Raw | None) -> Holder | None:
+    return None if raw is None else Holder.decode(_s(raw))
 
 
 @dataclass(frozen=True)
@@ -77,16 +82,44 @@ class BillingStore:
 
     # ------------------------------------------------------------------ ledger
 
-    async def save_placement(self, ledger: str, placed: JobPlaced) -> None:
-        await self.redis.set(self._k(f"alloc:{ledger}"), placed.model_dump_json())
+    async def job_event_state(self, job_id: str, gpus: Sequence[str], ledgers: Sequence[str]) -> JobEventState:
+        """What one job event's outcome depends on, in one round trip (two when the job holds GPUs the
+        event does not name): the job's holds, the holders of `gpus` and of the job's GPUs, and the usage
+        record and placement of each of `ledgers`."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(self._k("holds"), job_id)
+            for ledger in ledgers:
+                pipe.hget(self._k("usage"), ledger)
+                pipe.get(self._k(f"alloc:{ledger}"))
+            if gpus:
+                pipe.hmget(self._k("gpu:holder"), list(gpus))
+            raw_holds, *rest = await pipe.execute()
+        raw_holders = rest.pop() if gpus else []
+        holds = JobHolds() if raw_holds is None else JobHolds.decode(_s(raw_holds))
+        holders = {g: _holder(h) for g, h in zip(gpus, raw_holders, strict=True)}
+        missing = sorted(holds.gpus() - set(holders))
+        holders.update(zip(missing, await self.holders(missing), strict=True))
+        usage = {ledger: None if u is None else UsageRecord.model_validate_json(_s(u))
+                 for ledger, u in zip(ledgers, rest[0::2], strict=True)}
+        placements = {ledger: None if p is None else JobPlaced.model_validate_json(_s(p))
+                      for ledger, p in zip(ledgers, rest[1::2], strict=True)}
+        return JobEventState(holds, holders, usage, placements)
 
-    async def placement(self, ledger: str) -> JobPlaced | None:
-        raw = await self.redis.get(self._k(f"alloc:{ledger}"))
-        return None if raw is None else JobPlaced.model_validate_json(_s(raw))
-
-    async def usage(self, ledger: str) -> UsageRecord | None:
-        raw = await self.redis.hget(self._k("usage"), ledger)
-        return None if raw is None else UsageRecord.model_validate_json(_s(raw))
+    async def commit_job_event(self, job_id: str, outcome: JobEventOutcome) -> None:
+        """Write one job event's outcome in one transaction: the fold, usage records, the placement."""
+        change = outcome.holders
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._k("holds"), job_id, change.job.encode())
+            if change.hold:
+                pipe.hset(self._k("gpu:holder"), mapping={g: h.encode() for g, h in change.hold.items()})
+            if change.release:
+                pipe.hdel(self._k("gpu:holder"), *change.release)
+            for record in outcome.records:
+                pipe.hset(self._k("usage"), record.ledger_key, record.model_dump_json())
+            if outcome.placement is not None:
+                ledger, placed = outcome.placement
+                pipe.set(self._k(f"alloc:{ledger}"), placed.model_dump_json())
+            await pipe.execute()
 
     async def usage_records(self) -> list[UsageRecord]:
         """Every record of the ledger (one per attempt, per part of a gang)."""
@@ -98,44 +131,28 @@ class BillingStore:
         raw = _strs(await self.redis.hgetall(self._k("usage")))
         return [UsageRecord.model_validate_json(v) for k, v in raw.items() if k.rsplit(":", 1)[0] == job_id]
 
-    async def write_usage(self, record: UsageRecord) -> None:
-        await self.redis.hset(self._k("usage"), record.ledger_key, record.model_dump_json())
-
-    # ------------------------------------------------------------------ GPU holders (shared.contracts.holders)
-
-    async def job_holds(self, job_id: str) -> JobHolds:
-        raw = await self.redis.hget(self._k("holds"), job_id)
-        return JobHolds() if raw is None else JobHolds.decode(_s(raw))
-
     async def holders(self, gpus: Sequence[str]) -> list[Holder | None]:
-        """The part of an attempt holding each GPU, or None."""
+        """The part of an attempt holding each GPU (the shared GPU-holder fold), or None."""
         if not gpus:
             return []
-        raw = await self.redis.hmget(self._k("gpu:holder"), list(gpus))
-        return [None if h is None else Holder.decode(_s(h)) for h in raw]
-
-    async def apply_holders(self, job_id: str, change: HolderChange) -> None:
-        """Keep the fold's outcome for one event: the job's holds, GPUs held and released, together."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self._k("holds"), job_id, change.job.encode())
-            if change.hold:
-                pipe.hset(self._k("gpu:holder"), mapping={g: h.encode() for g, h in change.hold.items()})
-            if change.release:
-                pipe.hdel(self._k("gpu:holder"), *change.release)
-            await pipe.execute()
+        return [_holder(h) for h in await self.redis.hmget(self._k("gpu:holder"), list(gpus))]
 
     # ------------------------------------------------------------------ energy and utilization
 
-    async def last_readings(self, gpus: Sequence[str]) -> list[Reading | None]:
-        """Each GPU's last energy counter reading (encoded `<sample ms>|<joules or empty>`)."""
-        out: list[Reading | None] = []
-        for raw in await self.redis.hmget(self._k("energy:last"), list(gpus)):
+    async def readings_and_holders(self, gpus: Sequence[str]) -> tuple[list[Reading | None], list[Holder | None]]:
+        """Each GPU's last energy counter reading (kept as `<sample ms>|<joules or empty>`) and its holder."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self._k("energy:last"), list(gpus))
+            pipe.hmget(self._k("gpu:holder"), list(gpus))
+            lasts, holders = await pipe.execute()
+        readings: list[Reading | None] = []
+        for raw in lasts:
             if not raw:
-                out.append(None)
+                readings.append(None)
                 continue
             ms, _, joules = _s(raw).partition("|")
-            out.append(Reading(int(ms), float(joules) if joules else None))
-        return out
+            readings.append(Reading(int(ms), float(joules) if joules else None))
+        return readings, [_holder(h) for h in holders]
 
     async def apply_energy(self, update: EnergyUpdate) -> None:
         """Add one telemetry batch's energy and utilization, and keep its readings, in one round trip."""

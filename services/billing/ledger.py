@@ -1,0 +1,117 @@
+"""What one job event changes in billing's ledger: the usage records of its attempt's parts and who
+holds which GPU. Pure: the event and what the store holds in, the records and holder changes out.
+
+The usage record of a part runs from `job.started` (`started_at`) to
+`job.finished` / `job.failed`; a `job.requeued` ends the parts still running at
+the requeue's time (the scheduler took the GPUs back: a lost node's agent never
+reports the end), and an end the agent reports later replaces it. A
+`job.started` replayed after the part's end changes nothing. Who holds a GPU is
+the fold shared with inventory and telemetry (`shared.contracts.holders`).
+Every change is keyed by (job, attempt, part), so a redelivered or replayed
+event rewrites the same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from whaleflux.shared.contracts import Holder, HolderChange, JobHolds, fold_holders
+from whaleflux.shared.events import EventData, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
+
+from .metering import UsageRecord, ended, ledger_key
+
+
+@dataclass(frozen=True)
+class Span:
+    """What one job event says about one part of an attempt's allocation."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    state: str  # running | finished | failed | requeued
+    started: datetime | None  # None for a requeue: the recorded start stands
+    end: datetime | None  # None while running
+
+    @property
+    def ledger(self) -> str:
+        return ledger_key(self.job_id, self.attempt, self.rank)
+
+
+def spans(data: EventData, at: datetime) -> list[Span]:
+    """The ledger changes a job event asks for (`at`: the event's time); none for other events.
+
+    A requeue ends every part of a gang (`gang_nodes`), each with its own record.
+    """
+    if isinstance(data, JobStarted):
+        return [Span(data.job_id, data.attempt, data.rank or 0, "running", data.started_at, None)]
+    if isinstance(data, JobFinished):
+        return [Span(data.job_id, data.attempt, data.rank or 0, "finished", data.started_at, data.finished_at)]
+    if isinstance(data, JobFailed) and data.started_at is not None:
+        return [Span(data.job_id, data.attempt, data.rank or 0, "failed", data.started_at, data.failed_at)]
+    if isinstance(data, JobRequeued):
+        return [Span(data.job_id, data.attempt, rank, "requeued", None, at)
+                for rank in range(len(data.gang_nodes or ()) or 1)]
+    return []
+
+
+def interval_after(span: Span, current: UsageRecord | None) -> tuple[datetime, datetime | None] | None:
+    """The (start, end) the part's record gets from `span` given the record kept; None when the event
+    changes nothing."""
+    if span.started is None:  # a requeue ends a running record; one never started ran nothing
+        if current is None or current.ended_at is not None:
+            return None
+        return current.started_at, max(span.end or current.started_at, current.started_at)
+    if span.end is None and current is not None and current.ended_at is not None:
+        return None  # job.started replayed after its end: the ended record stands
+    return span.started, span.end
+
+
+def record_for(span: Span, placed: JobPlaced, started: datetime, end: datetime | None) -> UsageRecord:
+    """The part's record over [started, end) (`interval_after`), tagged from its placement."""
+    record = UsageRecord(
+        job_id=span.job_id, attempt=span.attempt, team=placed.team, project=placed.project,
+        gpu_model=placed.gpu_model, gpus=len(placed.gpu_uuids), node=placed.node, cluster=placed.cluster,
+        gpu_uuids=placed.gpu_uuids, started_at=started, state="running", rank=span.rank,
+    )
+    return record if end is None else ended(record, end, span.state)
+
+
+@dataclass(frozen=True)
+class JobEventState:
+    """What the store holds that one job event's outcome depends on."""
+
+    holds: JobHolds
+    holders: Mapping[str, Holder | None]  # of `gpus_involved(holds, event)`
+    usage: Mapping[str, UsageRecord | None] = field(default_factory=dict)  # per span's ledger key
+    placements: Mapping[str, JobPlaced | None] = field(default_factory=dict)  # per span's ledger key
+
+
+@dataclass(frozen=True)
+class JobEventOutcome:
+    """What to write for one job event, all together; `missing`: why it cannot be applied yet."""
+
+    holders: HolderChange
+    records: tuple[UsageRecord, ...] = ()
+    placement: tuple[str, JobPlaced] | None = None  # (ledger key, placement) to keep
+    missing: str | None = None
+
+
+def job_event(data: EventData, at: datetime, state: JobEventState) -> JobEventOutcome:
+    """The outcome of one job event (`at`: its envelope time) given what the store holds."""
+    change = fold_holders(state.holds, data, at, state.holders)
+    if isinstance(data, JobPlaced):
+        return JobEventOutcome(change, placement=(ledger_key(data.job_id, data.attempt, data.part), data))
+    records = []
+    for span in spans(data, at):
+        interval = interval_after(span, state.usage.get(span.ledger))
+        if interval is None:
+            continue
+        placed = state.placements.get(span.ledger)
+        if placed is None:
+            rank = f" rank {span.rank}" if span.rank else ""
+            return JobEventOutcome(change, missing=f"no placement recorded for job {span.job_id} attempt "
+                                                   f"{span.attempt}{rank}")
+        records.append(record_for(span, placed, *interval))
+    return JobEventOutcome(change, tuple(records))

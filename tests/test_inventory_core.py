@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 
 from whaleflux.inventory import findings as fnd
+from whaleflux.inventory.allocations import JobChange, allocated_at, allocation_key, job_change
 from whaleflux.inventory.assets import AssetsError, parse_declarations
+from whaleflux.inventory.discovery import gpu_rows, seen
 from whaleflux.inventory.leases import due_notices, leases, notice_event
 from whaleflux.inventory.reconcile import DiscoveredGpu, reconcile
 from whaleflux.inventory.rollups import Allocation, UtilSums, allocated_time, rollup
+from whaleflux.shared.contracts import Holder
+from whaleflux.shared.events import (
+    GpuIdentity,
+    JobFinished,
+    JobPlaced,
+    JobRejected,
+    JobSubmitted,
+    LeaseExpiring,
+    NodeHeartbeat,
+    NodeRegistered,
+    make_envelope,
+)
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 GOOD = """\
 contracts:
@@ -39,7 +53,8 @@ assets:
 
 
 def _gpus(node: str, model: str, n: int, pool: str = "p", registered: datetime = T0) -> list[DiscoveredGpu]:
-    return [DiscoveredGpu(f"{node}-g{i}", i, model, node, "c", "r1", pool, "active", registered, registered) for i in range(n)]
+    return [DiscoveredGpu(f"{node}-g{i}", i, model, node, "c", "r1", pool, "active", registered, registered)
+            for i in range(n)]
 
 
 def _errors(text: str) -> list[str]:
@@ -52,8 +67,10 @@ def _errors(text: str) -> list[str]:
     "old, new, expected",
     [
         ("    model: A100\n", "    model: Z900\n", "assets.yaml:10: assets[0].model: unknown model 'Z900'"),
-        ("    end: 2026-03-31\n", "    end: 2025-03-31\n", "assets.yaml:5: contracts[0].end: end 2025-03-31 is before start"),
-        ('"1890.00"', '"-1"', "assets.yaml:6: contracts[0].monthly_price_per_gpu: Input should be greater than or equal to 0"),
+        ("    end: 2026-03-31\n", "    end: 2025-03-31\n",
+         "assets.yaml:5: contracts[0].end: end 2025-03-31 is before start"),
+        ('"1890.00"', '"-1"',
+         "assets.yaml:6: contracts[0].monthly_price_per_gpu: Input should be greater than or equal to 0"),
         ("ownership: owned", "ownership: borrowed", "assets.yaml:17: assets[1].ownership: Input should be"),
         ("leases: [CW-1]", "leases: [CW-9]", "assets.yaml:15: assets[0].leases[0]: unknown contract 'CW-9'"),
     ],
@@ -97,7 +114,7 @@ def _notices(decl, discovered, now, fired, horizons=(30, 7, 1)):
 def test_each_horizon_fires_once_and_a_late_start_announces_only_the_nearest():
     decl = parse_declarations(GOOD)  # ends 2026-04-01 00:00, notice deadline 2026-03-02
     gpus = _gpus("a100-01", "A100", 8)
-    end = datetime(2026, 4, 1, tzinfo=timezone.utc)
+    end = datetime(2026, 4, 1, tzinfo=UTC)
     fired: set[str] = set()
     published = []
     for now in [end - timedelta(days=31), end - timedelta(days=29), end - timedelta(days=28),
@@ -119,21 +136,23 @@ def test_each_horizon_fires_once_and_a_late_start_announces_only_the_nearest():
 
 def test_expiring_event_says_what_expires_and_that_notice_passed():
     decl = parse_declarations(GOOD)
-    now = datetime(2026, 3, 25, tzinfo=timezone.utc)
+    now = datetime(2026, 3, 25, tzinfo=UTC)
     [notice], _ = _notices(decl, _gpus("a100-01", "A100", 8), now, set())
     event = notice_event(notice, now)
+    assert isinstance(event, LeaseExpiring)
     assert event.summary.startswith("1 leased A100 node (8 GPUs) of contract CW-1 (coreweave) expire in 7 days")
     assert "notice deadline passed — renew or release?" in event.summary
     assert event.monthly_cost_usd == "15120.00" and event.gpu_count == 8 and event.notice_deadline_passed
 
 
 def test_renewal_by_a_later_end_date_or_a_contiguous_contract_stops_the_notices():
-    now = datetime(2026, 3, 28, tzinfo=timezone.utc)
+    now = datetime(2026, 3, 28, tzinfo=UTC)
     gpus = _gpus("a100-01", "A100", 8)
     extended = parse_declarations(GOOD.replace("end: 2026-03-31", "end: 2026-09-30"))
     assert _notices(extended, gpus, now, set()) == ([], [])
     successor = parse_declarations(
-        GOOD.replace("assets:\n", "  - {id: CW-2, provider: x, start: 2026-04-01, end: 2026-12-31, monthly_price_per_gpu: 1}\nassets:\n")
+        GOOD.replace("assets:\n", "  - {id: CW-2, provider: x, start: 2026-04-01, end: 2026-12-31,"
+                                  " monthly_price_per_gpu: 1}\nassets:\n")
         .replace("leases: [CW-1]", "leases: [CW-1, CW-2]")
     )
     assert _notices(successor, gpus, now, set()) == ([], [])
@@ -141,9 +160,9 @@ def test_renewal_by_a_later_end_date_or_a_contiguous_contract_stops_the_notices(
 
 def test_auto_renewing_lease_rolls_forward_instead_of_expiring():
     decl = parse_declarations(GOOD.replace("notice_days: 30", "notice_days: 0\n    auto_renew: true"))
-    now = datetime(2026, 4, 25, tzinfo=timezone.utc)
+    now = datetime(2026, 4, 25, tzinfo=UTC)
     [lease] = leases(decl, reconcile(decl, _gpus("a100-01", "A100", 8), now).assets, now)
-    assert lease.term_end == datetime(2026, 5, 1, tzinfo=timezone.utc)
+    assert lease.term_end == datetime(2026, 5, 1, tzinfo=UTC)
     publish, _ = _notices(decl, _gpus("a100-01", "A100", 8), now, set())
     assert [n.event_id for n in publish] == ["lease-expiring-CW-1-7d-end-20260501"]
 
@@ -181,7 +200,8 @@ def test_under_used_pool_gets_a_consolidation_recommendation():
     rec = reconcile(decl, _gpus("a100-01", "A100", 8), now)
     groups = {a.uuid: a.pool for a in rec.assets}
     # Two GPUs busy for two hours a day, nothing else.
-    allocs = [Allocation(f"j{d}:1", ("a100-01-g0", "a100-01-g1"), T0 + timedelta(days=d, hours=9), T0 + timedelta(days=d, hours=11))
+    allocs = [Allocation(f"j{d}:1", ("a100-01-g0", "a100-01-g1"), T0 + timedelta(days=d, hours=9),
+                         T0 + timedelta(days=d, hours=11))
               for d in range(3)]
     rows = rollup(groups, allocs, {}, T0, now, now)
     [finding] = fnd.consolidation(rows, rec.assets, threshold=0.3, days=3)
@@ -198,7 +218,8 @@ def test_capacity_counts_free_gpus_and_whole_free_nodes():
 
 
 def test_the_demo_fleets_assets_file_is_valid_and_covers_every_demo_node():
-    from whaleflux.shared.catalog import DEFAULT_ASSETS, load_fleet
+    from whaleflux.shared.catalog import load_fleet
+    from whaleflux.shared.datafiles import DEFAULT_ASSETS
 
     declared = parse_declarations(DEFAULT_ASSETS.read_text(), str(DEFAULT_ASSETS))
     assert {a.node for a in declared.assets} == {n.name for n in load_fleet().nodes()}
@@ -208,7 +229,7 @@ def test_a_pool_younger_than_the_window_gets_no_consolidation_advice():
     from whaleflux.inventory.reconcile import GpuAsset
     from whaleflux.inventory.rollups import HourRow
 
-    now = datetime(2026, 3, 10, tzinfo=timezone.utc)
+    now = datetime(2026, 3, 10, tzinfo=UTC)
     start = now - timedelta(days=3)
     rows = [HourRow("cloud", start + timedelta(hours=h), 8, 0.0, 0.0, None, None) for h in range(72)]
 
@@ -219,3 +240,40 @@ def test_a_pool_younger_than_the_window_gets_no_consolidation_advice():
     assert fnd.consolidation(rows, [asset(now - timedelta(hours=2))]) == []
     [old] = fnd.consolidation(rows, [asset(start - timedelta(days=1))])
     assert old.kind == "consolidation" and "pool cloud" in old.summary
+
+
+# --------------------------------------------------------------------------- discovery and allocation bookkeeping
+
+
+def test_a_node_record_keeps_its_first_registration_and_last_seen_only_moves_forward():
+    gpus = [GpuIdentity(uuid="GPU-0", index=0, model="A100", name="NVIDIA A100", memory_total_mib=81920)]
+    reg = NodeRegistered(cluster="c", node="n1", pool="p", agent_version="t", gpus=gpus)
+    beat = NodeHeartbeat(cluster="c", node="n1", seq=1)
+    assert seen(None, T0, beat) is None  # a heartbeat before the registration: nothing to write
+    first = seen(None, T0, reg)
+    assert first is not None and first.registered_at == T0
+    later = seen(first, T0 + timedelta(hours=1), beat)
+    assert later is not None and later.last_seen == T0 + timedelta(hours=1)
+    stale = seen(later, T0 + timedelta(minutes=5), beat)  # an old heartbeat redelivered
+    assert stale is not None and stale.last_seen == T0 + timedelta(hours=1)
+    again = seen(later, T0 + timedelta(hours=2), reg.model_copy(update={"pool": "q"}))
+    assert again is not None and (again.registered_at, again.pool) == (T0, "q")
+    rows = gpu_rows([again], T0 + timedelta(hours=2, seconds=31), timedelta(seconds=30))
+    assert [(r.uuid, r.status) for r in rows] == [("GPU-0", "missing")]
+
+
+def test_job_events_queue_open_and_close_allocations_per_attempt_and_gang_part():
+    env = make_envelope(JobSubmitted(job_id="j", name="j", command=["x"], gpus=2), source="t", time=T0)
+    submitted = job_change(env, JobSubmitted(job_id="j", name="j", command=["x"], gpus=2, gpu_models=["A100"]))
+    assert submitted.queued == fnd.QueuedJob("j", 2, ("A100",), None)
+    placed = JobPlaced(job_id="j", attempt=2, cluster="c", node="n2", gpu_model="A100", gpu_uuids=["g2", "g3"],
+                       gpu_indices=[0, 1], command=["x"], team="t", project="p", rank=1)
+    opened = job_change(env, placed)
+    assert opened.dequeued == "j" and opened.opened == Allocation("j:2#r1", ("g2", "g3"), T0)
+    finished = JobFinished(job_id="j", attempt=2, cluster="c", node="n2", exit_code=0, started_at=T0,
+                           finished_at=T0 + timedelta(hours=1), rank=1)
+    assert job_change(env, finished).closed == ("j:2#r1", T0 + timedelta(hours=1))
+    assert job_change(env, JobRejected(job_id="k", reason="too big")) == JobChange(dequeued="k")
+    holders = {"g2": Holder("j", 2, 1, since=T0), "g3": Holder("j", 2, 1, since=T0 + timedelta(minutes=1))}
+    assert allocated_at(holders, ["g1", "g2", "g3"], T0 + timedelta(seconds=30)) == {"g2"}
+    assert holders["g2"].part_key == allocation_key("j", 2, 1) and allocation_key("j", 2) == "j:2"

@@ -8,14 +8,17 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import nats
 import pytest
 
-from whaleflux.inventory.app import InventoryService, InventorySettings
-from whaleflux.scheduler.app import SchedulerService, SchedulerSettings
+from whaleflux.inventory.app import InventorySettings, build
+from whaleflux.inventory.service import Inventory
+from whaleflux.scheduler.app import SchedulerSettings
+from whaleflux.scheduler.app import build as build_scheduler
+from whaleflux.scheduler.service import Scheduler
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus
 from whaleflux.shared.catalog import gpu_models, load_fleet
@@ -47,7 +50,7 @@ assets:
     pool: onprem
     leases: [CW-A100]
 """
-END = datetime(2026, 4, 1, tzinfo=timezone.utc)  # the day after `end: 2026-03-31`
+END = datetime(2026, 4, 1, tzinfo=UTC)  # the day after `end: 2026-03-31`
 
 
 def _fleet_registrations() -> list[NodeRegistered]:
@@ -81,11 +84,11 @@ async def test_lease_horizons_fire_once_survive_a_restart_and_stop_when_renewed(
     [a100] = [r for r in _fleet_registrations() if r.node == "a100-01"]
     await bus.publish(subjects.node_registered(a100.cluster, a100.node), a100)
 
-    svc = InventoryService(InventorySettings(), clock=clock)
-    await svc._start()
+    _, svc = build(InventorySettings(), clock=clock)
+    await svc.runtime.start()
     try:
-        await until(lambda: svc._get("onprem", "a100-01"), what="registration")
-        published = []
+        await until(lambda: svc.store.node("onprem", "a100-01"), what="registration")
+        published: list[str] = []
 
         async def check_at(now: datetime) -> None:
             clock.now = now
@@ -98,9 +101,9 @@ async def test_lease_horizons_fire_once_survive_a_restart_and_stop_when_renewed(
         await check_at(END - timedelta(days=29))  # same time again: nothing new
 
         # Restart: a new service object on the same Redis and streams sees what already fired.
-        await svc.stop()
-        svc = InventoryService(InventorySettings(), clock=clock)
-        await svc._start()
+        await svc.runtime.stop()
+        _, svc = build(InventorySettings(), clock=clock)
+        await svc.runtime.start()
         await check_at(END - timedelta(days=29))
         await check_at(END - timedelta(days=6))
 
@@ -127,30 +130,30 @@ async def test_lease_horizons_fire_once_survive_a_restart_and_stop_when_renewed(
         assert info.state.messages == 4
 
         # The new term still gets its own notices later.
-        await check_at(datetime(2026, 9, 2, tzinfo=timezone.utc))
+        await check_at(datetime(2026, 9, 2, tzinfo=UTC))
         assert published[-1] == "lease-expiring-CW-A100-30d-end-20261001"
     finally:
-        await svc.stop()
+        await svc.runtime.stop()
         await bus.close()
         await nc.close()
 
 
 async def test_rollup_over_a_simulated_day_matches_the_scheduler_allocations(env, monkeypatch):
     monkeypatch.setenv("WHALEFLUX_CHECK_INTERVAL_S", "3600")
-    day = datetime(2026, 3, 10, tzinfo=timezone.utc)
+    day = datetime(2026, 3, 10, tzinfo=UTC)
     clock = Clock(day)
     bus = await connect_bus(env)
     regs = _fleet_registrations()
     for r in regs:
         await bus.publish(subjects.node_registered(r.cluster, r.node), r)
-    sched = SchedulerService(SchedulerSettings(), clock=clock)
-    inv = InventoryService(InventorySettings(), clock=clock)
-    await sched._start()
-    await inv._start()
+    _, sched = build_scheduler(SchedulerSettings(), clock=clock)
+    app, inv = build(InventorySettings(), clock=clock)
+    await sched.runtime.start()
+    await inv.runtime.start()
     try:
-        await until(lambda: sched.redis.hlen(f"{sched.prefix}:nodes"), what="scheduler nodes")
-        await until(lambda: _count(inv.redis.hlen(f"{inv.prefix}:nodes"), len(regs)), what="inventory nodes")
-        await until(lambda: asyncio.sleep(0, "inventory-telemetry" in inv.bus.bound), what="telemetry consumer")
+        await until(lambda: _count(_len(sched.store.node_keys()), 1), what="scheduler nodes")
+        await until(lambda: _count(inv.store.node_count(), len(regs)), what="inventory nodes")
+        await until(lambda: asyncio.sleep(0, "inventory-telemetry" in inv.runtime.bus.bound), what="telemetry consumer")
 
         # (start offset, duration, gpus, model): overlapping jobs, some crossing hour boundaries.
         plan = [
@@ -174,34 +177,35 @@ async def test_rollup_over_a_simulated_day_matches_the_scheduler_allocations(env
             if kind == "submit":
                 await bus.publish(subjects.JOB_SUBMITTED, JobSubmitted(
                     job_id=job_id, name=job_id, command=["true"], gpus=gpus, gpu_models=[model]))
-                job = await until(lambda: _state(sched, job_id, "placed"), what=f"{job_id} placed")
-                await until(lambda: inv.redis.hexists(f"{inv.prefix}:alloc:start", f"{job_id}:1"), what="inventory saw placement")
+                job = await until(lambda j=job_id: _state(sched, j, "placed"), what=f"{job_id} placed")
+                await until(lambda j=job_id: inv.store.has_allocation(f"{j}:1"), what="inventory saw placement")
                 if job_id == "day-2" and not sampled:
                     # Ten minutes of telemetry on the H100 node while the job holds all of it.
                     sampled = True
                     await _telemetry(bus, inv, regs, "h100-01", at)
             else:
                 job = await sched.get_job(job_id)
+                assert job is not None and job.cluster and job.node and job.placed_at
                 await bus.publish(subjects.JOB_FINISHED, JobFinished(
                     job_id=job_id, attempt=1, cluster=job.cluster, node=job.node, exit_code=0,
                     started_at=job.placed_at, finished_at=at))
-                await until(lambda: _state(sched, job_id, "succeeded"), what=f"{job_id} finished")
-                await until(lambda: inv.redis.hexists(f"{inv.prefix}:alloc:end", f"{job_id}:1"), what="inventory saw end")
+                await until(lambda j=job_id: _state(sched, j, "succeeded"), what=f"{job_id} finished")
+                await until(lambda j=job_id: inv.store.has_allocation(f"{j}:1", ended=True), what="inventory saw end")
 
         clock.now = day + timedelta(days=1)
         # What the scheduler recorded, per GPU and hour.
         expected: dict[tuple[str, str], float] = {}
         for i in range(len(plan)):
             job = await sched.get_job(f"day-{i}")
-            start, end = job.placed_at, job.finished_at or clock.now
+            assert job is not None and job.placed_at is not None
+            placed, ended = job.placed_at, job.finished_at or clock.now
             for h in range(24):
                 lo, hi = day + timedelta(hours=h), day + timedelta(hours=h + 1)
-                overlap = (min(end, hi) - max(start, lo)).total_seconds()
+                overlap = (min(ended, hi) - max(placed, lo)).total_seconds()
                 if overlap > 0:
                     for gpu in job.gpu_uuids:
                         expected[(gpu, lo.isoformat())] = expected.get((gpu, lo.isoformat()), 0) + overlap
 
-        app = inv.create_app()
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://inventory") as http:
             params = {"by": "gpu", "start": day.isoformat(), "end": clock.now.isoformat()}
             rows = (await http.get("/v1/rollups", params=params)).json()
@@ -214,21 +218,23 @@ async def test_rollup_over_a_simulated_day_matches_the_scheduler_allocations(env
         assert len(rows) == 24 * sum(len(r.gpus) for r in regs)
         total = sum(expected.values())
         assert sum(r["allocated_s"] for r in pools) == pytest.approx(total, abs=1e-5)
-        onprem_h3 = next(r for r in pools if r["key"] == "onprem" and r["hour"] == (day + timedelta(hours=3)).isoformat())
-        assert onprem_h3["allocated_fraction"] == pytest.approx(
-            sum(v for (g, h), v in expected.items() if h == onprem_h3["hour"] and ("a100" in g or "h100" in g)) / (16 * 3600)
-        )
+        hour3 = (day + timedelta(hours=3)).isoformat()
+        onprem_h3 = next(r for r in pools if r["key"] == "onprem" and r["hour"] == hour3)
+        onprem_s = sum(v for (g, h), v in expected.items() if h == hour3 and ("a100" in g or "h100" in g))
+        assert onprem_h3["allocated_fraction"] == pytest.approx(onprem_s / (16 * 3600))
 
         # Mean utilization while allocated only counts the allocated GPUs' samples.
-        day2 = set((await sched.get_job("day-2")).gpu_uuids)
+        day2_job = await sched.get_job("day-2")
+        assert day2_job is not None
+        day2 = set(day2_job.gpu_uuids)
         h100_hour = [r for r in rows if r["hour"] == (day + timedelta(hours=2)).isoformat() and r["key"] in day2]
         assert len(h100_hour) == 8 and all(r["mean_util_allocated"] == 80.0 for r in h100_hour)
         other = [r for r in rows if r["hour"] == (day + timedelta(hours=2)).isoformat() and r["key"] not in day2]
         assert all(r["mean_util_allocated"] is None for r in other)
         assert by_model["RTX4090"]["allocated"] == 2 and by_model["H100"]["allocated"] == 0
     finally:
-        await inv.stop()
-        await sched.stop()
+        await inv.runtime.stop()
+        await sched.runtime.stop()
         await bus.close()
 
 
@@ -236,12 +242,16 @@ async def _count(awaitable, n: int) -> bool:
     return await awaitable >= n
 
 
-async def _state(sched: SchedulerService, job_id: str, state: str):
+async def _len(awaitable) -> int:
+    return len(await awaitable)
+
+
+async def _state(sched: Scheduler, job_id: str, state: str):
     job = await sched.get_job(job_id)
     return job if job is not None and job.state == state else None
 
 
-async def _telemetry(bus: Bus, inv: InventoryService, regs: list[NodeRegistered], node: str, at: datetime) -> None:
+async def _telemetry(bus: Bus, inv: Inventory, regs: list[NodeRegistered], node: str, at: datetime) -> None:
     [reg] = [r for r in regs if r.node == node]
     for s in range(10):
         gpus = [GpuSample(uuid=g.uuid, index=g.index, model=g.model, utilization_gpu_pct=80.0, memory_used_mib=0,
@@ -249,23 +259,24 @@ async def _telemetry(bus: Bus, inv: InventoryService, regs: list[NodeRegistered]
                 for g in reg.gpus]
         data = GpuTelemetry(cluster=reg.cluster, node=node, seq=s, sample_time=at + timedelta(minutes=s), gpus=gpus)
         await bus.publish(subjects.gpu_telemetry(reg.cluster, node), data)
-    key = f"{inv.prefix}:util:{int(at.replace(minute=0, second=0, microsecond=0).timestamp())}"
-    last = f"{reg.gpus[-1].uuid}|n"
-    await until(lambda: _count(_int(inv.redis.hget(key, last)), 10), what="telemetry consumed")
+    hour = at.replace(minute=0, second=0, microsecond=0)
+    await until(lambda: _samples(inv, reg.gpus[-1].uuid, hour, 10), what="telemetry consumed")
 
 
-async def _int(awaitable) -> int:
-    return int(await awaitable or 0)
+async def _samples(inv: Inventory, uuid: str, hour: datetime, n: int) -> bool:
+    sums = (await inv.store.utilization(hour, hour + timedelta(hours=1))).get((uuid, hour))
+    return sums is not None and sums.total_n >= n
 
 
 def test_inventory_process_declares_assets_rejects_bad_uploads_and_serves_the_cli(clean_servers, tmp_path):
     from .processes import ADMIN_TOKEN, make_cluster, wait_until
 
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     assets = tmp_path / "assets.yaml"
     assets.write_text(
         ASSETS.format(end=(today + timedelta(days=19)).isoformat())
-        .replace("node: a100-01", "node: h200-01").replace("model: A100", "model: H200").replace("pool: onprem", "pool: cloud")
+        .replace("node: a100-01", "node: h200-01").replace("model: A100", "model: H200")
+        .replace("pool: onprem", "pool: cloud")
         + "  - node: r4090-01\n    ownership: owned\n    pool: dev\n"
           "    purchase: {price_per_gpu: \"1800\", date: 2026-01-01, depreciation_months: 24}\n"
     )
@@ -274,9 +285,8 @@ def test_inventory_process_declares_assets_rejects_bad_uploads_and_serves_the_cl
     cluster.agent("r4090-01", "h200-01", "a100-01")
     try:
         inv.wait_ready()
-        rows = wait_until(lambda: len(httpx.get(inv.url + "/v1/assets").json()) == 20 and httpx.get(inv.url + "/v1/assets").json(),
-                          what="assets")
-        by_node = {}
+        rows = wait_until(lambda: _all_assets(inv.url, 20), what="assets")
+        by_node: dict[str, dict] = {}
         for r in rows:
             by_node.setdefault(r["node"], r)
         assert by_node["h200-01"]["ownership"] == "leased" and by_node["h200-01"]["lease"]["contract_id"] == "CW-A100"
@@ -290,7 +300,8 @@ def test_inventory_process_declares_assets_rejects_bad_uploads_and_serves_the_cl
         assert httpx.put(inv.url + "/admin/assets", content=bad).status_code == 401
         resp = httpx.put(inv.url + "/admin/assets", content=bad, headers=auth)
         assert resp.status_code == 422
-        assert resp.json()["detail"]["errors"] == ["upload:10: assets[0].model: unknown model 'H900' (known: A100, H100, H200, RTX4090)"]
+        assert resp.json()["detail"]["errors"] == [
+            "upload:10: assets[0].model: unknown model 'H900' (known: A100, H100, H200, RTX4090)"]
         declared = httpx.get(inv.url + "/v1/declarations").json()
         assert declared["source"] == str(assets) and declared["last_error"]["source"] == "upload"
         assert declared["declarations"]["assets"][0]["model"] == "H200"
@@ -314,6 +325,11 @@ def test_inventory_process_declares_assets_rejects_bad_uploads_and_serves_the_cl
         cluster.stop()
 
 
+def _all_assets(url: str, n: int) -> list | None:
+    rows = httpx.get(url + "/v1/assets").json()
+    return rows if len(rows) == n else None
+
+
 async def _lease_events(servers) -> list:
     bus = await connect_bus(servers)
     try:
@@ -329,17 +345,17 @@ async def _lease_events(servers) -> list:
 
 async def test_capacity_snapshot_names_queued_work_and_forgets_rejected_jobs(env, monkeypatch):
     monkeypatch.setenv("WHALEFLUX_CHECK_INTERVAL_S", "3600")
-    clock = Clock(datetime(2026, 3, 10, tzinfo=timezone.utc))
+    clock = Clock(datetime(2026, 3, 10, tzinfo=UTC))
     bus = await connect_bus(env)
     regs = _fleet_registrations()
     for r in regs:
         await bus.publish(subjects.node_registered(r.cluster, r.node), r)
-    sched = SchedulerService(SchedulerSettings(), clock=clock)
-    inv = InventoryService(InventorySettings(), clock=clock)
-    await sched._start()
-    await inv._start()
+    _, sched = build_scheduler(SchedulerSettings(), clock=clock)
+    _, inv = build(InventorySettings(), clock=clock)
+    await sched.runtime.start()
+    await inv.runtime.start()
     try:
-        await until(lambda: _count(sched.redis.hlen(f"{sched.prefix}:nodes"), len(regs)), what="scheduler nodes")
+        await until(lambda: _count(_len(sched.store.node_keys()), len(regs)), what="scheduler nodes")
         jobs = [
             JobSubmitted(job_id="fills-h100", name="a", command=["true"], gpus=8, gpu_models=["H100"]),
             JobSubmitted(job_id="waits-48h", name="b", command=["true"], gpus=8, gpu_models=["H100"],
@@ -361,6 +377,6 @@ async def test_capacity_snapshot_names_queued_work_and_forgets_rejected_jobs(env
         assert "never-fits" not in text
         assert "H100 node" not in text  # the only H100 node is taken
     finally:
-        await sched.stop()
-        await inv.stop()
+        await sched.runtime.stop()
+        await inv.runtime.stop()
         await bus.close()

@@ -26,16 +26,16 @@ assets:
     purchase: {price_per_gpu: "17000", date: 2024-06-01, depreciation_months: 36}
 ```
 
-Errors are reported as `FILE:LINE: key: problem`, all of them at once.
+Errors are reported as `FILE:LINE: key: problem`, all of them at once. No I/O (the service reads the file).
 """
 
 from __future__ import annotations
 
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from whaleflux.shared import yamlconfig
 from whaleflux.shared.catalog import gpu_models, model_key
@@ -48,7 +48,7 @@ HOURS_PER_MONTH = Decimal("730")
 
 def day_start(d: date) -> datetime:
     """Midnight UTC at the start of `d`."""
-    return datetime.combine(d, time(0), tzinfo=timezone.utc)
+    return datetime.combine(d, time(0), tzinfo=UTC)
 
 
 class Purchase(BaseModel):
@@ -77,7 +77,7 @@ class Contract(BaseModel):
 
     @field_validator("end")
     @classmethod
-    def _end_after_start(cls, end: date, info) -> date:
+    def _end_after_start(cls, end: date, info: ValidationInfo) -> date:
         start = info.data.get("start")
         if start is not None and end < start:
             raise ValueError(f"end {end} is before start {start}")
@@ -119,7 +119,7 @@ class Asset(BaseModel):
         return key
 
     @model_validator(mode="after")
-    def _shape(self) -> "Asset":
+    def _shape(self) -> Asset:
         if (self.node is None) == (self.gpu is None):
             raise ValueError("give exactly one of `node` or `gpu`")
         return self
@@ -187,24 +187,22 @@ def cross_check(decl: Declarations) -> list[tuple[KeyPath, str]]:
         if a.ownership != "leased" and a.leases:
             problems.append((("assets", i, "leases"), f"only leased assets have leases (ownership is {a.ownership})"))
         if a.ownership != "owned" and a.purchase is not None:
-            problems.append((("assets", i, "purchase"), f"only owned assets have a purchase (ownership is {a.ownership})"))
-        contracts = []
+            problems.append(
+                (("assets", i, "purchase"), f"only owned assets have a purchase (ownership is {a.ownership})"))
+        contracts: list[tuple[int, Contract]] = []
         for j, ref in enumerate(a.leases):
-            c = decl.contract(ref)
-            if c is None:
+            found = decl.contract(ref)
+            if found is None:
                 problems.append((("assets", i, "leases", j), f"unknown contract {ref!r}"))
             else:
-                contracts.append((j, c))
+                contracts.append((j, found))
         contracts.sort(key=lambda jc: jc[1].start)
-        for (_, prev), (j, nxt) in zip(contracts, contracts[1:]):
+        for (_, prev), (j, nxt) in zip(contracts, contracts[1:], strict=False):
             if nxt.starts_at < prev.ends_at:
                 problems.append(
                     (("assets", i, "leases", j),
-                     f"contract {nxt.id} ({nxt.start}..{nxt.end}) overlaps {prev.id} ({prev.start}..{prev.end}) for {key}")
+                     f"contract {nxt.id} ({nxt.start}..{nxt.end}) overlaps {prev.id} ({prev.start}..{prev.end})"
+                     f" for {key}")
                 )
     return problems
 
-
-def load_declarations(path: str) -> Declarations:
-    """Read and parse an assets file; AssetsError names the file on any problem."""
-    return parse_declarations(yamlconfig.read(path, AssetsError), path)

@@ -1,9 +1,10 @@
-"""Findings: where money is wasted or capacity sits unused, each with the monthly cost at stake."""
+"""Findings: where money is wasted or capacity sits unused, each with the monthly cost at stake. No I/O."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -32,7 +33,8 @@ def money(value: Decimal | None) -> str:
 def _cost(gpus: list[GpuAsset]) -> Decimal | None:
     """Sum of monthly costs; None if any GPU's cost is unknown."""
     costs = [g.monthly_cost for g in gpus]
-    return None if any(c is None for c in costs) else sum(costs, Decimal(0))
+    known = [c for c in costs if c is not None]
+    return None if len(known) < len(costs) else sum(known, Decimal(0))
 
 
 def idle_allocated(
@@ -171,7 +173,7 @@ def _job_phrase(job: QueuedJob) -> str:
     return f"a {runtime}job needing {job.gpus}x {models} is queued ({job.job_id})"
 
 
-def capacity_finding(rows: list[CapacityRow], queued: list[QueuedJob] = ()) -> Finding:
+def capacity_finding(rows: list[CapacityRow], queued: Sequence[QueuedJob] = ()) -> Finding:
     """What could run now and what waits: '2 H100 nodes idle in onprem; a 48 h job needing 8x H100 is queued'."""
     parts = []
     for r in rows:
@@ -201,7 +203,8 @@ def reconciliation_findings(rec: Reconciliation, assets: dict[str, GpuAsset]) ->
         out.append(
             Finding(
                 "undeclared", "warning",
-                f"{len(rec.undeclared)} GPUs registered but not declared (counted as owned-unknown): nodes {', '.join(nodes)}",
+                f"{len(rec.undeclared)} GPUs registered but not declared (counted as owned-unknown): "
+                f"nodes {', '.join(nodes)}",
                 None, tuple(rec.undeclared),
             )
         )

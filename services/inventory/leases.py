@@ -10,7 +10,7 @@ message that is current rather than a burst of stale ones.
 Event ids carry the contract, horizon, deadline kind and deadline date, so a
 notice fires once per horizon per term across restarts and replicas, and a
 renewal (a later end date, or a contiguous successor contract) gets its own
-horizons instead of the old ones.
+horizons instead of the old ones. No I/O.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def due_notices(
                 publish.append(Notice("expired", lease, "end", lease.term_end, 0, eid))
                 done.append(eid)
             continue
-        deadlines = [("end", lease.term_end)]
+        deadlines: list[tuple[Literal["end", "notice"], datetime]] = [("end", lease.term_end)]
         if lease.notice_deadline is not None:
             deadlines.append(("notice", lease.notice_deadline))
         for kind, at in deadlines:
@@ -152,7 +152,8 @@ def describe(lease: Lease) -> str:
     """'3 leased A100 nodes (24 GPUs) of contract X (provider)'."""
     n = len(lease.nodes)
     models = "/".join(lease.models) or "GPU"
-    return f"{n} leased {models} node{'s' if n != 1 else ''} ({lease.gpu_count} GPUs) of contract {lease.contract.id} ({lease.contract.provider})"
+    c = lease.contract
+    return f"{n} leased {models} node{'s' if n != 1 else ''} ({lease.gpu_count} GPUs) of contract {c.id} ({c.provider})"
 
 
 def notice_event(notice: Notice, now: datetime) -> LeaseExpiring | LeaseExpired:

@@ -1,14 +1,15 @@
-"""Declared against discovered: what each registered GPU is (ownership, place, price), and what does not match."""
+"""Declared against discovered: what each registered GPU is (ownership, place, price), what does not match. No I/O."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import Literal
 
-from .assets import HOURS_PER_MONTH, Asset, Contract, Declarations, Purchase
+from .assets import HOURS_PER_MONTH, Asset, Contract, Declarations, Ownership, Purchase
 
-UNDECLARED = "owned-unknown"
+UNDECLARED: Literal["owned-unknown"] = "owned-unknown"
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class GpuAsset:
     status: str
     last_seen: datetime
     registered_at: datetime
-    ownership: str  # owned | leased | cloud | owned-unknown
+    ownership: Ownership | Literal["owned-unknown"]
     declared: bool
     site: str | None
     cluster: str

@@ -4,7 +4,7 @@ Allocation time comes from the scheduler's job events (placed at the
 `job.placed` envelope time, released at `finished_at` / `failed_at`), summed
 as exact timedeltas so a day of allocations adds up to the microsecond.
 Utilization comes from telemetry samples, accumulated per GPU and hour as
-sums and counts (split by whether the GPU was allocated at the sample time).
+sums and counts (split by whether the GPU was allocated at the sample time). No I/O.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class UtilSums:
     total_sum: float = 0.0
     total_n: int = 0
 
-    def add(self, other: "UtilSums") -> None:
+    def add(self, other: UtilSums) -> None:
         self.allocated_sum += other.allocated_sum
         self.allocated_n += other.allocated_n
         self.total_sum += other.total_sum

@@ -1,10 +1,12 @@
-"""JSON shapes of the inventory API. Money is a decimal string, never a float."""
+"""What the inventory API answers, in the shared contracts' models where other services read it. No I/O."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime
-from decimal import Decimal
+from typing import Any
+
+from whaleflux.shared import contracts
 
 from .findings import CapacityRow, Finding
 from .leases import Lease
@@ -12,63 +14,60 @@ from .reconcile import GpuAsset
 from .rollups import HourRow
 
 
-def dec(value: Decimal | None) -> str | None:
-    return None if value is None else format(value, "f")
-
-
-def asset_json(a: GpuAsset) -> dict:
+def asset(a: GpuAsset) -> contracts.Asset:
     """One GPU with ownership, place and terms: what billing reads from GET /v1/assets."""
-    c = a.contract
-    return {
-        "uuid": a.uuid, "index": a.index, "model": a.model, "node": a.node, "status": a.status,
-        "last_seen": a.last_seen.isoformat(), "ownership": a.ownership, "declared": a.declared,
-        "site": a.site, "cluster": a.cluster, "rack": a.rack, "pool": a.pool,
-        "monthly_cost_usd": dec(a.monthly_cost),
-        "lease": None if c is None else {
-            "contract_id": c.id, "provider": c.provider, "start": c.start.isoformat(), "end": c.end.isoformat(),
-            "monthly_price_per_gpu_usd": dec(c.monthly_price_per_gpu), "minimum_term_months": c.minimum_term_months,
-            "auto_renew": c.auto_renew, "notice_days": c.notice_days,
-        },
-        "contracts": list(a.contracts),
-        "purchase": None if a.purchase is None else {
-            "price_per_gpu_usd": dec(a.purchase.price_per_gpu), "date": a.purchase.date.isoformat(),
-            "depreciation_months": a.purchase.depreciation_months,
-        },
-        "hourly_price_per_gpu_usd": dec(a.hourly_price_per_gpu),
-    }
+    c, p = a.contract, a.purchase
+    return contracts.Asset(
+        uuid=a.uuid, index=a.index, model=a.model, node=a.node, status=a.status, last_seen=a.last_seen,
+        ownership=a.ownership, declared=a.declared, site=a.site, cluster=a.cluster, rack=a.rack, pool=a.pool,
+        monthly_cost_usd=a.monthly_cost,
+        lease=None if c is None else contracts.LeaseTerms(
+            contract_id=c.id, provider=c.provider, start=c.start, end=c.end,
+            monthly_price_per_gpu_usd=c.monthly_price_per_gpu, minimum_term_months=c.minimum_term_months,
+            auto_renew=c.auto_renew, notice_days=c.notice_days,
+        ),
+        contracts=list(a.contracts),
+        purchase=None if p is None else contracts.PurchaseTerms(
+            price_per_gpu_usd=p.price_per_gpu, date=p.date, depreciation_months=p.depreciation_months),
+        hourly_price_per_gpu_usd=a.hourly_price_per_gpu,
+    )
 
 
-def lease_json(lease: Lease, now: datetime) -> dict:
-    c = lease.contract
-    return {
-        "contract_id": c.id, "provider": c.provider, "state": lease.state(now),
-        "start": c.start.isoformat(), "ends_at": lease.term_end.isoformat(),
-        "days_left": round((lease.term_end - now).total_seconds() / 86400, 2),
-        "notice_deadline": lease.notice_deadline.isoformat() if lease.notice_deadline else None,
-        "notice_days_left": round((lease.notice_deadline - now).total_seconds() / 86400, 2) if lease.notice_deadline else None,
-        "auto_renew": c.auto_renew, "minimum_term_months": c.minimum_term_months, "renewed_by": lease.renewed_by,
-        "gpu_count": lease.gpu_count, "nodes": list(lease.nodes), "gpu_models": list(lease.models),
-        "monthly_price_per_gpu_usd": dec(c.monthly_price_per_gpu), "monthly_cost_usd": dec(lease.monthly_cost),
-    }
+def lease_row(lease: Lease, now: datetime) -> contracts.LeaseRow:
+    """One contract of GET /v1/leases: its state and days left at `now`."""
+    c, notice = lease.contract, lease.notice_deadline
+    return contracts.LeaseRow(
+        contract_id=c.id, provider=c.provider, state=lease.state(now), start=c.start, ends_at=lease.term_end,
+        days_left=round((lease.term_end - now).total_seconds() / 86400, 2), notice_deadline=notice,
+        notice_days_left=round((notice - now).total_seconds() / 86400, 2) if notice else None,
+        auto_renew=c.auto_renew, minimum_term_months=c.minimum_term_months, renewed_by=lease.renewed_by,
+        gpu_count=lease.gpu_count, nodes=list(lease.nodes), gpu_models=list(lease.models),
+        monthly_price_per_gpu_usd=c.monthly_price_per_gpu, monthly_cost_usd=lease.monthly_cost,
+    )
 
 
-def finding_json(f: Finding) -> dict:
-    return {"kind": f.kind, "severity": f.severity, "summary": f.summary, "monthly_usd": dec(f.monthly_usd),
-            "gpus": list(f.gpus), "detail": f.detail}
+def finding(f: Finding) -> contracts.Finding:
+    return contracts.Finding(kind=f.kind, severity=f.severity, summary=f.summary, monthly_usd=f.monthly_usd,
+                             gpus=list(f.gpus), detail=f.detail)
 
 
-def hour_json(r: HourRow) -> dict:
+def finding_json(f: Finding) -> dict[str, Any]:
+    """A finding as GET /v1/findings writes it."""
+    return finding(f).model_dump(mode="json")
+
+
+def hour_json(r: HourRow) -> dict[str, Any]:
     return {"key": r.key, "hour": r.hour.isoformat(), "gpus": r.gpus, "allocated_s": round(r.allocated_s, 6),
             "allocated_fraction": round(r.allocated_fraction, 6),
             "mean_util_allocated": None if r.mean_util_allocated is None else round(r.mean_util_allocated, 2),
             "mean_util": None if r.mean_util is None else round(r.mean_util, 2)}
 
 
-def capacity_json(r: CapacityRow) -> dict:
-    return {"model": r.model, "pool": r.pool, "gpus": r.gpus, "free": r.free, "free_nodes": r.free_nodes}
+def capacity_row(r: CapacityRow) -> contracts.CapacityRow:
+    return contracts.CapacityRow(model=r.model, pool=r.pool, gpus=r.gpus, free=r.free, free_nodes=r.free_nodes)
 
 
-def grouped(assets: list[GpuAsset], by: str, allocated: set[str], hours: list[HourRow]) -> list[dict]:
+def grouped(assets: list[GpuAsset], by: str, allocated: set[str], hours: list[HourRow]) -> list[dict[str, Any]]:
     """Count, allocated now and mean utilization while allocated, per model / pool / ownership."""
     field = {"model": "model", "pool": "pool", "ownership": "ownership"}[by]
     util: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # uuid -> [util x allocated s, allocated s]
@@ -76,7 +75,7 @@ def grouped(assets: list[GpuAsset], by: str, allocated: set[str], hours: list[Ho
         if r.mean_util_allocated is not None and r.allocated_s > 0:
             util[r.key][0] += r.mean_util_allocated * r.allocated_s
             util[r.key][1] += r.allocated_s
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict[str, Any]] = {}
     for a in assets:
         key = getattr(a, field)
         row = rows.setdefault(key, {"key": key, "gpus": 0, "active": 0, "missing": 0, "allocated": 0, "_u": [0.0, 0.0]})

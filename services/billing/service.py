@@ -1,7 +1,7 @@
 """Billing's shell: moves data between the bus, the store, inventory's HTTP API and the decision modules.
 
 Exactly once by construction: every ledger write is keyed by (job, attempt)
-and follows from the events alone (metering.py), so a redelivered or
+and follows from the events alone (ledger.py), so a redelivered or
 replayed event rewrites the same values. Costs are computed when asked, from
 the ledger, the price book in force and the ownership terms (costing.py), so
 a replay gives identical totals.

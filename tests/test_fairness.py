@@ -156,3 +156,17 @@ def test_while_a_job_that_needs_the_largest_memory_waits_smaller_jobs_keep_off_t
     assert [s.job.job_id for s in pass_at(100.0, spare=False).started] == ["fits-80"]
     # Past the aging bound (3,600 s) it takes what is free, like any aged job.
     assert [s.job.job_id for s in pass_at(3700.0).started] == ["fits-80"]
+
+
+def test_aging_bounds_the_wait_of_a_long_job_when_the_shortest_go_first():
+    policy = replace(POLICY, shortest_first=True)
+    q = PendingQueue(policy)
+    q.add(pending("long-old", 0.0, runtime=50_000.0))
+    q.add(pending("short-young", 5000.0, runtime=60.0))
+    q.add(pending("mid-young", 4000.0, runtime=600.0))
+    q.add(pending("long-older", 0.0, runtime=90_000.0, team="u"))
+    before = [j.job_id for j in q.ordered({}, {}, now=3000.0)]  # none aged: least work first in each team
+    assert before.index("short-young") < before.index("mid-young") < before.index("long-old")
+    # Past the bound the two old long jobs come first (oldest first), then the rest by work.
+    after = [j.job_id for j in q.ordered({}, {}, now=5000.0)]
+    assert after[:2] == ["long-old", "long-older"] and after[2:] == ["short-young", "mid-young"]

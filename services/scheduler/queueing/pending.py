@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from .jobs import PendingJob, PolicyConfig, TeamPolicy, rank
 
 _Key = tuple[float, float, int, str]
+_Entry = tuple[_Key, "PendingJob"]
 
 
 def _order(job: PendingJob) -> _Key:
@@ -25,7 +26,7 @@ class PendingQueue:
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
-        self._lanes: dict[tuple[int, str], list[tuple[_Key, PendingJob]]] = {}
+        self._lanes: dict[tuple[int, str], list[_Entry]] = {}
         self._jobs: dict[str, PendingJob] = {}
         self._key = _shortest_first if config.shortest_first else _order
 
@@ -87,18 +88,16 @@ class PendingQueue:
         of weight; `usage` is read at each step, so placements made during the
         pass count.
         """
-        aged = self._aged(now)
+        aged, lanes_now, start = self._split(now)
         if aged:
-            yield from (job for _, job in heapq.merge(*aged.values(), key=lambda e: e[0][1:]))
-        for r in sorted({k[0] for k in self._lanes}):
-            lanes = {team: lane for (lr, team), lane in self._lanes.items() if lr == r}
+            yield from (job for _, job in heapq.merge(*aged, key=lambda e: e[0][1:]))
+        for r in sorted({k[0] for k in lanes_now}):
+            lanes = {team: lane for (lr, team), lane in lanes_now.items() if lr == r}
+            pos = {team: start.get((r, team), 0) for team in lanes}
             if len(lanes) == 1:
-                key = next(iter(lanes))
-                lane = lanes[key]
-                for _, job in lane[len(aged.get((r, key), ())):] if aged else lane:
-                    yield job
+                team, lane = next(iter(lanes.items()))
+                yield from (job for _, job in lane[pos[team]:])
                 continue
-            pos = {team: len(aged.get((r, team), ())) for team in lanes}
             lanes = {team: lane for team, lane in lanes.items() if pos[team] < len(lane)}
             heap = [(self._team_key(team, usage, teams), lanes[team][pos[team]][0], team) for team in lanes]
             heapq.heapify(heap)
@@ -111,18 +110,31 @@ class PendingQueue:
                 if i + 1 < len(lane):
                     heapq.heappush(heap, (self._team_key(team, usage, teams), lane[i + 1][0], team))
 
-    def _aged(self, now: float | None) -> dict[tuple[int, str], list[tuple[_Key, PendingJob]]]:
-        """Per lane, the jobs submitted at least `aging_s` before `now` (a prefix: lanes are kept by age)."""
+    def _split(
+        self, now: float | None
+    ) -> tuple[list[list[_Entry]], dict[tuple[int, str], list[_Entry]], dict[tuple[int, str], int]]:
+        """The jobs submitted at least `aging_s` before `now` (per lane, oldest first), the lanes left for the
+        rest, and where in each lane the rest starts (by age, aged jobs are a prefix of an oldest-first lane)."""
         aging = self.config.aging_s
-        if aging is None or now is None or self.config.shortest_first:
-            return {}
+        if aging is None or now is None:
+            return [], self._lanes, {}
         cutoff = now - aging
-        out = {}
+        aged: list[list[_Entry]] = []
+        start: dict[tuple[int, str], int] = {}
+        if not self.config.shortest_first:
+            for key, lane in self._lanes.items():
+                n = bisect_right(lane, cutoff, key=lambda e: e[0][1])
+                if n:
+                    aged.append(lane[:n])
+                    start[key] = n
+            return aged, self._lanes, start
+        rest: dict[tuple[int, str], list[_Entry]] = {}
         for key, lane in self._lanes.items():
-            n = bisect_right(lane, cutoff, key=lambda e: e[0][1])
-            if n:
-                out[key] = lane[:n]
-        return out
+            old = sorted((e for e in lane if e[0][1] <= cutoff), key=lambda e: e[0][1:])
+            if old:
+                aged.append(old)
+            rest[key] = [e for e in lane if e[0][1] > cutoff] if old else lane
+        return aged, rest, start
 
     @staticmethod
     def _team_key(team: str, usage: Mapping[str, int], teams: Mapping[str, TeamPolicy]) -> tuple[int, float]:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from whaleflux.scheduler.feeds import DRIVER_RESERVE_MIB, free_memory, lease_ends
+from whaleflux.shared.contracts import LEASES
 from whaleflux.shared.events import GpuSample, GpuTelemetry
 
 from .processes import ADMIN_TOKEN, make_cluster, wait_until
@@ -22,12 +23,21 @@ def test_free_memory_is_what_the_sample_leaves_less_the_driver_reserve():
     assert free_memory(batch) == {"g": 81920 - 60000 - DRIVER_RESERVE_MIB}
 
 
+def _lease(ends_at: str, nodes: list[str], auto_renew: bool) -> dict[str, object]:
+    """One row of inventory's /v1/leases as it answers it."""
+    return {"contract_id": f"c-{nodes[0]}-{ends_at}", "provider": "p", "state": "active", "start": "2026-01-01",
+            "ends_at": ends_at, "days_left": 10.0, "notice_deadline": None, "notice_days_left": None,
+            "auto_renew": auto_renew, "minimum_term_months": 1, "renewed_by": None, "gpu_count": 8 * len(nodes),
+            "nodes": nodes, "gpu_models": ["H200"], "monthly_price_per_gpu_usd": "1500.00",
+            "monthly_cost_usd": "12000.00"}
+
+
 def test_lease_ends_per_node_skip_auto_renewing_leases_and_take_the_first_end():
-    ends = lease_ends([
-        {"ends_at": "2026-12-02T00:00:00+00:00", "nodes": ["h200-01", "h200-02"], "auto_renew": False},
-        {"ends_at": "2026-12-01T12:00:00+00:00", "nodes": ["h200-02"], "auto_renew": False},
-        {"ends_at": "2026-12-01T01:00:00+00:00", "nodes": ["rented-01"], "auto_renew": True},
-    ])
+    ends = lease_ends(LEASES.validate_python([
+        _lease("2026-12-02T00:00:00+00:00", ["h200-01", "h200-02"], auto_renew=False),
+        _lease("2026-12-01T12:00:00+00:00", ["h200-02"], auto_renew=False),
+        _lease("2026-12-01T01:00:00+00:00", ["rented-01"], auto_renew=True),
+    ]))
     assert ends == {"h200-01": datetime(2026, 12, 2, tzinfo=UTC).timestamp(),
                     "h200-02": datetime(2026, 12, 1, 12, tzinfo=UTC).timestamp()}
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from datetime import datetime
-from typing import Any
 
 import httpx
+from pydantic import ValidationError
 from structlog.typing import FilteringBoundLogger
 
 from whaleflux.shared.bus import batch_handler
+from whaleflux.shared.contracts import LEASES, LeaseRow
 from whaleflux.shared.events import Envelope, GpuTelemetry
 from whaleflux.shared.runtime import Clock
 
@@ -31,15 +31,15 @@ def free_memory(batch: GpuTelemetry) -> dict[str, float]:
     return {g.uuid: max(g.memory_total_mib - g.memory_used_mib - DRIVER_RESERVE_MIB, 0.0) for g in batch.gpus}
 
 
-def lease_ends(leases: Iterable[dict[str, Any]]) -> dict[str, float]:
+def lease_ends(leases: Iterable[LeaseRow]) -> dict[str, float]:
     """Node name -> when its lease ends (epoch s), from inventory's /v1/leases; an auto-renewing
     lease does not end, and a node under several leases ends with the first."""
     out: dict[str, float] = {}
     for lease in leases:
-        if lease.get("auto_renew"):
+        if lease.auto_renew:
             continue
-        end = datetime.fromisoformat(lease["ends_at"]).timestamp()
-        for node in lease.get("nodes") or []:
+        end = lease.ends_at.timestamp()
+        for node in lease.nodes:
             out[node] = min(end, out.get(node, end))
     return out
 
@@ -76,8 +76,8 @@ class Feeds:
                 try:
                     resp = await http.get(url)
                     resp.raise_for_status()
-                    self.leases = lease_ends(resp.json())
-                except (httpx.HTTPError, ValueError, KeyError) as exc:
+                    self.leases = lease_ends(LEASES.validate_json(resp.content))
+                except (httpx.HTTPError, ValidationError) as exc:
                     # The last known ends stay in force; inventory may start after the scheduler.
                     self.log.warning("leases.refresh_failed", error=repr(exc))
                 await asyncio.sleep(self.settings.lease_refresh_s)

@@ -1,4 +1,4 @@
-"""Declared assets: the YAML file (or admin upload) saying what is owned, leased or rented, and where.
+"""Declared assets: the YAML file (or admin upload) saying what is owned, leased or rented, and where. No I/O.
 
 ```yaml
 contracts:
@@ -26,7 +26,7 @@ assets:
     purchase: {price_per_gpu: "17000", date: 2024-06-01, depreciation_months: 36}
 ```
 
-Errors are reported as `FILE:LINE: key: problem`, all of them at once. No I/O (the service reads the file).
+Errors are reported as `FILE:LINE: key: problem`, all of them at once (the service reads the file).
 """
 
 from __future__ import annotations

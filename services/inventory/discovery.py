@@ -1,9 +1,8 @@
-"""What agents registered: each node's record, folded from its registrations and heartbeats, and its GPUs' status.
+"""What agents registered: each node's record, folded from registrations and heartbeats, its GPUs' status. No I/O.
 
 A node that stops reporting is `missing` (computed on read, against the
 service clock) with the time it was last seen; its GPUs are never deleted.
 `last_seen` is the agent's clock (the envelope `time`) and only moves forward.
-No I/O.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Leases: each contract's current term and GPUs, and which expiry notices are due at a given time.
+"""Leases: each contract's current term and GPUs, and which expiry notices are due at a given time. No I/O.
 
 A horizon of H days fires once when `now` enters [deadline - H days, deadline),
 for two deadlines per contract: the end of the term and the last day to give
@@ -10,7 +10,7 @@ message that is current rather than a burst of stale ones.
 Event ids carry the contract, horizon, deadline kind and deadline date, so a
 notice fires once per horizon per term across restarts and replicas, and a
 renewal (a later end date, or a contiguous successor contract) gets its own
-horizons instead of the old ones. No I/O.
+horizons instead of the old ones.
 """
 
 from __future__ import annotations

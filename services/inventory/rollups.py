@@ -1,10 +1,10 @@
-"""Hourly utilization rollups per GPU and per pool: allocated fraction and mean utilization while allocated.
+"""Hourly rollups per GPU and per pool: allocated fraction and mean utilization while allocated. No I/O.
 
 Allocation time comes from the scheduler's job events (placed at the
 `job.placed` envelope time, released at `finished_at` / `failed_at`), summed
 as exact timedeltas so a day of allocations adds up to the microsecond.
 Utilization comes from telemetry samples, accumulated per GPU and hour as
-sums and counts (split by whether the GPU was allocated at the sample time). No I/O.
+sums and counts (split by whether the GPU was allocated at the sample time).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from structlog.typing import FilteringBoundLogger
 
 from whaleflux.shared.bus import batch_handler
 from whaleflux.shared.contracts import LEASES, LeaseRow
-from whaleflux.shared.events import Envelope, GpuTelemetry
+from whaleflux.shared.events import Envelope, EventData, GpuTelemetry
 from whaleflux.shared.runtime import Clock
 
 from .settings import SchedulerSettings
@@ -56,9 +56,11 @@ class Feeds:
         self.leases: dict[str, float] = {}
 
     @batch_handler
-    async def on_telemetry(self, events: list[tuple[Envelope, GpuTelemetry]]) -> None:
+    async def on_telemetry(self, events: list[tuple[Envelope, EventData]]) -> None:
         now = self.clock().timestamp()
         for _env, batch in events:
+            if not isinstance(batch, GpuTelemetry):
+                continue  # the telemetry consumer's subjects carry nothing else
             for uuid, free in free_memory(batch).items():
                 self._memory[uuid] = (free, now)
 

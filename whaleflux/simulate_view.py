@@ -59,7 +59,7 @@ def write_job_rows(reports: Sequence[SimReport], path: Path) -> int:
     return rows
 
 
-LITERAL_NOTE = (
+USABLE_NOTE = (
     "busy utilization, usable GPUs: in each second in which a job waited, the share held of the GPUs some waiting "
     "job could use (model allowed, memory fits). Over all GPUs it counts GPUs no waiting job can use as idle."
 )

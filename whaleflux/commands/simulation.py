@@ -73,7 +73,7 @@ def simulate(
     import json
 
     from whaleflux.scheduler.simulator.metrics import side_by_side, team_rows
-    from whaleflux.simulate_view import LITERAL_NOTE, report_dict, simulate_with_progress, write_job_rows
+    from whaleflux.simulate_view import USABLE_NOTE, report_dict, simulate_with_progress, write_job_rows
 
     for path in (jobs, fleet):
         if not path.exists():
@@ -96,7 +96,7 @@ def simulate(
     for row in rows[1:]:
         table.add_row(*row)
     console.print(table)
-    console.print(LITERAL_NOTE, soft_wrap=True)
+    console.print(USABLE_NOTE, soft_wrap=True)
     for r in reports:
         teams = Table("team", "jobs", "GPU-s share", "mean slowdown", title=f"{r.policy}: per team")
         for row in team_rows(r):

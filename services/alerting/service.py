@@ -57,6 +57,8 @@ EXPIRE_INCIDENTS_EVERY_S = 10.0
 
 
 class Alerting:
+    """The service's state in memory (rule engine, firing alerts, dispatch, receivers) and its handlers and loops."""
+
     def __init__(self, runtime: Runtime, settings: AlertingSettings, store: AlertStore,
                  environ: Mapping[str, str] = os.environ) -> None:
         self.rt, self.settings, self.store, self.environ = runtime, settings, store, environ

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-
-
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import REASON_HEADER, Bus, Reject, Retry
 from whaleflux.shared.events import JobSubmitted, make_envelope
@@ -21,7 +19,8 @@ def job(job_id: str) -> JobSubmitted:
 
 
 async def deadletters(bus: Bus, n: int) -> list:
-    sub = await bus.js.pull_subscribe(f"{subjects.DEADLETTER_PREFIX}.>", durable="test-dl", stream="WHALEFLUX_DEADLETTER")
+    sub = await bus.js.pull_subscribe(f"{subjects.DEADLETTER_PREFIX}.>", durable="test-dl",
+                                      stream="WHALEFLUX_DEADLETTER")
     return await fetch_at_least(sub, n)
 
 

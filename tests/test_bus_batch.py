@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -20,7 +20,8 @@ from whaleflux.telemetry.store import latest_entries
 from .processes import until
 from .test_bus import deadletters
 
-SPEC = ConsumerSpec("test-batch", "WHALEFLUX_JOBS", [subjects.JOB_SUBMITTED], batch=16, backoff_s=(0.05, 0.05, 0.1), dedup=False)
+SPEC = ConsumerSpec("test-batch", "WHALEFLUX_JOBS", [subjects.JOB_SUBMITTED], batch=16, backoff_s=(0.05, 0.05, 0.1),
+                    dedup=False)
 
 
 def job(job_id: str) -> JobSubmitted:
@@ -36,7 +37,7 @@ async def test_invalid_and_rejected_events_of_a_batch_are_dead_lettered_and_the_
     async def handler(events):
         ids = [data.job_id for _, data in events]
         calls.append(ids)
-        outcomes = []
+        outcomes: list[Exception | None] = []
         for job_id in ids:
             if job_id == "refused":
                 outcomes.append(Reject("cannot ever work"))
@@ -101,7 +102,7 @@ async def test_batch_mode_refuses_a_consumer_that_relies_on_id_dedup(bus_and_red
 
 
 async def test_telemetry_batch_judges_each_node_batch_in_order_and_stores_the_rest_in_one_go(env):
-    t0 = datetime.now(timezone.utc).replace(microsecond=0)
+    t0 = datetime.now(UTC).replace(microsecond=0)
     svc = TelemetryService(TelemetrySettings(maintenance_interval_s=3600))
     await asyncio.wait_for(svc._start(), 15)  # fail, not hang, if the servers are unreachable
     try:
@@ -115,7 +116,8 @@ async def test_telemetry_batch_judges_each_node_batch_in_order_and_stores_the_re
             return make_envelope(b, source="t"), b
 
         ghost = GpuTelemetry(cluster="onprem", node="ghost", seq=1, sample_time=t0, gpus=node.sample(t0))
-        events = [batch(1, 0), batch(2, 1), batch(2, 1), batch(3, 2), (make_envelope(ghost, source="t"), ghost), batch(1, 0)]
+        events = [batch(1, 0), batch(2, 1), batch(2, 1), batch(3, 2), (make_envelope(ghost, source="t"), ghost),
+                  batch(1, 0)]
         outcomes = await svc.on_telemetry_batch(events)
 
         assert outcomes[0] is None and outcomes[1] is None and outcomes[3] is None
@@ -143,7 +145,7 @@ async def test_telemetry_batch_judges_each_node_batch_in_order_and_stores_the_re
 
 
 def test_cheap_encodings_match_the_models():
-    t = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    t = datetime(2026, 12, 1, tzinfo=UTC)
     node = SimulatedNode("h100-01", gpu_models()["H100"], 2, interconnect="nvlink")
     node.job_started([node.identities()[0].uuid], "j", pid=7)
     data = GpuTelemetry(cluster="onprem", node="h100-01", seq=9, sample_time=t, gpus=node.sample(t))

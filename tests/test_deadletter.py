@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 
@@ -33,7 +33,7 @@ async def _send_bad_then_good(servers) -> list[tuple[str, str]]:
             NodeRegistered(cluster="onprem", node="dl-node", agent_version="test", gpus=[identity]),
         )
         subject = subjects.gpu_telemetry("onprem", "dl-node")
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         # 1. not JSON at all
         await bus.js.publish(subject, b"\x00not json{")
         # 2. schema violation: negative memory
@@ -48,7 +48,8 @@ async def _send_bad_then_good(servers) -> list[tuple[str, str]]:
         await bus.publish(subject, GpuTelemetry(cluster="onprem", node="dl-node", seq=3, sample_time=now,
                                                 gpus=[GpuSample(**_sample(temperature_c=41.5))]))
 
-        dead = await bus.js.pull_subscribe(f"{subjects.DEADLETTER_PREFIX}.>", durable="test-dl", stream="WHALEFLUX_DEADLETTER")
+        dead = await bus.js.pull_subscribe(f"{subjects.DEADLETTER_PREFIX}.>", durable="test-dl",
+                                           stream="WHALEFLUX_DEADLETTER")
         got = await fetch_at_least(dead, 3)
         return [(m.subject, m.headers[REASON_HEADER]) for m in got]
     finally:
@@ -73,10 +74,11 @@ def test_malformed_events_are_deadlettered_counted_and_processing_continues(clea
 
         metrics = httpx.get(f"{telemetry.url}/metrics").text
         def count(stage):
-            m = re.search(rf'whaleflux_events_deadlettered_total{{consumer="telemetry-gpu",stage="{stage}"}} (\S+)', metrics)
+            pattern = rf'whaleflux_events_deadlettered_total{{consumer="telemetry-gpu",stage="{stage}"}} (\S+)'
+            m = re.search(pattern, metrics)
             return float(m.group(1)) if m else 0.0
         assert count("validation") == 2.0
         assert count("rejected") == 1.0
-        assert telemetry.popen.poll() is None  # still running
+        assert telemetry.popen is not None and telemetry.popen.poll() is None  # still running
     finally:
         cluster.stop()

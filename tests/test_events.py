@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -39,7 +39,8 @@ def test_event_round_trips_through_a_cloudevents_envelope():
         (json.dumps({"specversion": "1.0", "id": "1", "source": "s", "type": "io.whaleflux.job.submitted.v9",
                      "time": "2026-01-01T00:00:00Z", "data": {}}).encode(), "unknown event type or version"),
         (json.dumps({"specversion": "1.0", "id": "1", "source": "s", "type": "io.whaleflux.job.submitted.v1",
-                     "time": "2026-01-01T00:00:00Z", "data": {"job_id": "j", "name": "n", "command": [], "gpus": 0}}).encode(),
+                     "time": "2026-01-01T00:00:00Z",
+                     "data": {"job_id": "j", "name": "n", "command": [], "gpus": 0}}).encode(),
          "command"),
     ],
 )
@@ -80,4 +81,4 @@ def test_subject_tokens_cannot_inject_wildcards():
 
 def test_envelope_time_is_timezone_aware():
     env = make_envelope(JobSubmitted(job_id="j", name="n", command=["x"]), source="t")
-    assert env.time.tzinfo is not None and env.time <= datetime.now(timezone.utc)
+    assert env.time.tzinfo is not None and env.time <= datetime.now(UTC)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from whaleflux.shared.contracts import GpuHolders, Holder, JobHolds
 from whaleflux.shared.events import EventData, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
 
-T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 def at(s: float) -> datetime:
@@ -47,7 +47,7 @@ def fold(events: list[tuple[EventData, float]]) -> GpuHolders:
 
 def test_a_placement_holds_its_gpus_from_its_time_the_start_keeps_that_and_the_end_releases():
     h = fold([(placed("j", 1, ["g1", "g2"]), 0)])
-    assert h.holder("g1") == Holder("j", 1, 0, since=at(0)) and h.holder("g1").attempt_key == "j:1"
+    assert h.holder("g1") == Holder("j", 1, 0, since=at(0)) and Holder("j", 1, 0, since=at(0)).attempt_key == "j:1"
     h.apply(started("j", 1, ["g1", "g2"], s=2), at(2))
     assert h.holder("g2") == Holder("j", 1, 0, since=at(0), started_at=at(2))
     change = h.apply(finished("j", 1), at(9))
@@ -84,7 +84,8 @@ def test_the_next_attempt_on_the_same_gpus_takes_them_over():
 
 def test_a_requeue_releases_every_part_of_the_attempt_and_a_late_start_holds_nothing():
     h = fold([(placed("g", 1, ["a0"], rank=0), 0), (placed("g", 1, ["b0", "b1"], rank=1, node="n2"), 0)])
-    assert h.holder("b1").part_key == "g:1#r1" and h.holder("a0").part_key == "g:1"
+    b1, a0 = h.holder("b1"), h.holder("a0")
+    assert b1 is not None and b1.part_key == "g:1#r1" and a0 is not None and a0.part_key == "g:1"
     change = h.apply(requeued("g", 1), at(5))
     assert sorted(change.release) == ["a0", "b0", "b1"] and h.holders == {}
     h.apply(started("g", 1, ["a0"], rank=0), at(6))
@@ -115,7 +116,7 @@ def test_any_order_of_a_lost_attempt_and_its_successor_ends_with_the_successor_h
               (placed("j", 2, ["g2"]), 6), (started("j", 2, ["g2"], s=7), 7)]
     for order in itertools.permutations(events):
         h = fold(list(order))
-        assert set(h.holders) == {"g2"} and h.holder("g2").attempt == 2, order
+        assert set(h.holders) == {"g2"} and h.holders["g2"].attempt == 2, order
 
 
 def test_holders_and_job_holds_survive_their_store_encoding():

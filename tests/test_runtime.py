@@ -4,7 +4,7 @@ the injected clock, and a start against real NATS and Redis."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -19,7 +19,7 @@ from whaleflux.shared.service import ServiceBase
 from whaleflux.shared.settings import CommonSettings
 
 TOKEN = "t" * 24
-T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 def _settings() -> CommonSettings:

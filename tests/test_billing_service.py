@@ -359,3 +359,24 @@ async def test_a_requeued_attempt_stops_accruing_and_a_late_end_report_replaces_
     finally:
         await svc.runtime.stop()
         await bus.close()
+
+
+async def test_a_renamed_field_in_inventorys_answer_is_a_failed_fetch_and_the_last_good_copy_stays(env, monkeypatch):
+    server = AssetsServer(ASSETS)
+    monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", server.url)
+    app, svc = await _started(Clock(datetime(2026, 3, 20, tzinfo=UTC)))
+    try:
+        assert await svc.refresh_assets()
+        # Inventory renames `ownership`: typed at the boundary, so no GPU is silently priced as unknown.
+        server.assets = [{("owner" if k == "ownership" else k): v for k, v in a.items()} for a in ASSETS]
+        assert not await svc.refresh_assets()
+        async with _client(app) as http:
+            report = (await http.get("/v1/costs", params={"by": "job"})).json()
+        inventory = report["pricing"]["inventory"]
+        assert inventory["error"].startswith("ValidationError") and "ownership" in inventory["error"]
+        assert inventory["basis"] == "inventory ownership terms (cached; inventory unreachable now)"
+        idle = {(i["pool"], i["model"]): i["ownership"] for i in report["idle"]}
+        assert idle == {("cloud", "H200"): "leased", ("onprem", "H100"): "owned"}
+    finally:
+        await svc.runtime.stop()
+        server.close()

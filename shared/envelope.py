@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr
 
+from .clock import system_clock
 from .event_data import EventData
 
 
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    """The wall clock: only for a caller that passes no `time` to `make_envelope` (give it your clock's)."""
+    return system_clock()
 
 
 class Envelope(BaseModel):

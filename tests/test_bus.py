@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+import nats
+
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import REASON_HEADER, Bus, Reject, Retry
-from whaleflux.shared.events import JobSubmitted, make_envelope
+from whaleflux.shared.events import JobSubmitted
 from whaleflux.shared.streams import ConsumerSpec
 
 from .processes import fetch_at_least, until
@@ -61,7 +65,7 @@ async def test_a_redelivered_event_is_not_handled_twice(bus_and_redis):
     async def handler(env, data):
         seen.append(env.id)
 
-    env = make_envelope(job("dup"), source="test", event_id="evt-1")
+    env = bus.envelope(job("dup"), event_id="evt-1")
     bus.start_consumer(SPEC, handler, redis, "wf:test")
     await bus.publish_envelope(subjects.JOB_SUBMITTED, env)
     await until(lambda: seen == ["evt-1"])
@@ -71,3 +75,10 @@ async def test_a_redelivered_event_is_not_handled_twice(bus_and_redis):
     await until(lambda: len(seen) == 2)
     assert seen[0] == "evt-1" and seen[1] != "evt-1"
     assert bus.metrics.duplicates.labels("test-bus")._value.get() == 1
+
+
+def test_the_bus_times_the_envelopes_it_makes_by_its_clock():
+    t0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    bus = Bus(nats.NATS(), "whaleflux/test/1", clock=lambda: t0)
+    env = bus.envelope(job("j"), subject="j")
+    assert env.time == t0 and env.source == "whaleflux/test/1" and env.subject == "j"

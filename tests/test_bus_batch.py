@@ -108,16 +108,16 @@ async def test_telemetry_batch_judges_each_node_batch_in_order_and_stores_the_re
     try:
         node = SimulatedNode("h100-01", gpu_models()["H100"], 2)
         reg = NodeRegistered(cluster="onprem", node="h100-01", agent_version="t", gpus=node.identities())
-        await svc.on_registered(make_envelope(reg, source="t"), reg)
+        await svc.on_registered(make_envelope(reg, source="t", time=t0), reg)
 
         def batch(seq: int, dt: int) -> tuple:
             b = GpuTelemetry(cluster="onprem", node="h100-01", seq=seq, sample_time=t0 + timedelta(seconds=dt),
                              gpus=node.sample(t0 + timedelta(seconds=dt)))
-            return make_envelope(b, source="t"), b
+            return make_envelope(b, source="t", time=b.sample_time), b
 
         ghost = GpuTelemetry(cluster="onprem", node="ghost", seq=1, sample_time=t0, gpus=node.sample(t0))
-        events = [batch(1, 0), batch(2, 1), batch(2, 1), batch(3, 2), (make_envelope(ghost, source="t"), ghost),
-                  batch(1, 0)]
+        ghost_event = (make_envelope(ghost, source="t", time=t0), ghost)
+        events = [batch(1, 0), batch(2, 1), batch(2, 1), batch(3, 2), ghost_event, batch(1, 0)]
         outcomes = await svc.on_telemetry_batch(events)
 
         assert outcomes[0] is None and outcomes[1] is None and outcomes[3] is None
@@ -134,7 +134,7 @@ async def test_telemetry_batch_judges_each_node_batch_in_order_and_stores_the_re
         # A GPU missing from its node's batch keeps its last sample (so it shows as stale); back, it is current again.
         t3 = t0 + timedelta(seconds=3)
         partial = GpuTelemetry(cluster="onprem", node="h100-01", seq=4, sample_time=t3, gpus=node.sample(t3)[:1])
-        assert await svc.on_telemetry_batch([(make_envelope(partial, source="t"), partial)]) == [None]
+        assert await svc.on_telemetry_batch([(make_envelope(partial, source="t", time=t3), partial)]) == [None]
         assert [(s.seq, s.gpu.index) for s in await svc.latest()] == [(4, 0), (3, 1)]
         assert (await svc.statuses())[1].sample_time == (t0 + timedelta(seconds=2)).isoformat()
         assert await svc.on_telemetry_batch([batch(5, 4)]) == [None]

@@ -38,7 +38,7 @@ async def _send_bad_then_good(servers) -> list[tuple[str, str]]:
         await bus.js.publish(subject, b"\x00not json{")
         # 2. schema violation: negative memory
         valid = GpuTelemetry(cluster="onprem", node="dl-node", seq=1, sample_time=now, gpus=[GpuSample(**_sample())])
-        bad_doc = json.loads(make_envelope(valid, source="test").model_dump_json())
+        bad_doc = json.loads(make_envelope(valid, source="test", time=now).model_dump_json())
         bad_doc["data"]["gpus"][0]["memory_used_mib"] = -5
         await bus.js.publish(subject, json.dumps(bad_doc).encode())
         # 3. a GPU the node never registered

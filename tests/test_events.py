@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_event_round_trips_through_a_cloudevents_envelope():
     data = JobSubmitted(job_id="j1", name="train", command=["python", "train.py"], gpus=2)
-    env = make_envelope(data, source="test", subject="j1", correlation_id="j1")
+    env = make_envelope(data, source="test", subject="j1", correlation_id="j1", time=datetime(2026, 1, 1, tzinfo=UTC))
     doc = json.loads(encode(env))
     assert doc["specversion"] == "1.0" and doc["type"] == "io.whaleflux.job.submitted.v1"
     assert {"id", "source", "type", "time", "subject", "datacontenttype", "data"} <= set(doc)
@@ -51,7 +51,8 @@ def test_invalid_events_are_refused_with_a_reason_naming_the_problem(raw, reason
 
 
 def test_reasons_never_echo_the_offending_value():
-    env = make_envelope(JobSubmitted(job_id="j", name="n", command=["x"]), source="t")
+    env = make_envelope(JobSubmitted(job_id="j", name="n", command=["x"]), source="t",
+                        time=datetime(2026, 1, 1, tzinfo=UTC))
     doc = json.loads(encode(env))
     doc["data"]["gpus"] = "s3cr3t-value"
     with pytest.raises(InvalidEvent) as err:

@@ -5,7 +5,7 @@ Two figures, both on the pure core (no Redis, no NATS):
 
 1. ledger ingest: job events (placed, started, finished as CloudEvents JSON)
    decoded and validated (`events.decode`) and turned into ledger records
-   (`UsageRecord`, `ended`), per second;
+   by billing's decision module (`ledger.job_event`), per second;
 2. chargeback: `allocation.chargeback` + `showback` by team over 1,000,000
    per-GPU allocation intervals on a 512-GPU fleet (owned, leased, cloud; two
    months, so month boundaries and a price change split the rate segments).
@@ -18,21 +18,23 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
+from whaleflux.billing import ledger
 from whaleflux.billing.allocation import Interval, JobInfo, chargeback, showback
-from whaleflux.billing.metering import UsageRecord, ended
+from whaleflux.billing.metering import UsageRecord
 from whaleflux.billing.ownership import GpuTerms, gpu_cost, to_ms
 from whaleflux.billing.pricebook import parse_pricebook
+from whaleflux.shared.contracts import Holder, JobHolds, gpus_involved
 from whaleflux.shared.events import JobFinished, JobPlaced, JobStarted, decode, encode, make_envelope
 
-UTC = timezone.utc
 START = datetime(2026, 3, 1, tzinfo=UTC)
 END = datetime(2026, 5, 1, tzinfo=UTC)
 BOOK = """\
 prices:
-  - {model: H100, ownership: owned, effective_from: 2026-01-01, effective_until: 2026-03-31, usd_per_kwh: "0.12", overhead_per_gpu_month: "150"}
+  - {model: H100, ownership: owned, effective_from: 2026-01-01, effective_until: 2026-03-31, usd_per_kwh: "0.12",
+     overhead_per_gpu_month: "150"}
   - {model: H100, ownership: owned, effective_from: 2026-04-01, usd_per_kwh: "0.14", overhead_per_gpu_month: "160"}
 """
 
@@ -54,23 +56,29 @@ def job_events(n: int, rng: random.Random) -> list[bytes]:
 
 
 def ingest(raw: list[bytes]) -> dict[str, UsageRecord]:
-    """The handler's work without Redis: decode, validate, keep placement, build and end the record."""
+    """The handler's work without Redis: decode, validate, then billing's decision (`ledger.job_event`: the
+    GPU-holder fold, the placement, the usage records), its outcome kept in memory as the store would."""
+    holds: dict[str, JobHolds] = {}
+    holders: dict[str, Holder] = {}
     placements: dict[str, JobPlaced] = {}
-    ledger: dict[str, UsageRecord] = {}
+    usage: dict[str, UsageRecord] = {}
     for msg in raw:
-        _, data = decode(msg)
-        key = f"{data.job_id}:{data.attempt}"
-        if isinstance(data, JobPlaced):
-            placements[key] = data
-            continue
-        p = placements[key]
-        rec = UsageRecord(job_id=data.job_id, attempt=data.attempt, team=p.team, project=p.project,
-                          gpu_model=p.gpu_model, gpus=len(p.gpu_uuids), node=p.node, cluster=p.cluster,
-                          gpu_uuids=p.gpu_uuids, started_at=data.started_at, state="running")
-        if isinstance(data, JobFinished):
-            rec = ended(rec, data.finished_at, "finished")
-        ledger[key] = rec
-    return ledger
+        env, data = decode(msg)
+        job_id = getattr(data, "job_id", "")
+        job = holds.get(job_id, JobHolds())
+        keys = [s.ledger for s in ledger.spans(data, env.time)]
+        state = ledger.JobEventState(job, {g: holders.get(g) for g in gpus_involved(job, data)},
+                                     {k: usage.get(k) for k in keys}, {k: placements.get(k) for k in keys})
+        outcome = ledger.job_event(data, env.time, state)
+        assert outcome.missing is None, outcome.missing
+        holds[job_id] = outcome.holders.job
+        for g in outcome.holders.release:
+            holders.pop(g, None)
+        holders.update(outcome.holders.hold)
+        usage.update((r.ledger_key, r) for r in outcome.records)
+        if outcome.placement is not None:
+            placements[outcome.placement[0]] = outcome.placement[1]
+    return usage
 
 
 def fleet(n: int):
@@ -119,9 +127,10 @@ def main() -> None:
 
     raw = job_events(a.jobs, rng)
     t = time.perf_counter()
-    ledger = ingest(raw)
+    usage = ingest(raw)
     dt = time.perf_counter() - t
-    print(f"ledger ingest: {len(raw):,} job events in {dt:.2f} s = {len(raw) / dt:,.0f} events/s ({len(ledger):,} records)")
+    print(f"ledger ingest: {len(raw):,} job events in {dt:.2f} s = {len(raw) / dt:,.0f} events/s "
+          f"({len(usage):,} records)")
 
     gpus = fleet(a.gpus)
     ivs, jobs = intervals(a.intervals, a.gpus, rng)

@@ -18,10 +18,10 @@ import os
 import secrets
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from whaleflux.billing.app import BillingService, BillingSettings
+from whaleflux.billing.app import BillingSettings, build
 from whaleflux.servers import LocalServers
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus
@@ -34,7 +34,7 @@ TARGET = 20_000
 async def run(jobs: int, servers: LocalServers) -> None:
     bus = await Bus.connect(servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password)
     await bus.ensure_streams()
-    t0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
     for i in range(jobs):
         job, node, gpus = f"b{i:06d}", f"n{i % 64:02d}", [f"GPU-{i % 64:02d}-{g}" for g in range(i % 4 + 1)]
         start = t0 + timedelta(minutes=i)
@@ -48,18 +48,17 @@ async def run(jobs: int, servers: LocalServers) -> None:
             finished_at=start + timedelta(minutes=30)))
     await bus.close()
 
-    svc = BillingService(BillingSettings(inventory_url="http://127.0.0.1:9"))
+    _, svc = build(BillingSettings(inventory_url="http://127.0.0.1:9"))
     began = time.perf_counter()
-    await svc._start()
+    await svc.runtime.start()
     try:
         while True:
-            raw = await svc.redis.hgetall(f"{svc.prefix}:usage")
-            if sum('"ended_at":null' not in v for v in raw.values()) >= jobs:
+            if sum(r.ended_at is not None for r in await svc.store.usage_records()) >= jobs:
                 break
             await asyncio.sleep(0.05)
         elapsed = time.perf_counter() - began
     finally:
-        await svc.stop()
+        await svc.runtime.stop()
     events = jobs * 3
     print(f"billing service ingest: {events} job events in {elapsed:.2f} s = {events / elapsed:,.0f} events/s "
           f"(one process; target for the ledger: >= {TARGET:,}/s; the ledger core alone: bench/billing_ledger.py)")
@@ -72,7 +71,8 @@ def main() -> None:
     servers = LocalServers(Path(tempfile.mkdtemp(prefix="wf-bill-")), "bench", secrets.token_urlsafe(16),
                            secrets.token_urlsafe(16)).start()
     os.environ.update({"NATS_URL": servers.nats_url, "REDIS_URL": servers.redis_url, "WHALEFLUX_NATS_USER": "bench",
-                       "WHALEFLUX_NATS_PASSWORD": servers.nats_password, "WHALEFLUX_REDIS_PASSWORD": servers.redis_password})
+                       "WHALEFLUX_NATS_PASSWORD": servers.nats_password,
+                       "WHALEFLUX_REDIS_PASSWORD": servers.redis_password})
     configure_logging("billing", "warning")  # as the service runs, minus per-event info lines
     try:
         asyncio.run(run(args.jobs, servers))

@@ -69,6 +69,7 @@ class Asset(_Response):
     contracts: list[str]
     purchase: PurchaseTerms | None
     hourly_price_per_gpu_usd: Money | None  # cloud
+    since: date | None = None  # declared: the day a cloud GPU's rental began (owned without a purchase: in service)
 
 
 class LeaseRow(_Response):

@@ -49,13 +49,17 @@ def test_redis_flushall_mid_run_reruns_no_finished_job_and_loses_none(own, tmp_p
     marks = tmp_path / "marks"
     marks.mkdir()
     cluster, scheduler, billing = start_stack(own.servers, tmp_path, "a100-01")
+    log = cluster.procs["scheduler"].log_path
     try:
         ids = submit(scheduler.url, marks, 2.0, 12)
         # Some have finished, some run, some wait (12 jobs on 8 GPUs).
         wait_until(lambda: sum(1 for j in ids if any(r.end for r in runs(marks, j))) >= 2
                    and _some_running(marks, ids, 4), timeout=60, what="jobs finished and running")
+        folds = len(_log_events(log, "state.folded"))  # the first start's rebuild (an empty store) is one
         own.flushall()
-        # The store's loss is noticed while running: the API says so instead of answering from nothing.
+        # The store's loss is noticed while running and the state rebuilt from JetStream (until then the API
+        # answers 503 instead of answering from nothing: a submission may meet that window, so wait it out).
+        wait_until(lambda: len(_log_events(log, "state.folded")) > folds, timeout=60, what="state rebuilt")
         wait_until(lambda: httpx.get(scheduler.url + "/readyz").status_code == 200
                    and len(httpx.get(scheduler.url + "/v1/nodes").json()) == 1, timeout=60, what="scheduler rebuilt")
         late = submit(scheduler.url, marks, 1.0, 1)  # a job submitted after the wipe runs too

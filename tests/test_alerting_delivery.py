@@ -250,3 +250,13 @@ def test_a_pipeline_without_a_final_stage_is_a_bug_not_a_silent_drop():
         assert "without an outcome" in str(exc)
     else:
         raise AssertionError("no outcome was accepted")
+
+
+def test_retry_after_counts_from_the_answer_not_from_before_the_post():
+    class Slow(Endpoint):
+        async def __call__(self, url: str, body: dict[str, object]) -> int:
+            raise DeliveryError("receiver answered 503", retryable=True, status=503, retry_after_s=30,
+                                retry_at=T0 + timedelta(seconds=34))  # answered 4 s after the job began
+
+    outcome, waits = post(Slow(), Job(delivery(), T0))
+    assert outcome == Later(T0 + timedelta(seconds=34), "receiver answered 503") and waits == []

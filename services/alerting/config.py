@@ -24,12 +24,14 @@ from .dispatch.matchers import Matcher, parse_matchers
 
 DEFAULT_RULES_FILE = Path(__file__).parent / "default_rules.yaml"
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# Prometheus durations, compound ones too ("1h30m", "2m30s", "1d12h"); units largest first, each at most once.
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)w)?(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?"
+                       r"(?:(\d+(?:\.\d+)?)s)?(?:(\d+(?:\.\d+)?)ms)?$")
+_UNITS = (604800.0, 86400.0, 3600.0, 60.0, 1.0, 0.001)
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from a Prometheus-style duration ("500ms", "30s", "5m", "4h") or a number of seconds."""
+    """Seconds from a Prometheus-style duration ("500ms", "30s", "5m", "4h", "1h30m") or a number of seconds."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s, 5m or 4h")
     if isinstance(value, (int, float)):
@@ -38,9 +40,9 @@ def parse_duration(value: Any) -> float:
         return float(value)
     if isinstance(value, str):
         m = _DURATION.match(value.strip())
-        if m:
-            return float(m.group(1)) * _UNITS[m.group(2)]
-    raise ValueError("expected a duration such as 30s, 5m or 4h")
+        if m and any(m.groups()):
+            return sum(float(g) * unit for g, unit in zip(m.groups(), _UNITS, strict=True) if g)
+    raise ValueError("expected a duration such as 30s, 5m, 4h or 1h30m")
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]

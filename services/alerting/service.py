@@ -298,7 +298,7 @@ class Alerting:
                              reason=outcome.error)
 
     async def _send(self, url: str, body: dict[str, object]) -> int:
-        return await post_json(self.http, url, body)
+        return await post_json(self.http, url, body, self.rt.clock)
 
 
 def _by_receiver(deliveries: list[Delivery]) -> dict[str, list[Delivery]]:

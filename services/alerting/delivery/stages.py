@@ -193,7 +193,9 @@ class Post:
             if (job.now - d.created_at).total_seconds() > self.max_age_s:
                 return Finished("failed", exc.status, f"gave up after {d.attempts} tries: {exc.reason}")
             d.last_error = exc.reason
-            return Later(job.now + timedelta(seconds=backoff_s(d.attempts, exc.retry_after_s)), exc.reason)
+            # Retry-After counts from the receiver's answer (retry_at), not from before the POST (job.now).
+            at = exc.retry_at or job.now + timedelta(seconds=backoff_s(d.attempts, exc.retry_after_s))
+            return Later(at, exc.reason)
         return Finished("delivered", status, None)
 
 

@@ -150,6 +150,31 @@ def test_job_cost_is_its_gpu_time_at_each_gpus_rate():
     assert cb.idle_usd == Decimal("2936.000000")
 
 
+def test_a_cloud_gpu_without_a_declared_start_is_charged_while_allocated_and_said_so():
+    book = parse_pricebook(BOOK)
+    cloud = GpuTerms(uuid="C", model="A100", ownership="cloud", pool="c", cloud_hourly=Decimal("4"))
+    gpus = {"C": gpu_cost(cloud, book, MAR, APR)}
+    t0 = to_ms(datetime(2026, 3, 2, tzinfo=UTC))
+    cb = chargeback([Interval("C", t0, t0 + 10 * 3_600_000, "j:1")], {"j:1": JobInfo("j", 1, "nlp", "llm", "A100")},
+                    gpus, to_ms(MAR), to_ms(APR))
+    assert cb.jobs["j:1"].usd == Decimal("40.000000")
+    assert cb.fleet_usd == Decimal("40.000000") and cb.idle_usd == 0  # no idle line without a declared start
+    assert any("no declared start" in n for n in cb.notes)
+
+
+def test_time_held_before_a_cloud_gpus_declared_start_is_reported():
+    book = parse_pricebook(BOOK)
+    since = datetime(2026, 3, 3, tzinfo=UTC)
+    cloud = GpuTerms(uuid="C", model="A100", ownership="cloud", pool="c", cloud_hourly=Decimal("4"),
+                     in_fleet_since=since)
+    gpus = {"C": gpu_cost(cloud, book, MAR, APR)}
+    t0 = to_ms(since) - 2 * 3_600_000
+    cb = chargeback([Interval("C", t0, t0 + 10 * 3_600_000, "j:1")], {"j:1": JobInfo("j", 1, "nlp", "llm", "A100")},
+                    gpus, to_ms(MAR), to_ms(APR))
+    assert cb.jobs["j:1"].usd == Decimal("32.000000")  # the 8 h from its declared start
+    assert any("job j:1" in n and "2.00 GPU-h outside their declared terms" in n for n in cb.notes)
+
+
 def _random_fleet(rng: random.Random, book, start, end):
     gpus = {}
     for i in range(6):

@@ -41,7 +41,7 @@ def _asset(uuid, model, ownership, pool, node, **kw):
     base = {"uuid": uuid, "index": 0, "model": model, "node": node, "status": "active", "last_seen": T0.isoformat(),
             "ownership": ownership, "declared": True, "site": "east", "cluster": "c1", "rack": None, "pool": pool,
             "monthly_cost_usd": None, "lease": None, "contracts": [], "purchase": None,
-            "hourly_price_per_gpu_usd": None}
+            "hourly_price_per_gpu_usd": None, "since": None}
     return {**base, **kw}
 
 
@@ -54,6 +54,7 @@ ASSETS = [
         "monthly_price_per_gpu_usd": "2150.00", "minimum_term_months": 1, "auto_renew": False, "notice_days": 30}),
     _asset("GPU-O0", "H100", "owned", "onprem", "h100-01",
            purchase={"price_per_gpu_usd": "30000", "date": "2025-03-01", "depreciation_months": 48}),
+    _asset("GPU-C0", "H200", "cloud", "burst", "h200-c1", hourly_price_per_gpu_usd="4.00", since="2026-03-05"),
 ]
 
 PRICEBOOK = """\
@@ -126,6 +127,17 @@ async def _usage_count(svc: Billing, n: int) -> bool:
     return sum(r.ended_at is not None for r in await svc.store.usage_records()) >= n
 
 
+async def _reports(app: FastAPI) -> dict[str, dict]:
+    async with _client(app) as http:
+        out = {}
+        for by in ("job", "team", "project"):
+            resp = await http.get("/v1/costs", params={"by": by, "from": "2026-03-01T00:00:00Z",
+                                                       "to": "2026-03-20T00:00:00Z"})
+            assert resp.status_code == 200, resp.text
+            out[by] = resp.json()
+        return out
+
+
 async def test_costs_by_ownership_reconcile_with_idle_and_a_replay_gives_identical_totals(env, assets_server,
                                                                                           monkeypatch):
     monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", assets_server.url)
@@ -134,15 +146,14 @@ async def test_costs_by_ownership_reconcile_with_idle_and_a_replay_gives_identic
     await _run_job(bus, "lease-job", ["GPU-L0"], "H200", "nlp", T0, 10)
     await _run_job(bus, "own-job", ["GPU-O0"], "H100", "cv", T0 + timedelta(hours=1), 5, node="h100-01")
     await _run_job(bus, "stray-job", ["GPU-X9"], "A100", "nlp", T0, 2, node="a100-09")  # not in inventory
+    # Ten GPU-hours on the cloud H200 before billing ever saw it: priced from its declared start.
+    await _run_job(bus, "cloud-job", ["GPU-C0"], "H200", "cv", T0, 10, node="h200-c1", project="q")
     app, svc = await _started(clock)
     try:
         assert await svc.refresh_assets()
-        await until(lambda: _usage_count(svc, 3), what="three jobs metered")
-        async with _client(app) as http:
-            resp = await http.get("/v1/costs", params={"by": "job", "from": "2026-03-01T00:00:00Z",
-                                                       "to": "2026-03-20T00:00:00Z"})
-            assert resp.status_code == 200, resp.text
-            report = resp.json()
+        await until(lambda: _usage_count(svc, 4), what="four jobs metered")
+        reports = await _reports(app)
+        report = reports["job"]
         rows = {r["key"]: r for r in report["rows"]}
         march_ms = Decimal(31 * 24 * 3600 * 1000)
         # 10 h of one leased H200 at $2,150/GPU-month, March having 31 days.
@@ -151,6 +162,7 @@ async def test_costs_by_ownership_reconcile_with_idle_and_a_replay_gives_identic
         own = Decimal(30000) / 48 * 18_000_000 / march_ms
         assert rows["own-job"]["cost_usd"] == str(own.quantize(Decimal("0.01")))
         assert any("no owned H100 price book entry" in n for n in report["pricing"]["notes"])
+        assert rows["cloud-job"]["cost_usd"] == "40.00"  # 10 GPU-h at the declared $4/GPU-h
         # The stray GPU is priced at the reference A100 rate and said so.
         assert rows["stray-job"]["cost_usd"] == str((Decimal("3.4309") * 2).quantize(Decimal("0.01")))
         assert any("GPU-X9" in n and "not in inventory" in n for n in report["pricing"]["notes"])
@@ -160,22 +172,27 @@ async def test_costs_by_ownership_reconcile_with_idle_and_a_replay_gives_identic
         fleet = Decimal(totals["fleet_usd"])
         assert sum(Decimal(r["cost_usd"]) for r in report["rows"]) + Decimal(totals["idle_usd"]) == fleet
         window = Decimal(19 * 24 * 3600 * 1000) / march_ms
-        expected_fleet = (2 * Decimal(2150) + Decimal(30000) / 48) * window + Decimal("3.4309") * 2
+        cloud_fleet = Decimal(4) * 15 * 24  # declared since 5 March: 15 days of the window
+        expected_fleet = (2 * Decimal(2150) + Decimal(30000) / 48) * window + Decimal("3.4309") * 2 + cloud_fleet
         assert fleet == expected_fleet.quantize(Decimal("0.01"))
         idle = {(i["pool"], i["model"]): i for i in report["idle"]}
         assert idle[("cloud", "H200")]["ownership"] == "leased" and idle[("cloud", "H200")]["gpus"] == 2
+        assert Decimal(idle[("burst", "H200")]["idle_usd"]) == cloud_fleet - 40
 
-        # Redis lost: the service replays the job stream and reports the same totals.
+        # Redis lost, days later: the service replays the job stream and reports the same totals to the cent
+        # for every job, team, project and idle line (prices come from the declaration, not from when billing
+        # saw a GPU).
         await svc.runtime.stop()
         r = await _flush_billing(env)
         assert r > 0
+        clock.now += timedelta(days=3)
         app, svc = await _started(clock)
         assert await svc.refresh_assets()
-        await until(lambda: _usage_count(svc, 3), what="replayed")
-        async with _client(app) as http:
-            again = (await http.get("/v1/costs", params={"by": "job", "from": "2026-03-01T00:00:00Z",
-                                                         "to": "2026-03-20T00:00:00Z"})).json()
-        assert again["rows"] == report["rows"] and again["totals"] == report["totals"]
+        await until(lambda: _usage_count(svc, 4), what="replayed")
+        again = await _reports(app)
+        for by in ("job", "team", "project"):
+            for field in ("rows", "totals", "idle", "total_usd"):
+                assert again[by][field] == reports[by][field], (by, field)
     finally:
         await svc.runtime.stop()
         await bus.close()
@@ -376,7 +393,7 @@ async def test_a_renamed_field_in_inventorys_answer_is_a_failed_fetch_and_the_la
         assert inventory["error"].startswith("ValidationError") and "ownership" in inventory["error"]
         assert inventory["basis"] == "inventory ownership terms (cached; inventory unreachable now)"
         idle = {(i["pool"], i["model"]): i["ownership"] for i in report["idle"]}
-        assert idle == {("cloud", "H200"): "leased", ("onprem", "H100"): "owned"}
+        assert idle == {("cloud", "H200"): "leased", ("onprem", "H100"): "owned", ("burst", "H200"): "cloud"}
     finally:
         await svc.runtime.stop()
         server.close()

@@ -56,8 +56,8 @@ def in_window(records: list[UsageRecord], start: datetime, end: datetime) -> lis
     return [r for r in records if r.started_at < end and (r.ended_at is None or r.ended_at > start)]
 
 
-def inventory_terms(url: str, fetched_at: str | None, assets: list[Asset], first_seen: dict[str, datetime],
-                    error: str | None, error_at: str | None) -> tuple[dict[str, GpuTerms], dict[str, Any]]:
+def inventory_terms(url: str, fetched_at: str | None, assets: list[Asset], error: str | None,
+                    error_at: str | None) -> tuple[dict[str, GpuTerms], dict[str, Any]]:
     """Terms per GPU from inventory's last good answer, and the report's account of where they came from."""
     info: dict[str, Any] = {"url": url, "fetched_at": None, "error": error, "error_at": error_at}
     if fetched_at is None:
@@ -66,7 +66,7 @@ def inventory_terms(url: str, fetched_at: str | None, assets: list[Asset], first
         return {}, info
     info["fetched_at"] = fetched_at
     info["basis"] = "inventory ownership terms" + (" (cached; inventory unreachable now)" if error else "")
-    return terms_from_assets(assets, first_seen), info
+    return terms_from_assets(assets), info
 
 
 def gpu_costs(inp: Inputs, book: PriceBook, start: datetime, end: datetime) -> tuple[dict[str, GpuCost], list[str]]:

@@ -8,7 +8,8 @@ turns terms into pieces of time with a constant fixed cost rate:
   fully depreciated) + overhead per GPU-month, from the purchase date on;
 - leased: the monthly price per calendar month over the contract's term, the
   term extended to the minimum term: the month is owed whatever the use;
-- cloud: the hourly rate for as long as the GPU is in the fleet;
+- cloud: the hourly rate from the declared start (`since` in inventory's
+  declarations); with no declared start, only while allocated (said so);
 - unknown (inventory unreachable, or a GPU it does not list): the price
   book's model default (the reference cloud rate), charged only while
   allocated, so such a GPU has no idle line.
@@ -82,11 +83,13 @@ class GpuTerms:
     lease_end: date | None = None  # last day covered
     minimum_term_months: int = 1
     cloud_hourly: Decimal | None = None
-    in_fleet_since: datetime | None = None  # when billing first saw it (cloud, and owned without a purchase date)
+    in_fleet_since: datetime | None = None  # declared start (cloud, and owned without a purchase): `since`
 
 
-def terms_from_assets(assets: list[Asset], first_seen: dict[str, datetime]) -> dict[str, GpuTerms]:
-    """Inventory's /v1/assets rows -> terms per GPU uuid. `owned-unknown` (undeclared) counts as unknown."""
+def terms_from_assets(assets: list[Asset]) -> dict[str, GpuTerms]:
+    """Inventory's /v1/assets rows -> terms per GPU uuid. `owned-unknown` (undeclared) counts as unknown.
+
+    Every date comes from the declaration, never from when billing saw the GPU, so a rebuild prices alike."""
     out = {}
     for a in assets:
         lease, purchase = a.lease, a.purchase
@@ -101,7 +104,7 @@ def terms_from_assets(assets: list[Asset], first_seen: dict[str, datetime]) -> d
             lease_start=lease.start if lease else None, lease_end=lease.end if lease else None,
             minimum_term_months=(lease.minimum_term_months if lease else None) or 1,
             cloud_hourly=a.hourly_price_per_gpu_usd,
-            in_fleet_since=first_seen.get(a.uuid),
+            in_fleet_since=day_start(a.since) if a.since else None,
         )
     return out
 
@@ -157,13 +160,13 @@ def lease_term(start: date, end: date | None, minimum_term_months: int) -> tuple
     return day_start(start), until
 
 
-def _held(terms: GpuTerms, start: datetime) -> tuple[datetime, datetime]:
-    """[since, until) over which the GPU costs anything at all (`start`: when nothing says)."""
-    if terms.ownership == "owned":
-        return (day_start(terms.purchase_date) if terms.purchase_date else (terms.in_fleet_since or start)), FAR
+def _held(terms: GpuTerms) -> tuple[datetime, datetime] | None:
+    """[since, until) over which the GPU costs anything at all; None when the declaration gives no start."""
+    if terms.ownership == "owned" and terms.purchase_date:
+        return day_start(terms.purchase_date), FAR
     if terms.ownership == "leased" and terms.lease_start:
         return lease_term(terms.lease_start, terms.lease_end, terms.minimum_term_months)
-    return terms.in_fleet_since or start, FAR
+    return (terms.in_fleet_since, FAR) if terms.in_fleet_since else None
 
 
 def _depreciated_at(terms: GpuTerms) -> datetime | None:
@@ -226,7 +229,8 @@ def gpu_cost(terms: GpuTerms, book: PriceBook, start: datetime, end: datetime) -
         return _unknown_cost(terms, list_entry, start, end)
     list_rate = list_entry.usd_per_gpu_hour if list_entry else None
     own = terms.ownership
-    since, until = _held(terms, start)
+    held = _held(terms)
+    since, until = held or (start, FAR)
     lo, hi = max(start, since), min(end, until)
     dep_end = _depreciated_at(terms)
     cuts = book.boundaries(terms.model, own) + ([dep_end] if dep_end is not None else [])
@@ -240,7 +244,11 @@ def gpu_cost(terms: GpuTerms, book: PriceBook, start: datetime, end: datetime) -
             reference = bool(entry and entry.reference) and own != "owned" and (
                 (own == "leased" and terms.lease_monthly is None) or (own == "cloud" and terms.cloud_hourly is None))
             segments.append(Segment(to_ms(a), to_ms(b), rate, own, tuple(parts), list_rate, reference))
-    return GpuCost(terms, segments, [s.start_ms for s in segments], notes=tuple(dict.fromkeys(notes)))
+    if held is None:  # no declared start: what it costs while allocated, never an idle line
+        notes.append(f"{terms.uuid}: {own} {terms.model} has no declared start (`since` in inventory's "
+                     "declarations); charged only while allocated")
+    return GpuCost(terms, segments, [s.start_ms for s in segments], usage_only=held is None,
+                   notes=tuple(dict.fromkeys(notes)))
 
 
 def power_price(terms: GpuTerms, book: PriceBook, at: datetime) -> Decimal | None:

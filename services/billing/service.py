@@ -170,7 +170,7 @@ class Billing:
         records = costing.in_window(await store.usage_records(), start, end)
         cache = await store.assets()
         terms, info = costing.inventory_terms(self.settings.inventory_url, cache.fetched_at, cache.assets,
-                                              cache.first_seen, cache.error, cache.error_at)
+                                              cache.error, cache.error_at)
         return Inputs(records, terms, await store.energy(to_ms(start), to_ms(end)), await store.utilization(), info)
 
     async def compute(self, start: datetime, end: datetime, now: datetime | None = None) -> Costed:

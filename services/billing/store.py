@@ -4,7 +4,7 @@ Nothing else in billing talks to Redis. The keys (docs/services/billing.md):
 `alloc:<ledger>` (the `job.placed` data), `usage` (ledger -> usage record),
 `holds` and `gpu:holder` (the GPU-holder fold: job -> its holds, GPU -> the
 part holding it), `energy:last`, `energy:<hour ms>`, `energy:hours`,
-`util:job`, `assets`, `assets:first_seen`, `assets:status`, `pricebook`,
+`util:job`, `assets`, `assets:status`, `pricebook`,
 `pricebook:error`, `budgets`, `budget:fired`.
 """
 
@@ -60,7 +60,6 @@ class AssetsCache:
 
     fetched_at: str | None  # ISO time of the last good fetch; None: never fetched
     assets: list[Asset]  # the last good answer
-    first_seen: dict[str, datetime]  # GPU uuid -> when billing first saw it in inventory
     error: str | None
     error_at: str | None
 
@@ -217,13 +216,11 @@ class BillingStore:
     # ------------------------------------------------------------------ inventory's assets
 
     async def save_assets(self, assets: list[Asset], now: datetime) -> None:
-        """Keep a good answer of inventory; a GPU's first sighting is kept once."""
+        """Keep a good answer of inventory."""
         at = now.isoformat()
         doc = {"fetched_at": at, "assets": ASSETS.dump_python(assets, mode="json")}
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self._k("assets"), json.dumps(doc))
-            for a in assets:
-                pipe.hsetnx(self._k("assets:first_seen"), a.uuid, at)
             pipe.hset(self._k("assets:status"), mapping={"ok_at": at, "error": ""})
             await pipe.execute()
 
@@ -236,11 +233,9 @@ class BillingStore:
         error = status.get("error") or None
         error_at = status.get("error_at") if error else None
         if raw is None:
-            return AssetsCache(None, [], {}, error, error_at)
+            return AssetsCache(None, [], error, error_at)
         doc = json.loads(raw)
-        seen = _strs(await self.redis.hgetall(self._k("assets:first_seen")))
-        first = {u: datetime.fromisoformat(t) for u, t in seen.items()}
-        return AssetsCache(doc["fetched_at"], ASSETS.validate_python(doc["assets"]), first, error, error_at)
+        return AssetsCache(doc["fetched_at"], ASSETS.validate_python(doc["assets"]), error, error_at)
 
     # ------------------------------------------------------------------ price book and budgets
 

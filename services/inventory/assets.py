@@ -24,6 +24,10 @@ assets:
     ownership: owned
     pool: onprem
     purchase: {price_per_gpu: "17000", date: 2024-06-01, depreciation_months: 36}
+  - node: h200-cloud-01
+    ownership: cloud
+    hourly_price_per_gpu: "4.00"
+    since: 2026-11-01           # cloud (and owned without a purchase): the day it joined; billing charges from it
 ```
 
 Errors are reported as `FILE:LINE: key: problem`, all of them at once (the service reads the file).
@@ -107,6 +111,7 @@ class Asset(BaseModel):
     leases: list[str] = Field(default_factory=list)
     purchase: Purchase | None = None
     hourly_price_per_gpu: Decimal | None = Field(None, ge=0, description="cloud: on-demand or reserved rate")
+    since: date | None = Field(None, description="cloud: the day the rental began (billing charges from it)")
 
     @field_validator("model")
     @classmethod
@@ -186,6 +191,8 @@ def cross_check(decl: Declarations) -> list[tuple[KeyPath, str]]:
             problems.append((("assets", i, "leases"), "a leased asset needs at least one contract in `leases`"))
         if a.ownership != "leased" and a.leases:
             problems.append((("assets", i, "leases"), f"only leased assets have leases (ownership is {a.ownership})"))
+        if a.ownership == "leased" and a.since is not None:
+            problems.append((("assets", i, "since"), "a leased asset starts with its contract (`leases`), not `since`"))
         if a.ownership != "owned" and a.purchase is not None:
             problems.append(
                 (("assets", i, "purchase"), f"only owned assets have a purchase (ownership is {a.ownership})"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Literal
 
@@ -49,6 +49,7 @@ class GpuAsset:
     contracts: tuple[str, ...] = ()
     purchase: Purchase | None = None
     hourly_price_per_gpu: Decimal | None = None
+    since: date | None = None  # declared start (cloud; owned without a purchase)
     monthly_cost: Decimal | None = None  # what the GPU costs per month whether used or not; None if unknown
 
 
@@ -115,7 +116,8 @@ def reconcile(decl: Declarations, discovered: list[DiscoveredGpu], now: datetime
                 registered_at=g.registered_at, ownership=a.ownership, declared=True, site=a.site,
                 cluster=a.cluster or g.cluster, rack=a.rack or g.rack, pool=a.pool or g.pool or "unassigned",
                 contract=contract, contracts=tuple(a.leases), purchase=a.purchase,
-                hourly_price_per_gpu=a.hourly_price_per_gpu, monthly_cost=monthly_cost(a, contract, now),
+                hourly_price_per_gpu=a.hourly_price_per_gpu, since=a.since,
+                monthly_cost=monthly_cost(a, contract, now),
             )
         )
     never_seen = [

@@ -29,7 +29,7 @@ def asset(a: GpuAsset) -> contracts.Asset:
         contracts=list(a.contracts),
         purchase=None if p is None else contracts.PurchaseTerms(
             price_per_gpu_usd=p.price_per_gpu, date=p.date, depreciation_months=p.depreciation_months),
-        hourly_price_per_gpu_usd=a.hourly_price_per_gpu,
+        hourly_price_per_gpu_usd=a.hourly_price_per_gpu, since=a.since,
     )
 
 

@@ -262,4 +262,7 @@ def chargeback(
     for job, (total, n) in (util or {}).items():
         if job in out and n:
             out[job].util_mean = total / n
-    return Chargeback(start_ms, end_ms, out, segs.groups, list(dict.fromkeys(segs.notes)), accs, segs.group)
+    notes = segs.notes + [f"job {job} held GPUs {ms / MS_PER_HOUR:.2f} GPU-h outside their declared terms "
+                          "(before a lease or a cloud GPU's `since`, or after a lease ended); that time is charged 0"
+                          for job, ms in sorted(uncovered.items()) if ms > 0]
+    return Chargeback(start_ms, end_ms, out, segs.groups, list(dict.fromkeys(notes)), accs, segs.group)

@@ -106,6 +106,17 @@ def test_reconcile_flags_undeclared_and_never_seen_and_prices_each_gpu():
     assert rec.never_seen == ["node h100-01 (owned, pool onprem) is declared but never registered"]
 
 
+def test_a_cloud_gpus_declared_start_reaches_billings_view_and_a_leased_one_is_refused():
+    from whaleflux.inventory.views import asset
+
+    text = GOOD + "  - {node: h200-c1, ownership: cloud, hourly_price_per_gpu: \"4.00\", since: 2026-11-01}\n"
+    rec = reconcile(parse_declarations(text), _gpus("h200-c1", "H200", 1), T0)
+    [cloud] = [asset(a) for a in rec.assets if a.node == "h200-c1"]
+    assert cloud.since == datetime(2026, 11, 1).date() and cloud.hourly_price_per_gpu_usd == Decimal("4.00")
+    [error] = _errors(GOOD.replace("    leases: [CW-1]\n", "    leases: [CW-1]\n    since: 2026-01-01\n"))
+    assert error.startswith("assets.yaml:") and "assets[0].since: a leased asset starts with its contract" in error
+
+
 def _notices(decl, discovered, now, fired, horizons=(30, 7, 1)):
     rec = reconcile(decl, discovered, now)
     return due_notices(leases(decl, rec.assets, now), horizons, now, fired)

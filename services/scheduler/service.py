@@ -1,8 +1,8 @@
 """What the scheduler's collaborators share: settings, policy, clock, log, the store, the lease, one lock.
 
 `Progress` (job events), `Failover` (nodes), `PlacementPass` (the queue policy)
-and `Replica` (the lease and rebuilds) each take a `Scheduler`; none reaches
-into another's state. The store and the lease exist once the runtime has
+and `Replica` (the lease and rebuilds) each take a `Scheduler` and the
+collaborators they read from, in their constructors (app.py wires them). The store and the lease exist once the runtime has
 connected to Redis (`connect`); before that they raise StateUnavailable.
 """
 

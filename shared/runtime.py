@@ -239,10 +239,6 @@ class Runtime:
         """The service's `on_stop`, then every task cancelled and the connections closed."""
         if self.parts.on_stop is not None:
             await self.parts.on_stop()
-        await self.close()
-
-    async def close(self) -> None:
-        """Cancel the tasks and close the connections (idempotent)."""
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -255,13 +251,6 @@ class Runtime:
 
     async def readiness(self) -> dict[str, bool]:
         """The /readyz checks: NATS, Redis, whole state, every consumer bound (as the service adjusts them)."""
-        checks = await self.base_readiness()
-        if self.parts.readiness is not None:
-            checks = await self.parts.readiness(checks)
-        return checks
-
-    async def base_readiness(self) -> dict[str, bool]:
-        """The /readyz checks before the service's `readiness` part adjusts them."""
         checks = {"nats": self._bus is not None and self._bus.connected, "redis": False,
                   "state": self.state_ready.is_set()}
         if self.guard.epochs is not None:
@@ -270,6 +259,8 @@ class Runtime:
         bound = self._bus.bound if self._bus is not None else set()
         for name in self.consumer_specs():
             checks[f"consumer:{name}"] = name in bound
+        if self.parts.readiness is not None:
+            checks = await self.parts.readiness(checks)
         return checks
 
     async def metrics_body(self) -> bytes:

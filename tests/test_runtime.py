@@ -15,7 +15,6 @@ from whaleflux.shared import subjects
 from whaleflux.shared.deps import Admin, AdminDep, NowDep, RuntimeDep, StateDep, runtime_of
 from whaleflux.shared.events import Envelope, EventData, NodeDrainRequested
 from whaleflux.shared.runtime import BadRequest, Runtime, ServiceParts, StateUnavailable
-from whaleflux.shared.service import ServiceBase
 from whaleflux.shared.settings import CommonSettings
 
 TOKEN = "t" * 24
@@ -110,20 +109,6 @@ async def test_now_comes_from_the_injected_clock_and_envelopes_are_timed_by_it()
         assert (await http.get("/v1/now")).json() == {"now": T0.isoformat()}
     env = runtime.envelope(NodeDrainRequested(cluster="c", node="n", reason="r"), subject="c/n")
     assert env.time == T0 and env.source == f"whaleflux/svc/{runtime.settings.instance}" and env.subject == "c/n"
-
-
-async def test_the_old_service_base_still_answers_any_value_error_with_400():
-    class Old(ServiceBase):
-        name = "old"
-
-        def add_routes(self, app, admin) -> None:  # type: ignore[no-untyped-def]
-            @app.get("/v1/bug")
-            async def bug() -> dict[str, str]:
-                raise ValueError("bad value")
-
-    async with _client(Old(_settings()).create_app()) as http:
-        answer = await http.get("/v1/bug")
-    assert answer.status_code == 400 and answer.json() == {"detail": "bad value"}
 
 
 async def test_a_started_runtime_loads_binds_its_consumers_is_ready_and_publishes_what_it_staged(env):

@@ -146,6 +146,42 @@ async def test_a_started_runtime_loads_binds_its_consumers_is_ready_and_publishe
         await runtime.stop()
 
 
+async def test_a_store_wiped_while_running_is_rebuilt_by_replay_and_the_service_decides_again(env):
+    seen: list[str] = []
+    loads = 0
+
+    async def on_drain(envelope: Envelope, data: EventData) -> None:
+        seen.append(envelope.id)
+
+    async def on_ready() -> None:
+        nonlocal loads
+        loads += 1
+
+    runtime = Runtime("alerting", _settings(), clock=lambda: T0)
+    runtime.app(ServiceParts(consumers={"scheduler-nodes": on_drain}, on_ready=on_ready))
+    await asyncio.wait_for(runtime.start(), 30)
+    try:
+        first = runtime.epoch
+        drain = runtime.envelope(NodeDrainRequested(cluster="onprem", node="n1", reason="test"), event_id="d1")
+        await runtime.bus.publish_envelope(subjects.node_drain_requested("onprem", "n1"), drain)
+
+        async def handled_once() -> bool:
+            return seen == ["d1"]
+        await _until(handled_once, "the event handled")
+        await runtime.redis.flushdb()  # the state (and its dedup markers) gone under a running service
+
+        async def rebuilt() -> bool:
+            return runtime.epoch not in (None, first) and runtime.state_ready.is_set()
+        await _until(rebuilt, "a new state epoch")
+
+        async def replayed() -> bool:
+            return seen == ["d1", "d1"]  # the history consumer replayed its stream into the new state
+        await _until(replayed, "the stream replayed")
+        assert loads == 2  # what the service keeps in memory was loaded again after the rebuild
+    finally:
+        await runtime.stop()
+
+
 async def _until(check, what: str, deadline_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_s

@@ -8,7 +8,7 @@ as unknown. Events themselves are in `shared.events`.
 
 from __future__ import annotations
 
-from .holders import GpuHolders, Holder, HolderChange, JobHolds, fold_holders, gpus_involved
+from .holders import JOB_EVENTS, GpuHolders, Holder, HolderChange, JobHolds, fold_holders, gpus_involved
 from .inventory import (
     ASSETS,
     FINDINGS,
@@ -25,7 +25,7 @@ from .inventory import (
 )
 
 __all__ = [
-    "ASSETS", "FINDINGS", "LEASES", "Asset", "CapacityRow", "Declarations", "Finding", "FindingKind", "GpuHolders",
+    "ASSETS", "FINDINGS", "JOB_EVENTS", "LEASES", "Asset", "CapacityRow", "Declarations", "Finding", "FindingKind", "GpuHolders",
     "Holder", "HolderChange", "JobHolds", "LeaseRow", "LeaseTerms", "Money", "PurchaseTerms", "fold_holders",
     "gpus_involved",
 ]

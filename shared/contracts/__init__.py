@@ -25,7 +25,7 @@ from .inventory import (
 )
 
 __all__ = [
-    "ASSETS", "FINDINGS", "JOB_EVENTS", "LEASES", "Asset", "CapacityRow", "Declarations", "Finding", "FindingKind", "GpuHolders",
-    "Holder", "HolderChange", "JobHolds", "LeaseRow", "LeaseTerms", "Money", "PurchaseTerms", "fold_holders",
-    "gpus_involved",
+    "ASSETS", "FINDINGS", "JOB_EVENTS", "LEASES", "Asset", "CapacityRow", "Declarations", "Finding", "FindingKind",
+    "GpuHolders", "Holder", "HolderChange", "JobHolds", "LeaseRow", "LeaseTerms", "Money", "PurchaseTerms",
+    "fold_holders", "gpus_involved",
 ]

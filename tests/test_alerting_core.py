@@ -312,11 +312,12 @@ def test_same_rule_on_many_gpus_of_a_pool_is_one_incident_and_rack_thermal_group
                                 "rack": f"r{i % 3}", "Hostname": f"n{i}"}, at(i)).id for i in range(12)}
     assert len(ids) == 1
     inc = c.incident_of("fp0")
-    assert inc is not None and inc.title() == "pool rtx: GPUMemoryExhaustionSoon on 12 GPU(s)"
+    assert inc is not None and inc.title() == "pool rtx: GPUMemoryExhaustionSoon on 12 GPU(s) of 12 node(s)"
     thermal = {"category": "thermal", "pool": "p"}
     hot = c.assign("hot", {**thermal, "alertname": "GPUTemperatureHigh", "rack": "r1", "Hostname": "a"}, at(0))
     nb = c.assign("nb", {**thermal, "alertname": "GPUThermalThrottle", "rack": "r1", "Hostname": "b"}, at(5))
-    other = c.assign("x", {**thermal, "alertname": "GPUThermalThrottle", "rack": "r2", "Hostname": "c"}, at(5))
+    other = c.assign("x", {**thermal, "alertname": "GPUThermalThrottle", "pool": "q", "rack": "r2", "Hostname": "c"},
+                     at(5))
     assert hot.id == nb.id != other.id
     assert c.needs_drain(hot, "a") and not c.needs_drain(nb, "a")
     # Once everything resolved and the window passed, the same key opens a new incident.
@@ -325,6 +326,26 @@ def test_same_rule_on_many_gpus_of_a_pool_is_one_incident_and_rack_thermal_group
     later = c.assign("hot", {"alertname": "GPUTemperatureHigh", "category": "thermal", "rack": "r1", "Hostname": "a"},
                      at(10 + 601))
     assert later.id != hot.id
+
+
+def test_one_fault_across_racks_of_a_pool_is_one_incident_titled_for_the_pool():
+    c = Correlator(load_config(DEFAULT_RULES_FILE).incidents)
+    hot = {"category": "thermal", "pool": "a100", "alertname": "GPUTemperatureHigh", "severity": "critical"}
+    first = c.assign("n1", {**hot, "rack": "r1", "Hostname": "a100-01", "UUID": "GPU-1"}, at(0))
+    assert first.correlation == "rack-thermal"
+    second, escalates = c.join("n2", {**hot, "rack": "r2", "Hostname": "a100-02", "UUID": "GPU-2"}, at(0.005))
+    assert second.id == first.id and second.correlation == "pool-thermal" and escalates
+    assert second.title() == ("pool a100: GPUTemperatureHigh on 2 GPU(s) of 2 node(s) (a100-01, a100-02)")
+    # A neighbour throttling in rack r1 still joins (every member is thermal in pool a100).
+    throttle = c.assign("t", {**hot, "alertname": "GPUThermalThrottle", "severity": "warning", "rack": "r1",
+                              "Hostname": "a100-01", "UUID": "GPU-3"}, at(1))
+    assert throttle.id == first.id and len(c.incidents) == 1
+    # Another pool is another incident; a thermal alert does not join a pool's XID incident.
+    other = c.assign("o", {**hot, "pool": "h100", "rack": "r1", "Hostname": "h100-01", "UUID": "GPU-9"}, at(1))
+    xid = c.assign("x", {"category": "health", "pool": "b", "alertname": "GPUXidDrain", "rack": "r5",
+                         "Hostname": "b-01", "UUID": "GPU-10"}, at(1))
+    warm = c.assign("w", {**hot, "pool": "b", "rack": "r5", "Hostname": "b-01", "UUID": "GPU-11"}, at(2))
+    assert len({first.id, other.id, xid.id, warm.id}) == 4
 
 
 # --------------------------------------------------------------------------- payloads and delivery rules
@@ -455,7 +476,7 @@ def test_several_symptoms_of_one_gpu_are_one_incident_and_old_incidents_take_no_
     ecc = c.assign("ecc", {**gpu, "alertname": "GPUUncorrectableECC"}, at(0))
     remap = c.assign("remap", {**gpu, "alertname": "GPURemappedRowsUncorrectable"}, at(1))
     assert ecc.id == remap.id
-    assert ecc.title() == "pool cloud: GPURemappedRowsUncorrectable, GPUUncorrectableECC on 1 GPU(s)"
+    assert ecc.title() == "pool cloud: GPURemappedRowsUncorrectable, GPUUncorrectableECC on 1 GPU(s) of 1 node(s)"
     # A GPU fallen off the bus never resolves; an XID on another GPU of the pool 30 minutes later is a new incident.
     xid = {"pool": "onprem", "alertname": "GPUXidDrain"}
     lost = c.assign("x79", {**xid, "UUID": "GPU-b", "Hostname": "a100-01"}, at(0))

@@ -260,3 +260,24 @@ def test_retry_after_counts_from_the_answer_not_from_before_the_post():
 
     outcome, waits = post(Slow(), Job(delivery(), T0))
     assert outcome == Later(T0 + timedelta(seconds=34), "receiver answered 503") and waits == []
+
+
+def test_an_escalation_triggers_its_own_pagerduty_incident_and_a_resolution_reaches_all_of_them():
+    esc = note("pd").model_copy(update={"escalation": True, "escalations": 2})
+    [d] = directory().plan(esc)
+    job = resolved(Job(d, T0))
+    Mute(lambda *_: False)(job)
+    Render("http://wf")(job)
+    assert d.variant == 2 and job.body is not None and job.body["dedup_key"] == "whaleflux-g-e2"
+    update = directory().plan(note("pd").model_copy(update={"escalations": 2}))
+    assert [x.variant for x in update] == [0]  # an update of the incident: the first PagerDuty incident
+    done = directory().plan(note("pd", "resolved").model_copy(update={"escalations": 2}))
+    assert [x.variant for x in done] == [0, 1, 2] and len({x.id for x in done}) == 3
+    keys = []
+    for x in done:
+        j = resolved(Job(x, T0))
+        Mute(lambda *_: False)(j)
+        Render("http://wf")(j)
+        assert j.body is not None and j.body["event_action"] == "resolve"
+        keys.append(j.body["dedup_key"])
+    assert keys == ["whaleflux-g", "whaleflux-g-e1", "whaleflux-g-e2"]

@@ -51,18 +51,54 @@ def test_a_transition_becomes_one_event_with_a_stable_id_and_the_clocks_time():
     assert book.alerts == {} and book.change(Transition(False, rule, "fp", {}, "ok", at(10)), at(10)) is None
 
 
-def test_a_critical_drain_rule_asks_for_a_drain_once_per_node_per_incident():
+def test_a_critical_drain_rule_asks_for_a_drain_once_per_node_and_cause():
     intake = Intake(CONFIG, "whaleflux/alerting/test")
     first = intake.receive(raised("a"), at(0))
     [drain] = first.drains
     assert drain.subject == subjects.node_drain_requested("c", "h1") and drain.envelope.time == at(0)
     request = NodeDrainRequested.model_validate(drain.envelope.data)
     assert (request.node, request.fingerprint, request.reason) == ("h1", "a", "Hot: a Hot")
-    assert drain.envelope.id == f"drain-{first.incidents[0].id}-c-h1"
-    assert intake.receive(raised("b"), at(1)).drains == []  # same node, same incident
+    assert drain.envelope.id == f"drain-c-h1-a-{int(at(0).timestamp() * 1000)}"
+    assert intake.receive(raised("a"), at(1)).drains == []  # the same firing redelivered: nothing new
+    # Another GPU of the drained node (a second cause) asks again, with its own id: the node may have been
+    # undrained since, and the scheduler ignores a request for a node that is draining.
+    [again] = intake.receive(raised("b"), at(1)).drains
+    assert again.envelope.id != drain.envelope.id and again.subject == drain.subject
     assert intake.receive(raised("w", rule="Warm", node="h2", severity="warning"), at(2)).drains == []  # not critical
     [inc] = first.incidents
-    assert inc.drained_nodes == ["c/h1"]
+    assert inc.drained_nodes == ["c/h1"] and len(inc.drain_requests) == 2
+
+
+def test_an_undrain_makes_the_incident_forget_its_drains_there():
+    intake = Intake(CONFIG, "whaleflux/alerting/test")
+    [inc] = intake.receive(raised("a"), at(0)).incidents
+    assert [i.id for i in intake.undrained("c", "h1").incidents] == [inc.id]
+    assert inc.drained_nodes == [] and inc.drain_requests == []
+    assert intake.undrained("c", "h1").incidents == []
+
+
+def test_a_new_critical_gpu_inside_an_open_incident_pages_at_once_as_an_escalation_and_drains():
+    intake = Intake(CONFIG, "whaleflux/alerting/test")
+    [first] = intake.receive(raised("a"), at(0)).notifications  # incident "h1" (correlated by Hostname)
+    assert not first.escalation and first.title == "h1: Hot"
+    # A warning on the node at 2 s is an update, sent at the group_interval (10 s), not now.
+    assert intake.receive(raised("w", rule="Warm", severity="warning", t=2), at(2)).notifications == []
+    # A second GPU overheating at 3 s: a page now (not at 10 s), titled as an escalation, and its own drain.
+    changes = intake.receive(raised("b", t=3), at(3))
+    [page] = changes.notifications
+    assert page.escalation and page.escalations == 1 and page.title.startswith("Escalation: h1:")
+    assert {a.fingerprint for a in page.alerts} == {"a", "b", "w"}
+    assert len(changes.drains) == 1 and changes.incidents[0].escalations == 1
+    # The same GPU's alert firing again (redelivered) is not another escalation.
+    assert intake.receive(raised("b", t=3), at(4)).notifications == []
+
+
+def test_a_critical_alert_escalates_an_incident_that_had_only_warnings():
+    intake = Intake(CONFIG, "whaleflux/alerting/test")
+    [warn] = intake.receive(raised("w", rule="Warm", severity="warning"), at(0)).notifications
+    assert not warn.escalation
+    [page] = intake.receive(raised("a", t=1), at(1)).notifications
+    assert page.escalation
 
 
 def test_notifications_are_titled_with_their_incident_and_an_ack_sends_acknowledge():

@@ -63,5 +63,16 @@ class Directory:
         if n.status == "resolved" and recv is not None and not recv.config.send_resolved:
             return []
         count = max(len(recv.urls) if recv else 1, 1)
-        return [Delivery(id=f"{n.id}@{n.receiver}#{i}", receiver=n.receiver, receiver_type=rtype, url_index=i,
-                         notification=n, created_at=n.created_at) for i in range(count)]
+        return [Delivery(id=f"{n.id}@{n.receiver}#{i}" + (f"~{v}" if v else ""), receiver=n.receiver,
+                         receiver_type=rtype, url_index=i, variant=v, notification=n, created_at=n.created_at)
+                for i in range(count) for v in _variants(rtype, n)]
+
+
+def _variants(rtype: str, n: Notification) -> list[int]:
+    """PagerDuty folds a trigger into the open incident with the same dedup_key, so an escalation triggers a
+    new one (variant = the escalation's number) and a resolution or acknowledgement reaches all of them."""
+    if rtype != "pagerduty":
+        return [0]
+    if n.status == "firing":
+        return [n.escalations if n.escalation else 0]
+    return list(range(n.escalations + 1))

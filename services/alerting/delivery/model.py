@@ -18,6 +18,7 @@ class Delivery(BaseModel):
     receiver: str
     receiver_type: str
     url_index: int = 0
+    variant: int = Field(0, description="PagerDuty: which of the group's incidents (0, then one per escalation)")
     notification: Notification
     created_at: datetime
     attempts: int = 0

@@ -155,7 +155,8 @@ class Render:
 
     def __call__(self, job: Job) -> Outcome | None:
         recv = _receiver(job)
-        extra = {"routing_key": recv.routing_key} if recv.type == "pagerduty" else {}
+        extra: dict[str, Any] = (
+            {"routing_key": recv.routing_key, "variant": job.delivery.variant} if recv.type == "pagerduty" else {})
         n = job.notification or job.delivery.notification
         job.body = BUILDERS[recv.type](n, receiver=recv.name, external_url=self.external_url, **extra)
         return None

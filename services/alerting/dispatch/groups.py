@@ -46,6 +46,8 @@ class Group(BaseModel):
     notified_firing: list[str] = Field(default_factory=list)
     ack_sent: bool = False
     seq: int = 0
+    escalate: bool = Field(False, description="a critical alert escalated its incident: page at the next flush")
+    escalations: int = Field(0, description="escalations notified (PagerDuty: one more incident each)")
 
 
 class NotifiedAlert(BaseModel):
@@ -69,6 +71,9 @@ class Notification(BaseModel):
     created_at: datetime
     repeat: bool = False
     title: str = Field("", description="the incident's title, filled in by the service")
+    escalation: bool = Field(False, description="it pages for a critical alert that escalated an open incident")
+    escalations: int = Field(0, description="the group's escalations so far, this one included")
+    group_path: str = Field("{}", description="the route's matchers from the root, as Alertmanager's groupKey")
 
 
 def group_key(route: Route, labels: dict[str, str]) -> tuple[str, dict[str, str]]:
@@ -114,6 +119,14 @@ class Dispatcher:
             group.alerts[alert.fingerprint] = alert.model_copy(update={"acknowledged": keep_ack or alert.acknowledged})
             changed.append(key)
         return changed
+
+    def escalate(self, keys: list[str], now: datetime) -> None:
+        """These groups page now (not at their next group_interval): a critical alert escalated the incident."""
+        for key in keys:
+            g = self.groups.get(key)
+            if g is not None:
+                g.escalate = True
+                g.next_flush = min(g.next_flush, now)
 
     def acknowledge(self, fingerprint: str) -> list[str]:
         changed = []
@@ -184,13 +197,18 @@ def _flush_group(g: Group, live: list[GroupedAlert], now: datetime, repeat_s: fl
         g.last_notified = now
         if is_change:
             g.ack_sent = False
+        escalation = g.escalate and is_change and bool(live)
+        g.escalations += escalation
+        g.escalate = False
         return Notification(id=f"{g.key}-{g.seq}", receiver=g.receiver, group_key=g.key, group_labels=g.group_labels,
-                            status="firing" if live else "resolved", alerts=alerts, created_at=now, repeat=is_repeat)
+                            status="firing" if live else "resolved", alerts=alerts, created_at=now, repeat=is_repeat,
+                            escalation=escalation, escalations=g.escalations)
     if live and not unacked and not g.ack_sent and g.notified_firing:
         g.seq += 1
         g.ack_sent = True
         return Notification(id=f"{g.key}-{g.seq}", receiver=g.receiver, group_key=g.key, group_labels=g.group_labels,
-                            status="acknowledged", alerts=[_notified(a, "firing") for a in live], created_at=now)
+                            status="acknowledged", alerts=[_notified(a, "firing") for a in live], created_at=now,
+                            escalations=g.escalations)
     return None
 
 

@@ -91,7 +91,7 @@ class Intake:
 
     def _raised(self, data: AlertRaised, now: datetime) -> tuple[list[str], Incident, list[Outgoing]]:
         labels = {"alertname": data.rule, "severity": data.severity, "category": data.category, **data.labels}
-        incident = self.correlator.assign(data.fingerprint, labels, now)
+        incident, escalates = self.correlator.join(data.fingerprint, labels, now)
         labels["incident"] = incident.id
         annotations = {"summary": data.summary, **data.annotations}
         if data.value is not None:
@@ -99,20 +99,30 @@ class Intake:
         alert = GroupedAlert(fingerprint=data.fingerprint, labels=labels, annotations=annotations,
                              starts_at=data.starts_at, acknowledged=self.acked(data) is not None)
         changed = self.dispatcher.add(alert, now)
+        if escalates and changed:
+            incident.escalations += 1
+            self.dispatcher.escalate(changed, now)
         return changed, incident, self._drains(data, incident, now)
 
     def _drains(self, data: AlertRaised, incident: Incident, now: datetime) -> list[Outgoing]:
-        """node.drain_requested when a critical alert's rule asks for it: once per node per incident."""
+        """node.drain_requested when a critical alert's rule asks for it: once per node and cause (this firing
+        of this alert), so a second GPU of a node, or the same fault after an undrain, asks again; the event id
+        is the request's, so a redelivered alert asks nothing new."""
         rule = self.config.rule(data.rule)
         node, cluster = data.labels.get("Hostname"), data.labels.get("cluster")
+        cause = f"{data.fingerprint}-{int(data.starts_at.timestamp() * 1000)}"
         if (rule is None or "drain" not in rule.actions or data.severity != "critical" or not node or not cluster
-                or not self.correlator.needs_drain(incident, f"{cluster}/{node}")):
+                or not self.correlator.needs_drain(incident, f"{cluster}/{node}", cause)):
             return []
         drain = NodeDrainRequested(cluster=cluster, node=node, reason=f"{data.rule}: {data.summary}"[:500],
                                    fingerprint=data.fingerprint)
-        env = make_envelope(drain, source=self.source, subject=node, event_id=f"drain-{incident.id}-{cluster}-{node}",
+        env = make_envelope(drain, source=self.source, subject=node, event_id=f"drain-{cluster}-{node}-{cause}",
                             correlation_id=data.fingerprint, time=now)
         return [Outgoing(subjects.node_drain_requested(cluster, node), env)]
+
+    def undrained(self, cluster: str, node: str) -> Changes:
+        """An operator undrained the node: the incidents forget their drains there (saved with the changes)."""
+        return Changes(incidents=self.correlator.undrained(f"{cluster}/{node}"))
 
     def acknowledge(self, fingerprint: str, ack: Ack, now: datetime) -> Changes:
         """Record an acknowledgement; groups already notified flush now (PagerDuty hears `acknowledge`)."""
@@ -140,7 +150,8 @@ class Intake:
     def _title(self, n: Notification) -> str:
         inc_id = n.group_labels.get("incident") or next((a.labels.get("incident") for a in n.alerts), None)
         inc = self.correlator.incidents.get(inc_id) if inc_id else None
-        return inc.title() if inc else ""
+        title = inc.title() if inc else ""
+        return f"Escalation: {title}" if n.escalation and title else title
 
     def muted(self, labels: dict[str, str], fingerprint: str, now: datetime) -> tuple[list[str], bool]:
         """(ids of the silences muting an alert with these labels, whether a firing alert inhibits it)."""

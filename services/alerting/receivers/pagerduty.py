@@ -2,6 +2,9 @@
 
 `dedup_key` is the group key, stable for the life of the WhaleFlux incident, so
 a re-sent trigger updates the open PagerDuty incident instead of paging again.
+An escalation (a new critical GPU inside the incident) must page, so it
+triggers under `<key>-e<n>`; resolving and acknowledging reach every key
+(`variant`, one delivery each: `delivery/directory.py`).
 """
 
 from __future__ import annotations
@@ -14,11 +17,16 @@ DEFAULT_URL = "https://events.pagerduty.com/v2/enqueue"
 _PD_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 
 
-def build(n: Notification, *, routing_key: str, external_url: str, **_: object) -> dict[str, Any]:
+def dedup_key(group_key: str, variant: int = 0) -> str:
+    return f"whaleflux-{group_key}" + (f"-e{variant}" if variant else "")
+
+
+def build(n: Notification, *, routing_key: str, external_url: str, variant: int = 0, **_: object) -> dict[str, Any]:
     from . import headline, top_severity
 
     action = {"firing": "trigger", "resolved": "resolve", "acknowledged": "acknowledge"}[n.status]
-    body: dict[str, Any] = {"routing_key": routing_key, "event_action": action, "dedup_key": f"whaleflux-{n.group_key}"}
+    body: dict[str, Any] = {"routing_key": routing_key, "event_action": action,
+                            "dedup_key": dedup_key(n.group_key, variant)}
     if action != "trigger":
         return body
     firing = [a for a in n.alerts if a.status == "firing"]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from whaleflux.billing.energy import Reading, attribute
 from whaleflux.billing.ledger import JobEventState, Span, interval_after, job_event, record_for, spans
 from whaleflux.billing.metering import UsageRecord
 from whaleflux.shared.contracts import JobHolds
-from whaleflux.shared.events import GpuSample, GpuTelemetry, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
+from whaleflux.shared.events import JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
 
 T0 = datetime(2026, 3, 10, 8, tzinfo=UTC)
 PLACED = JobPlaced(job_id="j", attempt=2, cluster="c1", node="n1", gpu_model="H100", gpu_uuids=["G0", "G1"],
@@ -60,33 +59,6 @@ def test_a_start_replayed_after_the_end_leaves_the_ended_record_and_a_late_end_r
     assert interval_after(late_end, requeued) == (T0, end)
     record = record_for(late_end, PLACED, T0, end)
     assert (record.team, record.project, record.gpu_uuids, record.ended_at) == ("nlp", "bot", ["G0", "G1"], end)
-
-
-def _batch(minutes: int, *gpus: tuple[str, float | None, float]) -> GpuTelemetry:
-    samples = [GpuSample(uuid=u, index=i, model="H100", utilization_gpu_pct=util, memory_used_mib=1,
-                         memory_total_mib=81559, temperature_c=50, energy_j=joules)
-               for i, (u, joules, util) in enumerate(gpus)]
-    return GpuTelemetry(cluster="c1", node="n1", seq=minutes, sample_time=T0 + timedelta(minutes=minutes), gpus=samples)
-
-
-def test_energy_counts_the_counter_increase_for_the_gpu_and_its_holder_in_the_sample_hour():
-    t10 = int((T0 + timedelta(minutes=10)).timestamp() * 1000)
-    batch = _batch(20, ("G0", 19e6, 60.0), ("G1", 5e6, 0.0), ("G2", None, 10.0))
-    lasts = [Reading(t10, 1e6), None, Reading(t10, None)]
-    update = attribute(batch, lasts, ["j:2", None, "k:1"])
-    assert update.hour_ms == int(T0.timestamp() * 1000)
-    assert update.joules == [("G0", "j:2", 18e6)]  # G1: a first reading is a baseline; G2: no counter
-    t20 = t10 + 600_000
-    assert update.readings == {"G0": Reading(t20, 19e6), "G1": Reading(t20, 5e6), "G2": Reading(t20, None)}
-    assert update.util == [("j:2", 60.0), ("k:1", 10.0)]
-
-
-def test_a_redelivered_batch_adds_nothing_and_a_driver_reload_starts_a_new_baseline():
-    t20 = int((T0 + timedelta(minutes=20)).timestamp() * 1000)
-    again = attribute(_batch(20, ("G0", 19e6, 60.0)), [Reading(t20, 19e6)], ["j:2"])
-    assert again.empty
-    reloaded = attribute(_batch(30, ("G0", 2e3, 70.0)), [Reading(t20, 19e6)], ["j:2"])
-    assert reloaded.joules == [] and reloaded.readings["G0"].joules == 2e3 and reloaded.util == [("j:2", 70.0)]
 
 
 def test_a_job_event_holds_gpus_and_records_usage_together_and_waits_for_its_placement():

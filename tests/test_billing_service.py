@@ -295,8 +295,7 @@ async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_s
         # 36 MJ = 10 kWh between the first and last samples; the middle one is sent twice.
         for minutes, joules, util in ((10, 1e6, 80), (20, 19e6, 60), (20, 19e6, 60), (30, 37e6, 100)):
             await bus.publish(subjects.gpu_telemetry("c1", "h100-01"), sample(minutes, joules, util))
-        hour = int(T0.timestamp() * 1000)
-        await until(lambda: _float_at(svc.store.energy_hour(hour, "GPU-O0"), 36e6), what="energy counted")
+        await until(lambda: _cum_j(svc, "GPU-O0", 36e6), what="energy counted")
         await bus.publish(subjects.JOB_FINISHED, JobFinished(
             job_id="hot", attempt=1, cluster="c1", node="h100-01", exit_code=0, started_at=T0,
             finished_at=T0 + timedelta(hours=2)), event_id="finished-hot-1")
@@ -339,9 +338,9 @@ async def _held(svc: Billing, gpu: str) -> bool:
     return holder is not None and holder.started_at is not None
 
 
-async def _float_at(awaitable, expected):
-    value = await awaitable
-    return value is not None and abs(float(value) - expected) < 1e-6
+async def _cum_j(svc: Billing, gpu: str, expected: float) -> bool:
+    [last] = await svc.store.last_readings([gpu])
+    return last is not None and abs(last.cum_j - expected) < 1e-6
 
 
 async def test_a_requeued_attempt_stops_accruing_and_a_late_end_report_replaces_it_once(env, monkeypatch):

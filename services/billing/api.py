@@ -88,8 +88,8 @@ async def export(
     if fmt == "csv":
         return PlainTextResponse(jobs_csv(c.cb), media_type="text/csv")
     ctx = FocusContext(billing.settings.billing_account_id, billing.settings.billing_account_name)
-    rows = focus_rows(c.intervals, c.jobs, c.gpus, to_ms(lo), to_ms(hi), c.inputs.energy,
-                      kwh_prices(c.inputs.energy, c.gpus, c.book), ctx)
+    rows = focus_rows(c.intervals, c.jobs, c.gpus, to_ms(lo), to_ms(hi), c.energy,
+                      kwh_prices(c.energy, c.gpus, c.book), ctx)
     return PlainTextResponse(focus_csv(rows), media_type="text/csv")
 
 

@@ -1,9 +1,12 @@
 """Costs over a window from what the store holds: GPU cost timelines, power prices, the chargeback. Pure.
 
 The shell reads one `Inputs` per question (the ledger records in the window,
-inventory's terms, energy, utilization) and the price book in force; every
-figure is computed from them here, so a replay that rebuilds the inputs gives
-identical totals.
+inventory's terms, the GPUs' samples around the instants that matter:
+`sample_points`) and the price book in force; every figure is computed from
+them here, so a replay that rebuilds the inputs gives identical totals. Energy
+is priced per owned GPU and UTC day piece of the window (price periods start on
+days), each piece's joules and each attempt's part of them from the samples
+(energy.py), so any window and any job counts exactly the energy of its time.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ from whaleflux.shared.contracts import Asset
 from . import allocation as alloc
 from .allocation import Chargeback, EnergyUse, Interval, JobInfo
 from .budgets import day_windows
+from .energy import Series
 from .metering import UsageRecord, intervals
 from .ownership import GpuCost, GpuTerms, from_ms, gpu_cost, power_price, terms_from_assets, to_ms
 from .pricebook import PriceBook, day_start
 
 HOUR_MS = 3_600_000
-__all__ = ["Costed", "Inputs", "compute", "daily_spend", "day_start", "gpu_costs", "in_window", "inventory_terms",
-           "job_window", "kwh_prices"]
+DAY_MS = 86_400_000
+__all__ = ["Costed", "Inputs", "compute", "daily_spend", "day_start", "energy_uses", "gpu_costs", "in_window",
+           "inventory_terms", "job_window", "kwh_prices", "sample_points", "utilization"]
 
 
 @dataclass
@@ -34,8 +39,7 @@ class Inputs:
 
     records: list[UsageRecord]
     terms: dict[str, GpuTerms]
-    energy: list[EnergyUse]
-    util: dict[str, tuple[float, int]]
+    series: Series  # the GPUs' samples around `sample_points`
     pricing: dict[str, Any]  # where the ownership terms came from, for the report
 
 
@@ -49,6 +53,7 @@ class Costed:
     intervals: list[Interval]
     jobs: dict[str, JobInfo]
     book: PriceBook
+    energy: list[EnergyUse]
 
 
 def in_window(records: list[UsageRecord], start: datetime, end: datetime) -> list[UsageRecord]:
@@ -90,15 +95,71 @@ def gpu_costs(inp: Inputs, book: PriceBook, start: datetime, end: datetime) -> t
     return out, list(dict.fromkeys(notes))
 
 
+def _day_edges(start_ms: int, end_ms: int) -> list[int]:
+    """[start, the UTC midnights inside, end]: the pieces energy is priced by."""
+    first = start_ms - start_ms % DAY_MS + DAY_MS
+    return [start_ms, *range(first, end_ms, DAY_MS), end_ms]
+
+
+def sample_points(records: list[UsageRecord], terms: dict[str, GpuTerms], start: datetime, end: datetime,
+                  now: datetime) -> dict[str, set[int]]:
+    """The instants per GPU whose samples a window's figures need: the edges of every allocation interval
+    (clipped to the window) and, for owned GPUs (power billed as measured), the window's day pieces."""
+    lo, hi = to_ms(start), to_ms(end)
+    points: dict[str, set[int]] = defaultdict(set)
+    for uuid, t in terms.items():
+        if t.ownership == "owned":
+            points[uuid].update(_day_edges(lo, hi))
+    for iv in intervals(records, now)[0]:
+        a, b = max(iv.start_ms, lo), min(iv.end_ms, hi)
+        if a < b:
+            points[iv.gpu].update((a, b))
+    return points
+
+
+def energy_uses(series: Series, ivs: list[Interval], gpus: dict[str, GpuCost], start_ms: int,
+                end_ms: int) -> list[EnergyUse]:
+    """Joules per owned GPU and day piece of the window, with each attempt's part (its intervals in the piece)."""
+    by_gpu: dict[str, list[Interval]] = defaultdict(list)
+    for iv in ivs:
+        by_gpu[iv.gpu].append(iv)
+    out = []
+    for uuid, gc in gpus.items():
+        if gc.terms.ownership != "owned" or uuid not in series.by_gpu:
+            continue
+        edges = _day_edges(start_ms, end_ms)
+        for a, b in zip(edges, edges[1:], strict=False):
+            parts: dict[str, float] = defaultdict(float)
+            for iv in by_gpu.get(uuid, ()):
+                lo, hi = max(iv.start_ms, a), min(iv.end_ms, b)
+                if lo < hi:
+                    parts[iv.job] += series.joules(uuid, lo, hi)
+            total = series.joules(uuid, a, b)
+            if total > 0 or parts:
+                out.append(EnergyUse(uuid, a, total, tuple(sorted((j, x) for j, x in parts.items() if x > 0))))
+    return out
+
+
+def utilization(series: Series, ivs: list[Interval], start_ms: int, end_ms: int) -> dict[str, tuple[float, float]]:
+    """Attempt -> (utilization % x ms, ms covered) of its GPUs over its intervals in the window."""
+    out: dict[str, tuple[float, float]] = {}
+    for iv in ivs:
+        u, c = series.utilization(iv.gpu, max(iv.start_ms, start_ms), min(iv.end_ms, end_ms))
+        if c > 0:
+            pu, pc = out.get(iv.job, (0.0, 0.0))
+            out[iv.job] = (pu + u, pc + c)
+    return out
+
+
 def kwh_prices(energy: list[EnergyUse], gpus: dict[str, GpuCost], book: PriceBook) -> dict[tuple[str, int], Decimal]:
-    """USD per kWh for each (GPU, hour) with energy whose price is billed on measured power (owned GPUs)."""
+    """USD per kWh for each (GPU, piece) with energy whose price is billed on measured power (owned GPUs)."""
     prices = {}
     for use in energy:
         gc = gpus.get(use.gpu)
         if gc is not None:
-            p = power_price(gc.terms, book, from_ms(use.hour_ms))
+            p = power_price(gc.terms, book, from_ms(use.start_ms))
             if p is not None:
-                prices[(use.gpu, use.hour_ms)] = p
+                prices[(use.gpu, use.start_ms)] = p
     return prices
 
 
@@ -106,10 +167,12 @@ def compute(inp: Inputs, book: PriceBook, start: datetime, end: datetime, now: d
     """Chargeback over [start, end); attempts still running are held until `now`."""
     gpus, notes = gpu_costs(inp, book, start, end)
     ivs, jobs = intervals(inp.records, now)
-    cb = alloc.chargeback(ivs, jobs, gpus, to_ms(start), to_ms(end), inp.energy,
-                          kwh_prices(inp.energy, gpus, book), inp.util)
+    lo, hi = to_ms(start), to_ms(end)
+    energy = energy_uses(inp.series, ivs, gpus, lo, hi)
+    cb = alloc.chargeback(ivs, jobs, gpus, lo, hi, energy, kwh_prices(energy, gpus, book),
+                          utilization(inp.series, ivs, lo, hi))
     cb.notes = notes + cb.notes
-    return Costed(cb, inp, gpus, ivs, jobs, book)
+    return Costed(cb, inp, gpus, ivs, jobs, book, energy)
 
 
 def job_window(record: UsageRecord, now: datetime) -> tuple[datetime, datetime]:
@@ -125,12 +188,13 @@ def daily_spend(inp: Inputs, book: PriceBook, first: date, now: datetime) -> dic
     start = day_start(first)
     gpus, _ = gpu_costs(inp, book, start, now)
     ivs, jobs = intervals(inp.records, now)
-    prices = kwh_prices(inp.energy, gpus, book)
+    energy = energy_uses(inp.series, ivs, gpus, to_ms(start), to_ms(now))
+    prices = kwh_prices(energy, gpus, book)
     daily: dict[tuple[str, str], dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
     for lo, hi in day_windows(first, now):
         day_gpus = {u: gpu_cost(g.terms, book, lo, hi) if not g.usage_only or g.segments else g
                     for u, g in gpus.items()}
-        cb = alloc.chargeback(ivs, jobs, day_gpus, to_ms(lo), to_ms(hi), inp.energy, prices)
+        cb = alloc.chargeback(ivs, jobs, day_gpus, to_ms(lo), to_ms(hi), energy, prices)
         d = lo.date()
         daily[("cluster", "all")][d] += cb.fleet_usd
         for jc in cb.jobs.values():

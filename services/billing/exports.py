@@ -221,10 +221,10 @@ def _power_rows(ctx: FocusContext, jobs: dict[str, JobInfo], gpus: dict[str, Gpu
     """Power usage rows per job attempt (or idle), GPU and month."""
     power: dict[tuple[str, str | None, datetime], list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])
     for use in energy:
-        price = prices.get((use.gpu, use.hour_ms))
-        if price is None or use.gpu not in gpus or not start_ms <= use.hour_ms < end_ms:
+        price = prices.get((use.gpu, use.start_ms))
+        if price is None or use.gpu not in gpus or not start_ms <= use.start_ms < end_ms:
             continue
-        month = month_start(from_ms(use.hour_ms))
+        month = month_start(from_ms(use.start_ms))
         total = _q(Decimal(repr(use.total_j)) * price / J_PER_KWH)
         spent, joules = Decimal(0), Decimal(0)
         for job, j in use.by_job:

@@ -37,7 +37,6 @@ from . import costing, energy, ledger
 from .budgets import BudgetStatus, evaluate, history_start
 from .costing import Costed, Inputs
 from .metering import merge_parts
-from .ownership import to_ms
 from .pricebook import PriceBook, reference_book
 from .report import job_line
 from .settings import BillingSettings
@@ -122,14 +121,13 @@ class Billing:
             self.log.debug("usage.recorded", job_id=record.job_id, attempt=record.attempt, state=record.state)
 
     async def on_telemetry(self, env: Envelope, data: EventData) -> None:
-        """Energy drawn per GPU and hour (and per attempt holding it), and utilization while allocated."""
+        """Each GPU's sample joins its time series (running energy and utilization totals, energy.py); who
+        held the GPU when is the ledger's business, so samples and job events may come in any order."""
         uuids = [g.uuid for g in data.gpus] if isinstance(data, GpuTelemetry) else []
         if not isinstance(data, GpuTelemetry) or not uuids:
             return
-        lasts, holders = await self.store.readings_and_holders(uuids)
-        update = energy.attribute(data, lasts, [energy.charged_to(h) for h in holders])
-        if not update.empty:
-            await self.store.apply_energy(update)
+        lasts = await self.store.last_readings(uuids)
+        await self.store.add_readings(energy.readings(data, lasts), dict(zip(uuids, lasts, strict=True)))
 
     # ------------------------------------------------------------------ price book and inventory
 
@@ -165,19 +163,20 @@ class Billing:
 
     # ------------------------------------------------------------------ reports
 
-    async def inputs(self, start: datetime, end: datetime) -> Inputs:
+    async def inputs(self, start: datetime, end: datetime, now: datetime) -> Inputs:
         store = self.store
         records = costing.in_window(await store.usage_records(), start, end)
         cache = await store.assets()
         terms, info = costing.inventory_terms(self.settings.inventory_url, cache.fetched_at, cache.assets,
                                               cache.error, cache.error_at)
-        return Inputs(records, terms, await store.energy(to_ms(start), to_ms(end)), await store.utilization(), info)
+        series = await store.series(costing.sample_points(records, terms, start, end, now))
+        return Inputs(records, terms, series, info)
 
     async def compute(self, start: datetime, end: datetime, now: datetime | None = None) -> Costed:
         """Chargeback over [start, end) with everything it was computed from."""
         now = now or self.now()
         book = await self.pricebook()
-        return costing.compute(await self.inputs(start, end), book, start, end, now)
+        return costing.compute(await self.inputs(start, end, now), book, start, end, now)
 
     async def job_records(self, job_id: str) -> list[dict[str, Any]]:
         """Every attempt of one job with its cost over its whole allocation."""
@@ -198,7 +197,7 @@ class Billing:
             return []
         first = history_start(now)
         start = costing.day_start(first)
-        daily = costing.daily_spend(await self.inputs(start, now), await self.pricebook(), first, now)
+        daily = costing.daily_spend(await self.inputs(start, now, now), await self.pricebook(), first, now)
         return [evaluate(b, daily.get((b.scope, b.name if b.scope != "cluster" else "all"), {}), now) for b in budgets]
 
     async def check_budgets(self) -> list[str]:

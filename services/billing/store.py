@@ -3,8 +3,7 @@
 Nothing else in billing talks to Redis. The keys (docs/services/billing.md):
 `alloc:<ledger>` (the `job.placed` data), `usage` (ledger -> usage record),
 `holds` and `gpu:holder` (the GPU-holder fold: job -> its holds, GPU -> the
-part holding it), `energy:last`, `energy:<hour ms>`, `energy:hours`,
-`util:job`, `assets`, `assets:status`, `pricebook`,
+part holding it), `energy:last`, `energy:series:<gpu>`, `assets`, `assets:status`, `pricebook`,
 `pricebook:error`, `budgets`, `budget:fired`.
 """
 
@@ -26,9 +25,8 @@ from whaleflux.shared.contracts import ASSETS, Asset, Holder, JobHolds
 from whaleflux.shared.events import Envelope, JobPlaced
 from whaleflux.shared.outbox import Outbox
 
-from .allocation import EnergyUse
 from .budgets import Budget
-from .energy import EnergyUpdate, Reading
+from .energy import Reading, Series
 from .ledger import JobEventOutcome, JobEventState
 from .metering import UsageRecord
 from .pricebook import PriceBook, parse_pricebook
@@ -138,80 +136,55 @@ class BillingStore:
 
     # ------------------------------------------------------------------ energy and utilization
 
-    async def readings_and_holders(self, gpus: Sequence[str]) -> tuple[list[Reading | None], list[Holder | None]]:
-        """Each GPU's last energy counter reading (kept as `<sample ms>|<joules or empty>`) and its holder."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(self._k("energy:last"), list(gpus))
-            pipe.hmget(self._k("gpu:holder"), list(gpus))
-            lasts, holders = await pipe.execute()
-        readings: list[Reading | None] = []
-        for raw in lasts:
-            if not raw:
-                readings.append(None)
-                continue
-            ms, _, joules = _s(raw).partition("|")
-            readings.append(Reading(int(ms), float(joules) if joules else None))
-        return readings, [_holder(h) for h in holders]
+    async def last_readings(self, gpus: Sequence[str]) -> list[Reading | None]:
+        """Each GPU's last sample (`energy:last`, `Reading.encode`), or None."""
+        raw = await self.redis.hmget(self._k("energy:last"), list(gpus))
+        return [Reading.decode(_s(r)) if r else None for r in raw]
 
-    async def apply_energy(self, update: EnergyUpdate) -> None:
-        """Add one telemetry batch's energy and utilization, and keep its readings, in one round trip."""
-        ekey = self._k(f"energy:{update.hour_ms}")
+    async def add_readings(self, readings: dict[str, Reading], lasts: dict[str, Reading | None]) -> None:
+        """Keep one batch's new readings: the last per GPU and each GPU's time series (`energy:series:<gpu>`,
+        scored by sample ms), trimmed to the retention once an hour per GPU; one round trip."""
+        if not readings:
+            return
         async with self.redis.pipeline(transaction=False) as pipe:
-            for gpu, holder, joules in update.joules:
-                pipe.hincrbyfloat(ekey, gpu, joules)
-                if holder:
-                    pipe.hincrbyfloat(ekey, f"{gpu}|{holder}", joules)
-            for gpu, reading in update.readings.items():
-                value = "" if reading.joules is None else repr(reading.joules)
-                pipe.hset(self._k("energy:last"), gpu, f"{reading.t_ms}|{value}")
-            for holder, util in update.util:
-                pipe.hincrbyfloat(self._k("util:job"), f"{holder}|s", util)
-                pipe.hincrby(self._k("util:job"), f"{holder}|n", 1)
-            if update.joules:
-                pipe.zadd(self._k("energy:hours"), {str(update.hour_ms): update.hour_ms})
-                pipe.expire(ekey, self.energy_ttl_s)
+            pipe.hset(self._k("energy:last"), mapping={g: r.encode() for g, r in readings.items()})
+            for gpu, r in readings.items():
+                key = self._k(f"energy:series:{gpu}")
+                pipe.zadd(key, {r.encode(): r.t_ms})
+                last = lasts.get(gpu)
+                if last is None or last.t_ms // HOUR_MS != r.t_ms // HOUR_MS:
+                    pipe.zremrangebyscore(key, "-inf", f"({r.t_ms - self.energy_ttl_s * 1000}")
             await pipe.execute()
 
-    async def energy_hour(self, hour_ms: int, gpu: str) -> float | None:
-        """Joules one GPU drew in one hour, as counted so far."""
-        raw = await self.redis.hget(self._k(f"energy:{hour_ms}"), gpu)
-        return None if raw is None else float(raw)
-
-    async def energy(self, start_ms: int, end_ms: int) -> list[EnergyUse]:
-        """Energy per GPU and hour for hours starting in [start_ms - 1 h, end_ms], with each attempt's part."""
-        found = await self.redis.zrangebyscore(self._k("energy:hours"), start_ms - HOUR_MS, end_ms)
-        hours = [int(_s(h)) for h in found if isinstance(h, (bytes, str))]
-        if not hours:
-            return []
+    async def series(self, points: dict[str, set[int]]) -> Series:
+        """The samples of each GPU around each of its `points`: the whole stretch between its first and last
+        point when that holds few samples per point, else the neighbours of each point; two round trips."""
+        gpus = [g for g, ts in points.items() if ts]
+        if not gpus:
+            return Series({})
         async with self.redis.pipeline(transaction=False) as pipe:
-            for h in hours:
-                pipe.hgetall(self._k(f"energy:{h}"))
-            results = await pipe.execute()
-        energy: list[EnergyUse] = []
-        for h, fields in zip(hours, results, strict=True):
-            totals: dict[str, float] = defaultdict(float)
-            by_job: dict[str, list[tuple[str, float]]] = defaultdict(list)
-            for name, value in _strs(fields).items():
-                gpu, _, job = name.partition("|")
-                if job:
-                    by_job[gpu].append((job, float(value)))
-                else:
-                    totals[gpu] = float(value)
-            for gpu in sorted(set(totals) | set(by_job)):
-                energy.append(EnergyUse(gpu, h, totals.get(gpu, 0.0), tuple(sorted(by_job.get(gpu, ())))))
-        return energy
-
-    async def utilization(self) -> dict[str, tuple[float, int]]:
-        """Attempt -> (sum, count) of its GPUs' utilization samples while allocated."""
-        sums: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
-        for name, value in _strs(await self.redis.hgetall(self._k("util:job"))).items():
-            job, _, part = name.rpartition("|")
-            if part == "s":
-                sums[job] = float(value)
-            else:
-                counts[job] = int(value)
-        return {job: (sums.get(job, 0.0), counts.get(job, 0)) for job in sums.keys() | counts.keys()}
+            for g in gpus:
+                pipe.zcount(self._k(f"energy:series:{g}"), min(points[g]), max(points[g]))
+            counts = await pipe.execute()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for g, n in zip(gpus, counts, strict=True):
+                key, ts = self._k(f"energy:series:{g}"), sorted(points[g])
+                if n <= 2 * len(ts):
+                    pipe.zrangebyscore(key, ts[0], ts[-1])
+                    ts = [ts[0], ts[-1]]
+                for t in ts:
+                    pipe.zrevrangebyscore(key, t, "-inf", start=0, num=1)
+                    pipe.zrangebyscore(key, t, "+inf", start=0, num=1)
+            found = await pipe.execute()
+        by_gpu: dict[str, dict[int, Reading]] = defaultdict(dict)
+        replies = iter(found)
+        for g, n in zip(gpus, counts, strict=True):
+            queries = (1 + 2 * 2) if n <= 2 * len(points[g]) else 2 * len(points[g])
+            for _ in range(queries):
+                for member in next(replies):
+                    r = Reading.decode(_s(member))
+                    by_gpu[g][r.t_ms] = r
+        return Series({g: list(rs.values()) for g, rs in by_gpu.items()})
 
     # ------------------------------------------------------------------ inventory's assets
 

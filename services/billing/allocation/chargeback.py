@@ -40,10 +40,11 @@ class JobInfo:
 
 @dataclass(frozen=True)
 class EnergyUse:
-    """Joules one GPU drew in one hour, and the part drawn for each job attempt holding it."""
+    """Joules one GPU drew over one piece of time from `start_ms` (a price holds over it), and the part drawn
+    for each job attempt holding it."""
 
     gpu: str
-    hour_ms: int
+    start_ms: int
     total_j: float
     by_job: tuple[tuple[str, float], ...] = ()
 
@@ -226,11 +227,11 @@ def _fixed_costs(accs: list[dict[str, int]], uncovered: dict[str, int], segs: _S
 def _power_costs(out: dict[str, JobCost], groups: dict[tuple[str, str], GroupCost], gpus: dict[str, GpuCost],
                  energy: Iterable[EnergyUse], prices: dict[tuple[str, int], Decimal], start_ms: int,
                  end_ms: int) -> None:
-    """Add each hour's priced energy to its pool's fleet cost and to the jobs that drew it."""
+    """Add each piece's priced energy to its pool's fleet cost and to the jobs that drew it."""
     for use in energy:
-        if not start_ms <= use.hour_ms < end_ms or use.gpu not in gpus:
+        if not start_ms <= use.start_ms < end_ms or use.gpu not in gpus:
             continue
-        price = prices.get((use.gpu, use.hour_ms))
+        price = prices.get((use.gpu, use.start_ms))
         if price is None:
             continue
         gc = gpus[use.gpu]
@@ -238,7 +239,7 @@ def _power_costs(out: dict[str, JobCost], groups: dict[tuple[str, str], GroupCos
         g.fleet_usd += _q(Decimal(repr(use.total_j)) * price / J_PER_KWH)
         for job, joules in use.by_job:
             if job not in out:
-                continue  # energy of an hour whose allocation lies outside the window
+                continue  # energy of an allocation outside the window
             cost = _q(Decimal(repr(joules)) * price / J_PER_KWH)
             out[job].power_usd += cost
             g.allocated_usd += cost
@@ -252,7 +253,7 @@ def chargeback(
     end_ms: int,
     energy: Iterable[EnergyUse] = (),
     kwh_price: dict[tuple[str, int], Decimal] | None = None,
-    util: dict[str, tuple[float, int]] | None = None,
+    util: dict[str, tuple[float, float]] | None = None,
 ) -> Chargeback:
     """Cost of every job attempt and of the fleet over [start_ms, end_ms). Every interval's GPU must be in `gpus`."""
     segs = _segments(gpus, start_ms, end_ms)

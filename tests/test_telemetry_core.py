@@ -251,7 +251,8 @@ def test_exposition_uses_dcgm_exporter_types_and_labels():
     for labels in util.values():
         assert {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "cluster"} <= set(labels)
         assert labels["device"] == f"nvidia{labels['gpu']}"
-    held = [lab for lab in util.values() if "job" in lab]
+    held = [lab for lab in util.values() if "hpc_job" in lab]
+    assert not any("job" in lab for lab in util.values())  # Prometheus's own label, never ours
     assert len(held) == 2 and all(lab["team"] == "nlp" and lab["project"] == "llm" for lab in held)
     assert {lab["modelName"] for lab in util.values()} == {"NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090"}
 

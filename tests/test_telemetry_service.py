@@ -158,11 +158,11 @@ async def test_metrics_carry_job_labels_while_the_job_holds_the_gpu(env):
             text = (await http.get("/metrics")).text
             fams = {f.name: f for f in text_string_to_metric_families(text)}
             util = fams.get("DCGM_FI_DEV_GPU_UTIL")
-            return util and len(util.samples) == 2 and any("job" in s.labels for s in util.samples) and util
-        util = await until(labelled, what="job label on /metrics")
+            return util and len(util.samples) == 2 and any("hpc_job" in s.labels for s in util.samples) and util
+        util = await until(labelled, what="hpc_job label on /metrics")
         by_gpu = {s.labels["gpu"]: s.labels for s in util.samples}
-        assert "job" not in by_gpu["0"]
-        assert (by_gpu["1"]["job"], by_gpu["1"]["team"], by_gpu["1"]["project"]) == ("j1", "search", "rank")
+        assert "hpc_job" not in by_gpu["0"] and not any("job" in lab for lab in by_gpu.values())
+        assert (by_gpu["1"]["hpc_job"], by_gpu["1"]["team"], by_gpu["1"]["project"]) == ("j1", "search", "rank")
         assert by_gpu["1"]["modelName"] == "NVIDIA A100-SXM4-80GB" and by_gpu["1"]["Hostname"] == "a100-01"
         [g1] = [g for g in (await http.get("/v1/gpus", params={"node": "a100-01"})).json() if g["gpu"]["index"] == 1]
         assert g1["job"] == {"job_id": "j1", "name": "bert", "team": "search", "project": "rank"}
@@ -196,7 +196,7 @@ async def test_metrics_carry_job_labels_while_the_job_holds_the_gpu(env):
 
         async def unlabelled():
             text = (await http.get("/metrics")).text
-            return "DCGM_FI_DEV_GPU_UTIL" in text and 'job="j1"' not in text
+            return "DCGM_FI_DEV_GPU_UTIL" in text and 'hpc_job="j1"' not in text
         await until(unlabelled, what="job label gone after the job finished")
     finally:
         await http.aclose()

@@ -8,8 +8,10 @@ add, which is why this module writes the text format itself.
 Labels as dcgm-exporter sets them (`gpu`, `UUID`, `pci_bus_id`, `device`,
 `modelName`, `Hostname`, `DCGM_FI_DRIVER_VERSION`), plus `cluster`, `instance`
 (the node, so a per-instance dashboard selects a node when Prometheus scrapes
-with `honor_labels: true`) and, while a job holds the GPU, `job`, `team`,
-`project`. A metric the GPU does not report is left out, never written as 0.
+with `honor_labels: true`) and, while a job holds the GPU, `hpc_job` (the job
+id, dcgm-exporter's label for it: a `job` label would overwrite Prometheus's own
+under `honor_labels: true`), `team` and `project`. A metric the GPU does not
+report is left out, never written as 0.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ def labels(st: GpuState) -> dict[str, str]:
         "instance": st.node,
     }
     if st.job is not None:
-        out.update(job=st.job.job, team=st.job.team, project=st.job.project)
+        out.update(hpc_job=st.job.job, team=st.job.team, project=st.job.project)
     return out
 
 

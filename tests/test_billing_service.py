@@ -396,3 +396,29 @@ async def test_a_renamed_field_in_inventorys_answer_is_a_failed_fetch_and_the_la
     finally:
         await svc.runtime.stop()
         server.close()
+
+
+async def test_the_store_returns_the_samples_around_any_instants_sparse_or_dense(env):
+    from whaleflux.billing.energy import Reading, Series, next_reading
+
+    app, svc = await _started(Clock(T0))
+    try:
+        t0 = int(T0.timestamp() * 1000)
+        last = None
+        full = []
+        for i in range(200):  # a sample every 10 s, 1 kJ each
+            r = next_reading(last, t0 + i * 10_000, 1e3 * i, 50.0)
+            await svc.store.add_readings({"G": r}, {"G": last})
+            full.append(r)
+            last = r
+        [kept] = await svc.store.last_readings(["G"])
+        assert kept == last
+        every = Series({"G": full})
+        for points in ({t0 + 15_000, t0 + 1_005_000}, set(range(t0 - 5_000, t0 + 2_100_000, 7_000))):
+            got = await svc.store.series({"G": points})
+            ts = sorted(points)
+            for a, b in zip(ts, ts[1:], strict=False):
+                assert got.joules("G", a, b) == every.joules("G", a, b)
+        assert isinstance(last, Reading)
+    finally:
+        await svc.runtime.stop()

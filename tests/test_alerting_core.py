@@ -13,13 +13,14 @@ from whaleflux.alerting.delivery.stages import TokenBucket, backoff_s
 from whaleflux.alerting.dispatch.groups import Dispatcher, GroupedAlert
 from whaleflux.alerting.dispatch.incidents import Correlator
 from whaleflux.alerting.dispatch.inhibit import InhibitRule
+from whaleflux.alerting.dispatch.intake import Intake
 from whaleflux.alerting.dispatch.matchers import Matcher
 from whaleflux.alerting.dispatch.route import build_route
 from whaleflux.alerting.dispatch.silences import Silence
 from whaleflux.alerting.receivers import pagerduty, slack, teams, webhook
 from whaleflux.alerting.rules.engine import NodeInfo, RuleEngine
 from whaleflux.shared.catalog import gpu_models
-from whaleflux.shared.events import GpuSample, GpuTelemetry, JobFailed
+from whaleflux.shared.events import AlertRaised, GpuSample, GpuTelemetry, JobFailed
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 # Payloads a real Alertmanager 0.25 sent (tests/data/README.md): a missing file fails the test, never skips the check.
@@ -189,6 +190,21 @@ def test_baseline_learns_a_card_that_runs_hot_and_stays_quiet_during_warm_up():
         out += e.observe_telemetry(batch(t, sample(temperature_c=80 + (t % 2))), T0)  # always 80-81: its normal
     assert fired(out) == []
     assert fired(e.observe_telemetry(batch(200, sample(temperature_c=92)), T0)) == ["Odd"]
+
+
+def test_gpu_alerts_carry_dcgm_exporter_label_values_from_the_registration_and_keep_their_fingerprint():
+    e = engine("rules:\n  - {name: Hot, kind: threshold, metric: temperature_c, threshold: {value: 85}, summary: s}\n")
+    [before] = e.observe_telemetry(batch(0, sample(temperature_c=90)), T0)
+    assert before.labels["modelName"] == "H100" and before.labels["instance"] == "h100-01"  # not registered yet
+    e.observe_telemetry(batch(1, sample(temperature_c=60)), T0)
+    e.observe_node("onprem", "h100-01", NodeInfo(rack="r1", gpus=(("GPU-1", "NVIDIA H100 80GB HBM3",
+                                                                     "00000000:1F:00.0"),)), T0)
+    [after] = e.observe_telemetry(batch(2, sample(temperature_c=90)), T0)
+    assert (after.labels["modelName"], after.labels["pci_bus_id"], after.labels["instance"]) == (
+        "NVIDIA H100 80GB HBM3", "00000000:1F:00.0", "h100-01")
+    assert after.fingerprint == before.fingerprint  # learning the name changes no alert's identity
+    assert NodeInfo.from_json(json.loads(json.dumps(e.nodes[("onprem", "h100-01")].to_json()))) == e.nodes[
+        ("onprem", "h100-01")]
 
 
 def test_missing_heartbeat_fires_and_resolves():
@@ -383,6 +399,47 @@ def test_webhook_group_payload_matches_alertmanager_v4_keys():
     ref = json.loads((SAMPLES / "alertmanager-0.25-webhook-grouped.json").read_text())
     assert set(ours) == set(ref) and set(ours["alerts"][0]) == set(ref["alerts"][0])
     assert ours["version"] == "4" and ours["groupLabels"] == {"incident": "i1"}
+
+
+def test_a_group_payload_is_built_as_alertmanager_built_the_reference():
+    """The same two alerts through the same route as Alertmanager 0.25 (tests/data/alertmanager): the same
+    groupLabels, commonLabels, commonAnnotations and groupKey."""
+    ref = json.loads((SAMPLES / "alertmanager-0.25-webhook-grouped.json").read_text())
+    cfg = parse_config("""
+route:
+  receiver: sink
+  group_by: [incident]
+  routes: [{matchers: ['gpu=~"6|7"'], group_by: [Hostname, alertname], receiver: sink}]
+receivers: [{name: sink, type: webhook, url: "http://sink"}]
+""")
+    intake = Intake(cfg, "whaleflux/alerting/test")
+    notes = []
+    for a in ref["alerts"]:
+        labels = {k: v for k, v in a["labels"].items() if k not in ("alertname", "severity")}
+        data = AlertRaised(fingerprint=a["fingerprint"], rule=a["labels"]["alertname"], severity="critical",
+                           category="thermal", summary=a["annotations"]["summary"], labels=labels,
+                           starts_at=datetime.fromisoformat(a["startsAt"]))
+        notes += intake.receive(data, datetime.fromisoformat(a["startsAt"])).notifications
+    notes += intake.flush(datetime.fromisoformat(ref["alerts"][1]["startsAt"]) + timedelta(seconds=10)).notifications
+    body = webhook.build(notes[-1], receiver="sink", external_url="http://wf")
+    assert len(body["alerts"]) == 2
+    assert body["groupLabels"] == ref["groupLabels"] and body["groupKey"] == ref["groupKey"]
+    ours = {k: v for k, v in body["commonLabels"].items() if k not in ("category", "incident")}
+    assert ours == ref["commonLabels"]  # ours also carry category and incident, each common to both here
+    # Each alert has the incident's title as an annotation, so commonAnnotations has only what all alerts have.
+    assert set(body["commonAnnotations"]) <= {"incident_title"}
+    assert all(set(body["commonAnnotations"]) <= set(a["annotations"]) for a in body["alerts"])
+
+
+def test_an_incident_mixing_rules_leaves_alertname_out_of_common_labels_and_titles_every_alert():
+    n = notification()
+    mixed = n.model_copy(update={"title": "pool p: A, B on 2 GPU(s)", "alerts": [
+        n.alerts[0], n.alerts[0].model_copy(update={"fingerprint": "f2",
+                                                    "labels": {**n.alerts[0].labels, "alertname": "Other"}})]})
+    body = webhook.build(mixed, receiver="default", external_url="http://wf")
+    assert "alertname" not in body["commonLabels"]
+    assert body["commonAnnotations"]["incident_title"] == "pool p: A, B on 2 GPU(s)"
+    assert body["groupKey"] == '{}/{severity="critical"}:{incident="i1"}'  # the route's path
 
 
 def test_backoff_grows_to_a_cap_and_respects_retry_after_and_the_bucket_waits():

@@ -171,7 +171,7 @@ def test_hot_gpu_pages_every_receiver_type_once_and_a_503_receiver_gets_exactly_
     assert hook.failures == 2
     assert [p["status"] for p in hook.received] == ["firing", "resolved"]
     assert hook.received[0]["version"] == "4" and hook.received[0]["alerts"][0]["labels"]["rack"] == "rack-a"
-    assert hook.received[0]["commonAnnotations"]["incident"] == "rack rack-a: GPUTemperatureHigh on 1 GPU(s)"
+    assert hook.received[0]["commonAnnotations"]["incident_title"] == "rack rack-a: GPUTemperatureHigh on 1 GPU(s)"
 
     pd = recv["pd"].received
     assert [e["event_action"] for e in pd] == ["trigger", "resolve"]

@@ -146,7 +146,8 @@ class Alerting:
         seen = min(env.time, now)
         info = None
         if isinstance(data, NodeRegistered):
-            info = NodeInfo(rack=data.rack, pool=data.pool)
+            info = NodeInfo(rack=data.rack, pool=data.pool,
+                            gpus=tuple((g.uuid, g.name, g.pci_bus_id or "") for g in data.gpus))
             await self.store.save_node(data.cluster, data.node, info)
         cluster, node = data.cluster, data.node
         if (now - seen).total_seconds() > LIVENESS_HORIZON_S:

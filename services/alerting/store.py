@@ -74,7 +74,7 @@ class AlertStore:
         topology = {}
         for key, v in (await self._hash(self.topology)).items():
             cluster, node = key.split("/", 1)
-            topology[(cluster, node)] = NodeInfo(**json.loads(v))
+            topology[(cluster, node)] = NodeInfo.from_json(json.loads(v))
         return Snapshot(
             firing={fp: AlertRaised.model_validate_json(v) for fp, v in (await self._hash(self.firing)).items()},
             topology=topology,
@@ -88,7 +88,7 @@ class AlertStore:
     # ------------------------------------------------------------ inputs
 
     async def save_node(self, cluster: str, node: str, info: NodeInfo) -> None:
-        await self.redis.hset(self.topology, f"{cluster}/{node}", json.dumps({"rack": info.rack, "pool": info.pool}))
+        await self.redis.hset(self.topology, f"{cluster}/{node}", json.dumps(info.to_json()))
 
     async def save_job_class(self, job_id: str, workload_class: str) -> None:
         await self.redis.hset(self.job_classes, job_id, workload_class)

@@ -77,7 +77,8 @@ class Notification(BaseModel):
 
 
 def group_key(route: Route, labels: dict[str, str]) -> tuple[str, dict[str, str]]:
-    values = {k: labels.get(k, "") for k in route.group_by}
+    """(the group's key, its group labels: the route's `group_by` labels the alert has, as Alertmanager)."""
+    values = {k: labels[k] for k in route.group_by if labels.get(k)}
     canon = route.id + "\x00" + "\x00".join(f"{k}={v}" for k, v in sorted(values.items()))
     return hashlib.sha256(canon.encode()).hexdigest()[:20], values
 
@@ -164,6 +165,8 @@ class Dispatcher:
             route = self.route.find(g.route_id)
             note = _flush_group(g, [a for a in g.alerts.values() if a.firing and not muted(a)], now,
                                 route.repeat_interval_s if route else 4 * 3600.0)
+            if note is not None and route is not None:
+                note.group_path = route.path
             if note is not None:
                 out.append(note)
             for a in [a for a in g.alerts.values() if not a.firing]:

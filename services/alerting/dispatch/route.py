@@ -29,6 +29,7 @@ class Route:
     group_interval_s: float = DEFAULT_GROUP_INTERVAL_S
     repeat_interval_s: float = DEFAULT_REPEAT_INTERVAL_S
     routes: tuple[Route, ...] = field(default_factory=tuple)
+    path: str = "{}"  # Alertmanager's route key: each route's matchers from the root, `{}/{category="cost"}`
 
     def match(self, labels: dict[str, str]) -> list[Route]:
         """The routes this alert lands in: deepest matching children, siblings only after `continue`."""
@@ -74,6 +75,7 @@ def build_route(cfg: RouteConfig, parent: Route | None = None, route_id: str = "
         group_wait_s=pick(cfg.group_wait, base.group_wait_s),
         group_interval_s=pick(cfg.group_interval, base.group_interval_s),
         repeat_interval_s=pick(cfg.repeat_interval, base.repeat_interval_s),
+        path=(parent.path + "/" if parent else "") + "{" + ",".join(str(m) for m in cfg.matchers) + "}",
     )
     children = tuple(build_route(c, children_parent, f"{route_id}.{i}") for i, c in enumerate(cfg.routes))
     return Route(**{**children_parent.__dict__, "routes": children})

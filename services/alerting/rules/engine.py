@@ -128,7 +128,7 @@ class RuleEngine:
             elif not s.firing or cond is Cond.HOLD:
                 s.pending_since = None
                 continue
-            labels = {**ident, **info.labels(), **rule.labels}
+            labels = {**ident, **info.gpu_labels(sample.uuid, batch.node), **info.labels(), **rule.labels}
             values = {"uuid": sample.uuid, "gpu": sample.index, "node": batch.node, "cluster": batch.cluster,
                       "model": sample.model, "value": value, **values}
             tr = self._step(rule, s, fp, cond, value, labels, values, t, batch.sample_time)
@@ -203,7 +203,7 @@ class RuleEngine:
             fp = fingerprint({"alertname": rule.name, **ident})
             s = self._series(fp, rule.name)
             silent = t - seen
-            labels = {**ident, **info.labels(), **rule.labels}
+            labels = {**ident, "instance": node, **info.labels(), **rule.labels}
             if silent >= max(rule.for_s, 1.0) and not s.firing:
                 s.firing, s.labels = True, labels
                 values = {"node": node, "cluster": cluster, "value": silent, "silent_s": silent}

@@ -51,10 +51,30 @@ class Transition:
 class NodeInfo:
     rack: str | None = None
     pool: str | None = None
+    # From node.registered: (UUID, marketing name, PCI bus id) of each GPU, for dcgm-exporter's label values.
+    gpus: tuple[tuple[str, str, str], ...] = ()
 
     def labels(self) -> dict[str, str]:
         """`rack` and `pool` labels, where known."""
         return {**({"rack": self.rack} if self.rack else {}), **({"pool": self.pool} if self.pool else {})}
+
+    def gpu_labels(self, uuid: str, node: str) -> dict[str, str]:
+        """dcgm-exporter's values for a GPU's alert: `modelName` as the device names itself ("NVIDIA
+        A100-SXM4-80GB", as on /metrics), `pci_bus_id`, and `instance` (the node, as telemetry's /metrics)."""
+        out = {"instance": node}
+        for gpu_uuid, name, bus in self.gpus:
+            if gpu_uuid == uuid:
+                out.update({"modelName": name} if name else {})
+                out.update({"pci_bus_id": bus} if bus else {})
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        return {"rack": self.rack, "pool": self.pool, "gpus": [list(g) for g in self.gpus]}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> NodeInfo:
+        gpus = tuple((str(u), str(n), str(b)) for u, n, b in raw.get("gpus") or [])
+        return cls(rack=raw.get("rack"), pool=raw.get("pool"), gpus=gpus)
 
 
 @dataclass

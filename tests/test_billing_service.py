@@ -116,6 +116,7 @@ async def _run_job(bus, job_id, gpus, model, team, start, hours, node="n1", proj
 async def _started(clock) -> tuple[FastAPI, Billing]:
     app, svc = build(BillingSettings(), clock=clock)
     await svc.runtime.start()
+    await until(lambda: asyncio.sleep(0, svc.runtime.state_ready.is_set()), what="state ready")
     return app, svc
 
 

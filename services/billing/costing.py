@@ -23,7 +23,7 @@ from . import allocation as alloc
 from .allocation import Chargeback, EnergyUse, Interval, JobInfo
 from .budgets import day_windows
 from .energy import Series
-from .metering import UsageRecord, intervals
+from .metering import Overlap, UsageRecord, intervals, without_overlaps
 from .ownership import GpuCost, GpuTerms, from_ms, gpu_cost, power_price, terms_from_assets, to_ms
 from .pricebook import PriceBook, day_start
 
@@ -54,6 +54,7 @@ class Costed:
     jobs: dict[str, JobInfo]
     book: PriceBook
     energy: list[EnergyUse]
+    overlaps: list[Overlap]
 
 
 def in_window(records: list[UsageRecord], start: datetime, end: datetime) -> list[UsageRecord]:
@@ -110,7 +111,7 @@ def sample_points(records: list[UsageRecord], terms: dict[str, GpuTerms], start:
     for uuid, t in terms.items():
         if t.ownership == "owned":
             points[uuid].update(_day_edges(lo, hi))
-    for iv in intervals(records, now)[0]:
+    for iv in charged_intervals(records, now)[0]:
         a, b = max(iv.start_ms, lo), min(iv.end_ms, hi)
         if a < b:
             points[iv.gpu].update((a, b))
@@ -166,13 +167,32 @@ def kwh_prices(energy: list[EnergyUse], gpus: dict[str, GpuCost], book: PriceBoo
 def compute(inp: Inputs, book: PriceBook, start: datetime, end: datetime, now: datetime) -> Costed:
     """Chargeback over [start, end); attempts still running are held until `now`."""
     gpus, notes = gpu_costs(inp, book, start, end)
-    ivs, jobs = intervals(inp.records, now)
+    ivs, jobs, overlaps = charged_intervals(inp.records, now)
     lo, hi = to_ms(start), to_ms(end)
     energy = energy_uses(inp.series, ivs, gpus, lo, hi)
     cb = alloc.chargeback(ivs, jobs, gpus, lo, hi, energy, kwh_prices(energy, gpus, book),
                           utilization(inp.series, ivs, lo, hi))
-    cb.notes = notes + cb.notes
-    return Costed(cb, inp, gpus, ivs, jobs, book, energy)
+    cb.notes = notes + overlap_notes(overlaps, lo, hi) + cb.notes
+    return Costed(cb, inp, gpus, ivs, jobs, book, energy, overlaps)
+
+
+def charged_intervals(records: list[UsageRecord], now: datetime) -> tuple[list[Interval], dict[str, JobInfo],
+                                                                           list[Overlap]]:
+    """The records' intervals with every GPU's time charged once, and the overlaps that were cut."""
+    ivs, jobs = intervals(records, now)
+    ivs, overlaps = without_overlaps(ivs)
+    return ivs, jobs, overlaps
+
+
+def overlap_notes(overlaps: list[Overlap], start_ms: int, end_ms: int) -> list[str]:
+    """One note per overlap within the window: which GPU, which attempts, how long, who was charged."""
+    out = []
+    for o in overlaps:
+        a, b = max(o.start_ms, start_ms), min(o.end_ms, end_ms)
+        if a < b:
+            out.append(f"GPU {o.gpu} was allocated to both {o.kept} and {o.dropped} from {from_ms(a).isoformat()} "
+                       f"for {(b - a) / HOUR_MS:.2f} h: charged once, to {o.kept} (allocated first)")
+    return out
 
 
 def job_window(record: UsageRecord, now: datetime) -> tuple[datetime, datetime]:
@@ -187,7 +207,7 @@ def daily_spend(inp: Inputs, book: PriceBook, first: date, now: datetime) -> dic
     """Spend per UTC day from `first` to now, per (scope, name): cluster fleet cost, team and project allocated."""
     start = day_start(first)
     gpus, _ = gpu_costs(inp, book, start, now)
-    ivs, jobs = intervals(inp.records, now)
+    ivs, jobs, _ = charged_intervals(inp.records, now)
     energy = energy_uses(inp.series, ivs, gpus, to_ms(start), to_ms(now))
     prices = kwh_prices(energy, gpus, book)
     daily: dict[tuple[str, str], dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))

@@ -13,11 +13,16 @@ every GPU of the gang is charged once, for the time its part ran. Costs are
 still per attempt: every part's intervals carry the attempt's key, and
 `merge_parts` folds the parts into one line for a job's view. What each job
 event changes in the ledger is decided in ledger.py.
+
+Two allocations of one GPU that overlap in time (a lost end event, a
+scheduler fault) are charged once: `without_overlaps` gives the time to the
+one that started first and reports every overlap.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections import defaultdict
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 
@@ -114,3 +119,51 @@ def intervals(records: list[UsageRecord], now: datetime) -> tuple[list[Interval]
         for gpu in r.gpu_uuids:
             out.append(Interval(gpu, start, end, key))
     return out, jobs
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """One GPU held by two attempts at once over [start_ms, end_ms): charged to `kept` (it started first)."""
+
+    gpu: str
+    kept: str
+    dropped: str
+    start_ms: int
+    end_ms: int
+
+
+def without_overlaps(ivs: list[Interval]) -> tuple[list[Interval], list[Overlap]]:
+    """The intervals with every GPU's time held once (a later-starting interval loses the time an earlier
+    one already holds), and the overlaps found (between different attempts)."""
+    by_gpu: dict[str, list[Interval]] = defaultdict(list)
+    for iv in ivs:
+        by_gpu[iv.gpu].append(iv)
+    out: list[Interval] = []
+    overlaps: list[Overlap] = []
+    for gpu, items in by_gpu.items():
+        if len(items) == 1:
+            out.extend(items)
+            continue
+        items.sort(key=lambda iv: (iv.start_ms, iv.end_ms, iv.job))
+        kept: list[Interval] = []  # this GPU's charged time, in order, never overlapping
+        for iv in items:
+            until = kept[-1].end_ms if kept else iv.start_ms
+            if iv.start_ms < until:
+                overlaps.extend(_overlaps_with(kept, iv))
+            start = max(iv.start_ms, until)
+            if iv.end_ms > start:
+                kept.append(iv if start == iv.start_ms else Interval(gpu, start, iv.end_ms, iv.job))
+        out.extend(kept)
+    return out, overlaps
+
+
+def _overlaps_with(kept: list[Interval], iv: Interval) -> list[Overlap]:
+    """The overlaps of `iv` with the charged time before it (each with the attempt charged for that time)."""
+    found = []
+    for k in reversed(kept):
+        if k.end_ms <= iv.start_ms:
+            break
+        lo, hi = max(k.start_ms, iv.start_ms), min(k.end_ms, iv.end_ms)
+        if lo < hi and k.job != iv.job:
+            found.append(Overlap(iv.gpu, k.job, iv.job, lo, hi))
+    return found[::-1]

@@ -59,6 +59,10 @@ def costs_report(c: Costed, by: str, share_idle: bool, running: bool = False) ->
                    "running_usd": plain(sb.running_usd), "share_idle": share_idle, "running_as_rows": running},
         "pricing": {"inventory": c.inputs.pricing, "pricebook": book.source, "notes": c.cb.notes,
                     "rounding": ROUNDING},
+        "overlaps": [{"gpu": o.gpu, "charged": o.kept, "not_charged": o.dropped,
+                      "from": from_ms(max(o.start_ms, c.cb.start_ms)).isoformat(),
+                      "to": from_ms(min(o.end_ms, c.cb.end_ms)).isoformat()}
+                     for o in c.overlaps if o.start_ms < c.cb.end_ms and o.end_ms > c.cb.start_ms],
         "rates": {e.model: {"usd_per_gpu_hour": plain(e.usd_per_gpu_hour), "source": e.source, "as_of": e.as_of,
                             "reference": e.reference}
                   for e in book.all_entries()[::-1] if e.ownership == "cloud"},

@@ -55,6 +55,7 @@ class Billing:
         self.log = runtime.log
         self._store: BillingStore | None = None
         self._http: httpx.AsyncClient | None = None
+        self._refreshing = asyncio.Lock()  # one fetch of inventory at a time: an older answer never lands last
 
     @property
     def store(self) -> BillingStore:

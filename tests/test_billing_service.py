@@ -405,10 +405,11 @@ async def test_the_store_returns_the_samples_around_any_instants_sparse_or_dense
     app, svc = await _started(Clock(T0))
     try:
         t0 = int(T0.timestamp() * 1000)
-        last = None
-        full = []
+        last: Reading | None = None
+        full: list[Reading] = []
         for i in range(200):  # a sample every 10 s, 1 kJ each
             r = next_reading(last, t0 + i * 10_000, 1e3 * i, 50.0)
+            assert r is not None
             await svc.store.add_readings({"G": r}, {"G": last})
             full.append(r)
             last = r
@@ -420,6 +421,5 @@ async def test_the_store_returns_the_samples_around_any_instants_sparse_or_dense
             ts = sorted(points)
             for a, b in zip(ts, ts[1:], strict=False):
                 assert got.joules("G", a, b) == every.joules("G", a, b)
-        assert isinstance(last, Reading)
     finally:
         await svc.runtime.stop()

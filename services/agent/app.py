@@ -14,6 +14,7 @@ import contextlib
 import secrets
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -21,17 +22,22 @@ import structlog
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from whaleflux.shared.apidocs import mount_api_docs
 from whaleflux.shared.bus import Bus
 from whaleflux.shared.catalog import FleetNode, gpu_models, load_fleet
 from whaleflux.shared.datafiles import DEFAULT_FLEET
+from whaleflux.shared.events import GpuIdentity
 from whaleflux.shared.localconfig import home
 from whaleflux.shared.logs import configure_logging
+from whaleflux.shared.service import system_clock
 from whaleflux.shared.settings import CommonSettings
 
+from .burnin.gate import NodeGate, Policy, record_path
+from .burnin.plan import CHECKS, BurnInPlan, Intensity, PlanError, make_plan, parse_checks, parse_duration
+from .burnin.run import Exerciser
 from .faults import FAULT_HELP, Fault
 from .node import NodeAgent
 from .simulated import SimulatedNode
@@ -58,6 +64,28 @@ class AgentSettings(CommonSettings):
     cluster: str = "onprem"
     rack: str | None = None
     pool: str = "default"
+    # The validation gate (burnin/gate.py): burn a node in before it registers: off, first (a new node, new
+    # GPUs, a GPU that failed or faulted), always; and the burn-in it runs (as `whaleflux test-gpu`'s options).
+    validation: Policy = "off"
+    validation_duration: str = "10m"
+    validation_intensity: Intensity = "normal"
+    validation_checks: str = ",".join(CHECKS)
+
+    @field_validator("validation_duration", "validation_checks")
+    @classmethod
+    def _burn_in_option(cls, value: str, info: ValidationInfo) -> str:
+        parse = parse_duration if info.field_name == "validation_duration" else parse_checks
+        try:
+            parse(value)
+        except PlanError as exc:
+            raise ValueError(str(exc).split(": ", 1)[1]) from None  # pydantic names the setting
+        return value
+
+    @property
+    def burn_in(self) -> BurnInPlan:
+        """The gate's burn-in: all GPUs, the settings' duration, intensity and checks."""
+        return make_plan(duration=self.validation_duration, intensity=self.validation_intensity,
+                         checks=self.validation_checks)
 
     @model_validator(mode="after")
     def _fence_outlasts_heartbeats(self) -> AgentSettings:
@@ -85,21 +113,32 @@ def _job_settings(settings: AgentSettings) -> dict:
                 stop_grace_s=settings.stop_grace_s, fence_after_s=settings.fence_after_s)
 
 
+ExerciserFactory = Callable[[list[GpuIdentity]], Exerciser]
+
+
+def _gate(settings: AgentSettings, node: FleetNode, exerciser: ExerciserFactory) -> NodeGate | None:
+    if settings.validation == "off":
+        return None
+    return NodeGate(node.cluster, node.name, settings.validation, settings.burn_in,
+                    record_path(home(), node.cluster, node.name), exerciser)
+
+
 def simulated_agents(bus: Bus, nodes: list[FleetNode], settings: AgentSettings) -> list[NodeAgent]:
+    from .burnin.simulated import SimulatedExerciser
+
     models = gpu_models()
-    return [
-        NodeAgent(
-            bus,
-            node,
-            SimulatedNode(
-                node.name, models[node.gpu_model], node.gpus, seed=settings.seed, rack=node.rack,
-                interconnect=node.interconnect,
-            ),
-            **_job_settings(settings),
-            virtual_jobs=settings.virtual_jobs,
-        )
-        for node in nodes
-    ]
+    agents = []
+    for node in nodes:
+        backend = SimulatedNode(node.name, models[node.gpu_model], node.gpus, seed=settings.seed, rack=node.rack,
+                                interconnect=node.interconnect)
+
+        def exerciser(_gpus: list[GpuIdentity], b: SimulatedNode = backend) -> Exerciser:
+            return SimulatedExerciser(b, system_clock())
+
+        gate = _gate(settings, node, exerciser)
+        agents.append(NodeAgent(bus, node, backend, **_job_settings(settings), virtual_jobs=settings.virtual_jobs,
+                                gate=gate))
+    return agents
 
 
 def nvml_agent(bus: Bus, settings: AgentSettings) -> NodeAgent:
@@ -117,7 +156,13 @@ def nvml_agent(bus: Bus, settings: AgentSettings) -> NodeAgent:
         name=name, group="nvml", cluster=settings.cluster, rack=settings.rack or name, pool=settings.pool,
         ownership="owned", gpu_model=ids[0].model, gpus=len(ids), interconnect="pcie",
     )
-    return NodeAgent(bus, node, backend, **_job_settings(settings))
+    def exerciser(gpus: list[GpuIdentity]) -> Exerciser:
+        from .burnin.cuda import CudaExerciser
+
+        nvlink = any((s.nvlink_links_active or 0) > 0 for s in backend.sample(system_clock()))
+        return CudaExerciser(gpus, settings.burn_in.intensity, peer_link="nvlink" if nvlink else "pcie")
+
+    return NodeAgent(bus, node, backend, **_job_settings(settings), gate=_gate(settings, node, exerciser))
 
 
 def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
@@ -148,6 +193,7 @@ def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
                 "simulated": isinstance(a.backend, SimulatedNode),
                 "silent": a.silent_until is not None,
                 "jobs": sorted({k[0] for k in a.jobs}),
+                "validation": a.gate.status(system_clock()) if a.gate is not None else None,
             }
             for a in agents
         ]

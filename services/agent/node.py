@@ -34,6 +34,8 @@ from whaleflux.shared.streams import agent_consumer
 
 from . import attempts, recovery, runner, virtual
 from .backend import GpuBackend
+from .burnin.gate import NodeGate
+from .burnin.run import BurnInReport
 
 log = structlog.get_logger("whaleflux.agent")
 
@@ -77,6 +79,7 @@ class NodeAgent:
         fence_after_s: float = 10.0,
         clock: Clock = system_clock,
         virtual_jobs: bool = False,
+        gate: NodeGate | None = None,
     ):
         self.bus = bus
         self.node = node
@@ -90,6 +93,8 @@ class NodeAgent:
         self.clock = clock
         # Bench/test mode (virtual.py): placed jobs start no process, they "run" for their stated duration.
         self.virtual_jobs = virtual_jobs
+        # The validation gate (burnin/gate.py): a burn-in before the node registers, when its policy asks.
+        self.gate = gate
         self.jobs: dict[tuple[str, int], runner.RunningJob | virtual.VirtualJob] = {}
         self.ended: dict[tuple[str, int], EndedAttempt] = {}
         self._stopping = False
@@ -119,17 +124,16 @@ class NodeAgent:
                 self._list_ended(attempt.dir, attempt.placed, running, ended, attempt.reported_at)
             elif ended is None and running is not None:  # scan() keeps an unended attempt only while it runs
                 self._adopt(attempt.dir, attempt.placed, running)
+        gpus = self.backend.identities()
+        if self.gate is not None:
+            # Held back (unregistered, so nothing is placed here) while a burn-in runs; failing GPUs stay out.
+            gpus, report = await self.gate.admit(self.backend, running_attempts=len(self.jobs))
+            if report is not None:
+                await self._publish_validated(report)
         await self._publish(
             subjects.node_registered(self.node.cluster, self.node.name),
-            NodeRegistered(
-                cluster=self.node.cluster,
-                node=self.node.name,
-                rack=self.node.rack,
-                pool=self.node.pool,
-                interconnect=self.node.interconnect,
-                agent_version=__version__,
-                gpus=self.backend.identities(),
-            ),
+            NodeRegistered(cluster=self.node.cluster, node=self.node.name, rack=self.node.rack, pool=self.node.pool,
+                           interconnect=self.node.interconnect, agent_version=__version__, gpus=gpus),
         )
         for attempt in left:
             if attempt.reported_at is None:
@@ -138,6 +142,10 @@ class NodeAgent:
         self._tasks.append(asyncio.create_task(self._telemetry_loop(), name=f"telemetry-{self.node.name}"))
         log.info("agent.node_started", node=self.node.name, gpus=len(self.backend.identities()),
                  adopted=sorted(k[0] for k in self.jobs))
+
+    async def _publish_validated(self, report: BurnInReport) -> None:
+        """The burn-in's report cards, for the scheduler and inventory (gpu.validated)."""
+        log.info("agent.validation_report", node=self.node.name, verdict=report.verdict)
 
     def _adopt(self, attempt_dir: Path, placed: JobPlaced, running: attempts.Running) -> None:
         """Hold an attempt whose supervisor outlived the earlier agent as if this agent had launched it."""
@@ -198,6 +206,8 @@ class NodeAgent:
         self._seq += 1
         cluster, name = self.node.cluster, self.node.name
         batch = GpuTelemetry(cluster=cluster, node=name, seq=self._seq, sample_time=now, gpus=self.backend.sample(now))
+        if self.gate is not None:
+            self.gate.watch(batch.gpus, now)
         env = make_envelope(batch, source=self.source, time=now)
         await self.bus.publish_envelope(subjects.gpu_telemetry(cluster, name), env)
         heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq,
@@ -368,6 +378,9 @@ class NodeAgent:
         pending = [t for t in self._waiters if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=5)
-        for task in [*self._tasks, *self._waiters]:
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._waiters, return_exceptions=True)
+        left = {*self._tasks, *self._waiters}
+        while left:
+            # Again until they end: nats-py can swallow a cancel that lands inside a publish.
+            for task in left:
+                task.cancel()
+            _, left = await asyncio.wait(left, timeout=1.0)

@@ -202,6 +202,11 @@ class SimulatedNode:
             else:
                 g.ecc_uncorrected += reads
 
+    def resume_at(self, when: datetime) -> None:
+        """Go on from `when`: after a burn-in ran the node on its own (virtual) clock, the next sample's interval
+        is counted from here, not from the burn-in's last."""
+        self._last = when
+
     def sample(self, now: datetime) -> list[GpuSample]:
         dt = 1.0 if self._last is None else max((now - self._last).total_seconds(), 0.0)
         self._last = now

@@ -31,7 +31,7 @@ class SimulatedExerciser:
 
     def __init__(self, node: SimulatedNode, start: datetime):
         self.node = node
-        self._now = start
+        self._start = self._now = start
         spec = gpu_spec(node.model.key)
         if spec is None:
             raise ValueError(f"model: {node.model.key} has no spec in gpu_models.yaml")
@@ -102,4 +102,5 @@ class SimulatedExerciser:
         return out
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Hand the node back to real time: its next sample follows on from the burn-in's start."""
+        self.node.resume_at(self._start)

@@ -11,7 +11,6 @@ from pathlib import Path
 import structlog
 from tenacity import AsyncRetrying, wait_exponential
 
-from whaleflux import __version__
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus, Retry
 from whaleflux.shared.catalog import FleetNode
@@ -31,6 +30,7 @@ from whaleflux.shared.events import (
 )
 from whaleflux.shared.service import Clock, system_clock
 from whaleflux.shared.streams import agent_consumer
+from whaleflux.shared.version import __version__
 
 from . import attempts, recovery, runner, virtual
 from .backend import GpuBackend

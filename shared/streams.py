@@ -137,8 +137,10 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("alerting-jobs", "WHALEFLUX_JOBS", s.JOB_FAILED, s.JOB_REJECTED, s.JOB_SUBMITTED, s.JOB_FINISHED,
            deliver_new=True),
         _c("alerting-leases", "WHALEFLUX_LEASES", s.LEASE_EXPIRING, s.LEASE_EXPIRED, deliver_new=True),
+        # In batches (read once, decided in stream order, one MULTI, acked after it), without the per-event
+        # id dedup: every write is keyed by (job, attempt, part) and a redelivery rewrites the same values.
         _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, s.JOB_REQUEUED,
-           f"{s.JOB_PLACED}.>"),
+           f"{s.JOB_PLACED}.>", batch=256, dedup=False),
         # Measured energy for power cost; counters are cumulative, so a redelivered sample adds nothing.
         _c("billing-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
            dedup=False),

@@ -45,12 +45,11 @@ def make(devices: list[FakeDevice]) -> types.ModuleType:
     mod = types.ModuleType("fake_pynvml")
     for name in dir(pynvml):
         value = getattr(pynvml, name)
-        if name.startswith(("NVML", "nvmlClocksEventReason", "nvmlEventType", "nvmlMemory_v2")) and not callable(value) or (
-            isinstance(value, type) and issubclass(value, Exception)
-        ):
+        constant = name.startswith(("NVML", "nvmlClocksEventReason", "nvmlEventType", "nvmlMemory_v2"))
+        if constant and not callable(value) or (isinstance(value, type) and issubclass(value, Exception)):
             setattr(mod, name, value)
-    mod.xid_queue = []
-    mod.calls = []
+    mod.xid_queue = []  # type: ignore[attr-defined]
+    mod.calls = []  # type: ignore[attr-defined]
     handles = {i: d for i, d in enumerate(devices)}
 
     def dev(h: int) -> FakeDevice:

@@ -73,6 +73,18 @@ def _mark(tmp_path: Path, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _must(tmp_path: Path, name: str) -> dict:
+    mark = _mark(tmp_path, name)
+    assert mark is not None, f"the job left no {name} mark"
+    return mark
+
+
+def _exit(attempt_dir: Path) -> attempts.Exit:
+    ended = attempts.read_exit(attempt_dir)
+    assert ended is not None, "no exit.json"
+    return ended
+
+
 def _stamp(t: float) -> datetime:
     return datetime.fromtimestamp(t).astimezone()
 
@@ -106,8 +118,8 @@ def test_supervisor_records_the_start_and_the_exit_atomically_with_the_job_in_it
     finally:
         done.set()
         reader.join()
-    ended = attempts.read_exit(attempt_dir)
-    end = _mark(tmp_path, "end")
+    ended = _exit(attempt_dir)
+    end = _must(tmp_path, "end")
     assert (ended.exit_code, ended.interrupted, ended.error) == (7, None, None)
     assert abs((ended.finished_at - _stamp(end["t"])).total_seconds()) < 1.0
     assert abs((running.started_at - _stamp(start["t"])).total_seconds()) < 1.0
@@ -121,7 +133,7 @@ def test_a_job_killed_by_a_signal_records_the_negative_signal_number(tmp_path):
     (tmp_path / "release").touch()
     supervisor = _supervise(attempt_dir, tmp_path / "job.log")
     assert supervisor.wait(timeout=30) == 0
-    ended = attempts.read_exit(attempt_dir)
+    ended = _exit(attempt_dir)
     assert ended.exit_code == -signal.SIGKILL and ended.interrupted is None
     assert _mark(tmp_path, "end") is None
 
@@ -133,7 +145,7 @@ def test_a_stop_request_before_the_stop_is_recorded_as_interrupted(tmp_path):
     attempts.request_stop(attempt_dir, "agent stopped: planned shutdown")
     os.killpg(running.job_pid, signal.SIGTERM)
     assert supervisor.wait(timeout=30) == 0
-    ended = attempts.read_exit(attempt_dir)
+    ended = _exit(attempt_dir)
     assert (ended.exit_code, ended.interrupted) == (-signal.SIGTERM, "agent stopped: planned shutdown")
 
 
@@ -143,7 +155,7 @@ def test_sigterm_to_the_supervisor_stops_the_job_and_still_records_its_end(tmp_p
     wait_until(lambda: _mark(tmp_path, "start"), what="job started")
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=30) == 0
-    ended = attempts.read_exit(attempt_dir)
+    ended = _exit(attempt_dir)
     assert (ended.exit_code, ended.interrupted) == (-signal.SIGTERM, SIGTERM_REASON)
 
 
@@ -155,9 +167,10 @@ def test_a_supervisor_whose_agent_went_silent_stops_the_job_itself(tmp_path):
     supervisor = _supervise(attempt_dir, log)
     # The job ignores SIGTERM (it only marks it), so the grace period ends in SIGKILL.
     assert supervisor.wait(timeout=30) == 0
-    ended = attempts.read_exit(attempt_dir)
+    ended = _exit(attempt_dir)
     assert ended.exit_code == -signal.SIGKILL
-    assert ended.interrupted.startswith("agent silent for ") and ended.interrupted.endswith(": stopped so it cannot run twice")
+    assert ended.interrupted is not None and ended.interrupted.startswith("agent silent for ")
+    assert ended.interrupted.endswith(": stopped so it cannot run twice")
     sigterm = _mark(tmp_path, "sigterm")
     assert sigterm is not None and _mark(tmp_path, "end") is None
     assert sigterm["t"] - alive.stat().st_mtime >= 1.0
@@ -175,15 +188,15 @@ def test_a_supervisor_whose_agent_keeps_touching_its_file_lets_the_job_run_past_
             supervisor.wait(timeout=0.1)
         except subprocess.TimeoutExpired:
             pass
-    ended = attempts.read_exit(attempt_dir)
+    ended = _exit(attempt_dir)
     assert (ended.exit_code, ended.interrupted) == (0, None)
-    assert _mark(tmp_path, "end")["t"] - _mark(tmp_path, "start")["t"] >= 3.0
+    assert _must(tmp_path, "end")["t"] - _must(tmp_path, "start")["t"] >= 3.0
 
 
 def test_a_command_that_cannot_start_is_recorded_with_the_reason_and_never_runs(tmp_path):
     attempt_dir = _attempt(tmp_path, argv=[str(tmp_path / "no-such-program")])
     supervisor = _supervise(attempt_dir, tmp_path / "job.log")
     assert supervisor.wait(timeout=30) == 0
-    ended = attempts.read_exit(attempt_dir)
+    ended = _exit(attempt_dir)
     assert ended.exit_code is None and ended.error == "cannot start command: No such file or directory"
     assert attempts.read_running(attempt_dir) is None

@@ -56,6 +56,12 @@ def _mark(marks: Path, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _must(marks: Path, name: str) -> dict:
+    mark = _mark(marks, name)
+    assert mark is not None, f"the job left no {name} mark"
+    return mark
+
+
 def _at(mark: dict) -> datetime:
     return datetime.fromtimestamp(mark["t"], UTC)
 
@@ -99,7 +105,8 @@ async def _place(bus, script: Path, marks: Path, job_id: str) -> None:
     data: NodeRegistered = registered[1]
     gpu = data.gpus[0]
     placed = JobPlaced(job_id=job_id, attempt=1, cluster=CLUSTER, node=NODE, gpu_model=gpu.model, gpu_uuids=[gpu.uuid],
-                       gpu_indices=[gpu.index], command=[sys.executable, str(script), str(marks)], team="t", project="p")
+                       gpu_indices=[gpu.index], command=[sys.executable, str(script), str(marks)], team="t",
+                       project="p")
     await bus.publish(subjects.job_placed(CLUSTER, NODE), placed, event_id=f"placed-{job_id}-1", correlation_id=job_id)
     await until(lambda: _mark(marks, "start"), timeout=30, what="job started")
     await until(lambda: _count(bus, subjects.JOB_STARTED), timeout=30, what="job.started published")
@@ -109,7 +116,8 @@ async def _finished(bus) -> JobFinished:
     return (await _last(bus, "WHALEFLUX_JOBS", subjects.JOB_FINISHED))[1]
 
 
-async def test_a_job_that_ends_while_its_agent_is_dead_is_reported_once_with_its_real_end_after_restart(clean_servers, tmp_path):
+async def test_a_job_that_ends_while_its_agent_is_dead_is_reported_once_with_its_real_end_after_restart(
+        clean_servers, tmp_path):
     cluster, bus, agent, marks, script = await _start(clean_servers, tmp_path)
     try:
         await _place(bus, script, marks, "outlives-1")
@@ -126,9 +134,10 @@ async def test_a_job_that_ends_while_its_agent_is_dead_is_reported_once_with_its
         assert (listed.job_id, listed.attempt, listed.state, listed.exit_code) == ("outlives-1", 1, "exited", 7)
         assert await _count(bus, subjects.JOB_FINISHED) == 1
         finished = await _finished(bus)
-        assert (finished.job_id, finished.attempt, finished.exit_code, finished.interrupted) == ("outlives-1", 1, 7, None)
+        assert (finished.job_id, finished.attempt, finished.exit_code, finished.interrupted) == (
+            "outlives-1", 1, 7, None)
         assert abs((finished.finished_at - _at(end)).total_seconds()) < 1.0 and finished.finished_at < restarted
-        assert abs((finished.started_at - _at(_mark(marks, "start"))).total_seconds()) < 1.0
+        assert abs((finished.started_at - _at(_must(marks, "start"))).total_seconds()) < 1.0
         assert listed.finished_at == finished.finished_at and heartbeat.running_jobs == []
         assert await _count(bus, subjects.JOB_STARTED) == 1
     finally:
@@ -136,7 +145,8 @@ async def test_a_job_that_ends_while_its_agent_is_dead_is_reported_once_with_its
         await bus.close()
 
 
-async def test_a_job_still_running_when_its_agent_restarts_is_re_adopted_and_reported_when_it_ends(clean_servers, tmp_path):
+async def test_a_job_still_running_when_its_agent_restarts_is_re_adopted_and_reported_when_it_ends(
+        clean_servers, tmp_path):
     cluster, bus, agent, marks, script = await _start(clean_servers, tmp_path)
     try:
         await _place(bus, script, marks, "adopted-1")
@@ -147,14 +157,14 @@ async def test_a_job_still_running_when_its_agent_restarts_is_re_adopted_and_rep
         heartbeat = await until(lambda: _heartbeat_after(bus, restarted), timeout=30, what="heartbeat after restart")
         [listed] = heartbeat.attempts
         assert (listed.job_id, listed.state, listed.exit_code) == ("adopted-1", "running", None)
-        assert abs((listed.started_at - _at(_mark(marks, "start"))).total_seconds()) < 1.0
+        assert abs((listed.started_at - _at(_must(marks, "start"))).total_seconds()) < 1.0
         assert heartbeat.running_jobs == ["adopted-1"] and await _count(bus, subjects.JOB_FINISHED) == 0
 
         (marks / "release").touch()
         await until(lambda: _count(bus, subjects.JOB_FINISHED), timeout=30, what="job.finished")
         finished = await _finished(bus)
         assert (finished.job_id, finished.exit_code, finished.interrupted) == ("adopted-1", 7, None)
-        assert abs((finished.finished_at - _at(_mark(marks, "end"))).total_seconds()) < 1.0
+        assert abs((finished.finished_at - _at(_must(marks, "end"))).total_seconds()) < 1.0
         assert _mark(marks, "sigterm") is None
     finally:
         cluster.stop()
@@ -172,13 +182,14 @@ async def test_a_planned_agent_stop_reports_the_job_interrupted_before_the_agent
         finished = await _finished(bus)
         assert (finished.job_id, finished.exit_code, finished.interrupted) == ("planned-1", 143, PLANNED_STOP)
         sigterm = _mark(marks, "sigterm")
-        assert sigterm is not None and sigterm["pid"] == _mark(marks, "start")["pid"] and _mark(marks, "end") is None
+        assert sigterm is not None and sigterm["pid"] == _must(marks, "start")["pid"] and _mark(marks, "end") is None
     finally:
         cluster.stop()
         await bus.close()
 
 
-async def test_an_attempt_whose_supervisor_died_unrecorded_is_neither_reported_nor_listed_after_restart(clean_servers, tmp_path):
+async def test_an_attempt_whose_supervisor_died_unrecorded_is_neither_reported_nor_listed_after_restart(
+        clean_servers, tmp_path):
     cluster, bus, agent, marks, script = await _start(clean_servers, tmp_path)
     try:
         await _place(bus, script, marks, "vanished-1")
@@ -186,6 +197,7 @@ async def test_an_attempt_whose_supervisor_died_unrecorded_is_neither_reported_n
         # As after a reboot: supervisor and job gone, no exit.json.
         attempt_dir = tmp_path / "home" / "attempts" / CLUSTER / NODE / "vanished-1.1"
         running = attempts.read_running(attempt_dir)
+        assert running is not None
         os.kill(running.supervisor_pid, signal.SIGKILL)
         os.killpg(running.job_pid, signal.SIGKILL)
         await until(lambda: not attempts.supervisor_alive(running.supervisor_pid, attempt_dir), what="supervisor gone")

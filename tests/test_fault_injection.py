@@ -44,8 +44,12 @@ def test_injected_faults_reach_telemetry_and_monitor_and_need_the_token(clean_se
         assert lost["last_xid"] == 79 and "xid" in lost["flags"]
         ecc = wait_until(lambda: (g := by_index()[5])["gpu"]["ecc_uncorrected"] == 1 and g, what="DBE counted")
         assert "ecc" in ecc["flags"] and ecc["gpu"]["remapped_rows_uncorrectable"] == 1
-        wait_until(lambda: all(g["stale"] for g in httpx.get(telemetry.url + "/v1/gpus", params={"node": "r4090-01"}).json()),
-                   what="silent node stale")
+
+        def silent_node_stale() -> bool:
+            rows = httpx.get(telemetry.url + "/v1/gpus", params={"node": "r4090-01"}).json()
+            return all(g["stale"] for g in rows)
+
+        wait_until(silent_node_stale, what="silent node stale")
 
         metrics = httpx.get(telemetry.url + "/metrics").text
         assert 'DCGM_FI_DEV_XID_ERRORS{gpu="3"' not in metrics  # the lost GPU's series are gone

@@ -41,7 +41,8 @@ def test_consumer_card_omits_ecc_nvlink_and_memory_temperature_instead_of_zero()
     backend = NvmlBackend(fake)
     [_, rtx] = backend.sample(NOW)
     for name in ("ecc_uncorrected", "ecc_corrected", "remapped_rows_uncorrectable", "row_remap_failure",
-                 "nvlink_links_active", "nvlink_crc_errors", "nvlink_bandwidth_bytes", "memory_temperature_c", "thermal_margin_c"):
+                 "nvlink_links_active", "nvlink_crc_errors", "nvlink_bandwidth_bytes", "memory_temperature_c",
+                 "thermal_margin_c"):
         assert getattr(rtx, name) is None, name
     assert rtx.utilization_gpu_pct == 50 and rtx.temperature_c == 55 and rtx.power_w == 300
     ident = {g.uuid: g for g in backend.identities()}[R4090]
@@ -57,7 +58,8 @@ def test_throttle_reasons_are_decoded_to_names():
     mask = pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwThermalSlowdown
     assert decode_throttle_reasons(mask, pynvml) == ["sw_power_cap", "hw_thermal_slowdown"]
     devices = _fleet()
-    devices[0].clocks_event_mask = pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    devices[0].clocks_event_mask = (pynvml.nvmlClocksEventReasonSwThermalSlowdown
+                                    | pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown)
     [h100, _] = NvmlBackend(make(devices)).sample(NOW)
     assert h100.throttle_reasons == ["sw_thermal_slowdown", "hw_power_brake_slowdown"]
 
@@ -65,7 +67,7 @@ def test_throttle_reasons_are_decoded_to_names():
 def test_xid_events_reach_the_next_sample_of_their_gpu_only():
     fake = make(_fleet())
     backend = NvmlBackend(fake)
-    fake.xid_queue += [(1, 79), (0, 48)]
+    fake.xid_queue += [(1, 79), (0, 48)]  # type: ignore[attr-defined]
     h100, rtx = backend.sample(NOW)
     assert h100.xid_errors == [48] and rtx.xid_errors == [79]
     h100, rtx = backend.sample(NOW)

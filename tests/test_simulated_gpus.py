@@ -156,5 +156,5 @@ def test_gpu_faults_need_a_gpu_index():
 def test_racks_differ_in_ambient_so_idle_gpus_differ_in_temperature():
     a = SimulatedNode("a100-01", gpu_models()["A100"], 1, rack="rack1")
     b = SimulatedNode("a100-02", gpu_models()["A100"], 1, rack="rack2")
-    assert a.ambient_c != b.ambient_c and 22 <= a.ambient_c <= 28
+    assert a.ambient_c is not None and a.ambient_c != b.ambient_c and 22 <= a.ambient_c <= 28
     assert a.sample(T0)[0].temperature_c != b.sample(T0)[0].temperature_c

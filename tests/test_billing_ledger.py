@@ -88,3 +88,29 @@ def test_an_older_attempts_late_start_is_metered_but_never_takes_the_gpus_of_a_n
     assert not late.holders.changed and late.holders.job == after.holders.job
     [record] = late.records
     assert record.key == "j:2" and record.started_at == T0 - timedelta(hours=1)
+
+
+def test_a_batch_is_decided_in_stream_order_and_a_start_before_its_placement_waits_alone():
+    from whaleflux.billing.ledger import LedgerView, job_events, reads_for
+
+    started = JobStarted(job_id="j", attempt=2, cluster="c1", node="n1", gpu_uuids=["G0", "G1"], pid=1, started_at=T0)
+    finished = JobFinished(job_id="j", attempt=2, cluster="c1", node="n1", exit_code=0, started_at=T0,
+                           finished_at=T0 + timedelta(hours=1))
+    early = JobStarted(job_id="k", attempt=1, cluster="c1", node="n1", gpu_uuids=["G5"], pid=1, started_at=T0)
+    batch = [(PLACED, T0), (started, T0), (early, T0), (finished, T0 + timedelta(hours=1))]
+    jobs, gpus, ledgers = reads_for(batch)
+    assert (jobs, gpus, ledgers) == (["j", "k"], ["G0", "G1", "G5"], ["j:2", "k:1"])
+    view = LedgerView(usage=dict.fromkeys(ledgers), placements=dict.fromkeys(ledgers),
+                      holders=dict.fromkeys(gpus))
+    assert job_events(batch, view) == [None, None, "no placement recorded for job k attempt 1", None]
+    record = view.usage["j:2"]
+    assert record is not None and record.state == "finished" and record.ended_at == T0 + timedelta(hours=1)
+    assert view.placements["j:2"] == PLACED and view.usage["k:1"] is None
+    assert view.dirty_usage == {"j:2"} and view.dirty_placements == {"j:2"} and view.dirty_holds == {"j"}
+    assert view.holders["G0"] is None and {"G0", "G1"} <= view.dirty_holders  # held, then released at the end
+
+    # The same batch again (a redelivery) on what was written: the same record.
+    again = LedgerView(holds=dict(view.holds), holders=dict(view.holders), usage=dict(view.usage),
+                       placements=dict(view.placements))
+    job_events(batch, again)
+    assert again.usage["j:2"] == record

@@ -19,7 +19,7 @@ def build(settings: BillingSettings | None = None, clock: Clock = system_clock) 
     runtime = Runtime(name="billing", settings=settings, clock=clock)
     billing = Billing(runtime, settings)
     app = runtime.app(ServiceParts(
-        consumers={"billing-jobs": billing.on_job_event, "billing-telemetry": billing.on_telemetry},
+        consumers={"billing-jobs": billing.on_job_events, "billing-telemetry": billing.on_telemetry},
         routers=ROUTERS,
         on_ready=billing.on_ready,
         on_stop=billing.on_stop,

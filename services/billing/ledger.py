@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from whaleflux.shared.contracts import Holder, HolderChange, JobHolds, fold_holders
+from whaleflux.shared.contracts import Holder, HolderChange, JobHolds, fold_holders, gpus_involved
 from whaleflux.shared.events import EventData, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
 
 from .metering import UsageRecord, ended, ledger_key
@@ -115,3 +115,76 @@ def job_event(data: EventData, at: datetime, state: JobEventState) -> JobEventOu
                                                    f"{span.attempt}{rank}")
         records.append(record_for(span, placed, *interval))
     return JobEventOutcome(change, tuple(records))
+
+
+@dataclass
+class LedgerView:
+    """What the store holds for a batch of job events (read once), changed in memory event by event; the
+    `dirty_*` sets say what to write back, all together, after the batch."""
+
+    holds: dict[str, JobHolds] = field(default_factory=dict)
+    holders: dict[str, Holder | None] = field(default_factory=dict)
+    usage: dict[str, UsageRecord | None] = field(default_factory=dict)
+    placements: dict[str, JobPlaced | None] = field(default_factory=dict)
+    dirty_holds: set[str] = field(default_factory=set)
+    dirty_holders: set[str] = field(default_factory=set)
+    dirty_usage: set[str] = field(default_factory=set)
+    dirty_placements: set[str] = field(default_factory=set)
+
+    def state_for(self, data: EventData, at: datetime) -> JobEventState:
+        job_id = getattr(data, "job_id", "")
+        holds = self.holds.get(job_id, JobHolds())
+        ledgers = [span.ledger for span in spans(data, at)]
+        return JobEventState(holds, {g: self.holders.get(g) for g in gpus_involved(holds, data)},
+                             {k: self.usage.get(k) for k in ledgers}, {k: self.placements.get(k) for k in ledgers})
+
+    def apply(self, job_id: str, outcome: JobEventOutcome) -> None:
+        change = outcome.holders
+        self.holds[job_id] = change.job
+        self.dirty_holds.add(job_id)
+        for g in change.release:
+            self.holders[g] = None
+        self.holders.update(change.hold)
+        self.dirty_holders.update(change.release, change.hold)
+        for record in outcome.records:
+            self.usage[record.ledger_key] = record
+            self.dirty_usage.add(record.ledger_key)
+        if outcome.placement is not None:
+            ledger, placed = outcome.placement
+            self.placements[ledger] = placed
+            self.dirty_placements.add(ledger)
+
+
+def reads_for(events: list[tuple[EventData, datetime]]) -> tuple[list[str], list[str], list[str]]:
+    """The jobs, GPUs and ledger keys a batch of job events reads (GPUs its events name; the store adds the
+    GPUs the jobs' holds name)."""
+    jobs: dict[str, None] = {}
+    gpus: dict[str, None] = {}
+    ledgers: dict[str, None] = {}
+    for data, at in events:
+        job_id = getattr(data, "job_id", None)
+        if not isinstance(job_id, str):
+            continue
+        jobs[job_id] = None
+        if isinstance(data, (JobPlaced, JobStarted)):
+            gpus.update(dict.fromkeys(data.gpu_uuids))
+        if isinstance(data, JobPlaced):
+            ledgers[ledger_key(data.job_id, data.attempt, data.part)] = None
+        ledgers.update(dict.fromkeys(span.ledger for span in spans(data, at)))
+    return list(jobs), list(gpus), list(ledgers)
+
+
+def job_events(events: list[tuple[EventData, datetime]], view: LedgerView) -> list[str | None]:
+    """Apply a batch of job events in stream order to `view`; per event None (applied, or not a job event)
+    or why it cannot be applied yet (its placement is missing: retried later, the others stand)."""
+    out: list[str | None] = []
+    for data, at in events:
+        job_id = getattr(data, "job_id", None)
+        if not isinstance(job_id, str):
+            out.append(None)
+            continue
+        outcome = job_event(data, at, view.state_for(data, at))
+        if outcome.missing is None:
+            view.apply(job_id, outcome)
+        out.append(outcome.missing)
+    return out

@@ -19,18 +19,10 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from whaleflux.shared import subjects
-from whaleflux.shared.bus import Retry
+from whaleflux.shared.bus import Retry, batch_handler
 from whaleflux.shared.contracts import ASSETS
 from whaleflux.shared.errors import StateUnavailable
-from whaleflux.shared.events import (
-    AlertRaised,
-    Envelope,
-    EventData,
-    GpuTelemetry,
-    JobPlaced,
-    JobStarted,
-    make_envelope,
-)
+from whaleflux.shared.events import AlertRaised, Envelope, EventData, GpuTelemetry, make_envelope
 from whaleflux.shared.runtime import Runtime
 
 from . import costing, energy, ledger
@@ -105,21 +97,21 @@ class Billing:
 
     # ------------------------------------------------------------------ metering
 
-    async def on_job_event(self, env: Envelope, data: EventData) -> None:
-        """Who holds which GPU (the shared fold), the placement, the usage records: read, decided
-        (ledger.py) and written together."""
-        job_id = getattr(data, "job_id", None)
-        if not isinstance(job_id, str):
-            return
-        gpus = sorted(set(data.gpu_uuids)) if isinstance(data, (JobPlaced, JobStarted)) else []
-        ledgers = [span.ledger for span in ledger.spans(data, env.time)]
-        state = await self.store.job_event_state(job_id, gpus, ledgers)
-        outcome = ledger.job_event(data, env.time, state)
-        if outcome.missing is not None:
-            raise Retry(outcome.missing)  # its job.placed comes later (another subject): dead-lettered after 6
-        await self.store.commit_job_event(job_id, outcome)
-        for record in outcome.records:
-            self.log.debug("usage.recorded", job_id=record.job_id, attempt=record.attempt, state=record.state)
+    @batch_handler
+    async def on_job_events(self, events: list[tuple[Envelope, EventData]]) -> list[Exception | None]:
+        """A fetch of job events: who holds which GPU (the shared fold), placements, usage records, read in
+        one round trip, decided event by event in stream order (ledger.py), written in one MULTI; acked
+        (by the consumer) only after the write. An event whose placement is missing is retried (its
+        job.placed comes on another subject; dead-lettered after 6), the others stand."""
+        timed = [(data, env.time) for env, data in events]
+        view = await self.store.ledger_view(*ledger.reads_for(timed))
+        missing = ledger.job_events(timed, view)
+        await self.store.commit_view(view)
+        for key in view.dirty_usage:
+            record = view.usage[key]
+            if record is not None:
+                self.log.debug("usage.recorded", job_id=record.job_id, attempt=record.attempt, state=record.state)
+        return [None if m is None else Retry(m) for m in missing]
 
     async def on_telemetry(self, env: Envelope, data: EventData) -> None:
         """Each GPU's sample joins its time series (running energy and utilization totals, energy.py); who

@@ -27,7 +27,7 @@ from whaleflux.shared.outbox import Outbox
 
 from .budgets import Budget
 from .energy import Reading, Series
-from .ledger import JobEventOutcome, JobEventState
+from .ledger import LedgerView
 from .metering import UsageRecord
 from .pricebook import PriceBook, parse_pricebook
 
@@ -79,43 +79,51 @@ class BillingStore:
 
     # ------------------------------------------------------------------ ledger
 
-    async def job_event_state(self, job_id: str, gpus: Sequence[str], ledgers: Sequence[str]) -> JobEventState:
-        """What one job event's outcome depends on, in one round trip (two when the job holds GPUs the
-        event does not name): the job's holds, the holders of `gpus` and of the job's GPUs, and the usage
-        record and placement of each of `ledgers`."""
+    async def ledger_view(self, jobs: Sequence[str], gpus: Sequence[str], ledgers: Sequence[str]) -> LedgerView:
+        """What a batch of job events depends on, in one round trip (two when the jobs hold GPUs the events do
+        not name): the jobs' holds, the holders of `gpus` and of the jobs' GPUs, the usage record and
+        placement of each of `ledgers`."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(self._k("holds"), job_id)
-            for ledger in ledgers:
-                pipe.hget(self._k("usage"), ledger)
-                pipe.get(self._k(f"alloc:{ledger}"))
+            if jobs:
+                pipe.hmget(self._k("holds"), list(jobs))
+            if ledgers:
+                pipe.hmget(self._k("usage"), list(ledgers))
+                pipe.mget([self._k(f"alloc:{ledger}") for ledger in ledgers])
             if gpus:
                 pipe.hmget(self._k("gpu:holder"), list(gpus))
-            raw_holds, *rest = await pipe.execute()
-        raw_holders = rest.pop() if gpus else []
-        holds = JobHolds() if raw_holds is None else JobHolds.decode(_s(raw_holds))
-        holders = {g: _holder(h) for g, h in zip(gpus, raw_holders, strict=True)}
-        missing = sorted(holds.gpus() - set(holders))
-        holders.update(zip(missing, await self.holders(missing), strict=True))
-        usage = {ledger: None if u is None else UsageRecord.model_validate_json(_s(u))
-                 for ledger, u in zip(ledgers, rest[0::2], strict=True)}
-        placements = {ledger: None if p is None else JobPlaced.model_validate_json(_s(p))
-                      for ledger, p in zip(ledgers, rest[1::2], strict=True)}
-        return JobEventState(holds, holders, usage, placements)
+            replies = list(await pipe.execute())
+        raw_holds = replies.pop(0) if jobs else []
+        raw_usage, raw_placed = (replies.pop(0), replies.pop(0)) if ledgers else ([], [])
+        raw_holders = replies.pop(0) if gpus else []
+        view = LedgerView()
+        view.holds = {j: JobHolds.decode(_s(h)) for j, h in zip(jobs, raw_holds, strict=True) if h is not None}
+        view.holders = {g: _holder(h) for g, h in zip(gpus, raw_holders, strict=True)}
+        missing = sorted({g for h in view.holds.values() for g in h.gpus()} - set(view.holders))
+        view.holders.update(zip(missing, await self.holders(missing), strict=True))
+        view.usage = {k: None if u is None else UsageRecord.model_validate_json(_s(u))
+                      for k, u in zip(ledgers, raw_usage, strict=True)}
+        view.placements = {k: None if p is None else JobPlaced.model_validate_json(_s(p))
+                           for k, p in zip(ledgers, raw_placed, strict=True)}
+        return view
 
-    async def commit_job_event(self, job_id: str, outcome: JobEventOutcome) -> None:
-        """Write one job event's outcome in one transaction: the fold, usage records, the placement."""
-        change = outcome.holders
+    async def commit_view(self, view: LedgerView) -> None:
+        """Write what a batch of job events changed in one transaction: the fold, usage records, placements."""
+        held = [(g, h) for g in view.dirty_holders if (h := view.holders.get(g)) is not None]
+        released = [g for g in view.dirty_holders if view.holders.get(g) is None]
+        usage = [r for k in view.dirty_usage if (r := view.usage.get(k)) is not None]
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self._k("holds"), job_id, change.job.encode())
-            if change.hold:
-                pipe.hset(self._k("gpu:holder"), mapping={g: h.encode() for g, h in change.hold.items()})
-            if change.release:
-                pipe.hdel(self._k("gpu:holder"), *change.release)
-            for record in outcome.records:
-                pipe.hset(self._k("usage"), record.ledger_key, record.model_dump_json())
-            if outcome.placement is not None:
-                ledger, placed = outcome.placement
-                pipe.set(self._k(f"alloc:{ledger}"), placed.model_dump_json())
+            if view.dirty_holds:
+                pipe.hset(self._k("holds"), mapping={j: view.holds[j].encode() for j in view.dirty_holds})
+            if held:
+                pipe.hset(self._k("gpu:holder"), mapping={g: h.encode() for g, h in held})
+            if released:
+                pipe.hdel(self._k("gpu:holder"), *released)
+            if usage:
+                pipe.hset(self._k("usage"), mapping={r.ledger_key: r.model_dump_json() for r in usage})
+            placed = {self._k(f"alloc:{k}"): p.model_dump_json() for k in view.dirty_placements
+                      if (p := view.placements.get(k)) is not None}
+            if placed:
+                pipe.mset(placed)
             await pipe.execute()
 
     async def usage_records(self) -> list[UsageRecord]:

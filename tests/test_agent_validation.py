@@ -6,9 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from whaleflux.agent.app import AgentSettings
+from whaleflux.agent.app import AgentSettings, create_app
 from whaleflux.agent.burnin.gate import NodeGate, ValidationRecord, fault_seen, load, needs_validation, save, usable
 from whaleflux.agent.burnin.plan import make_plan
 from whaleflux.agent.burnin.run import run_burnin
@@ -129,7 +130,9 @@ async def test_a_new_node_registers_only_the_gpus_that_passed_and_a_repaired_one
         agent = await _start(bus, tmp_path, sim(4, "cooling:1"))
         registered = await _registered(bus)
         assert [g.index for g in registered.gpus] == [0, 2, 3]
-        assert agent.gate is not None and agent.gate.status(datetime.now(UTC))["quarantined"] == [1]
+        [shown] = TestClient(create_app([agent], AgentSettings())).get("/v1/nodes").json()
+        assert shown["validation"]["state"] == "fail" and shown["validation"]["quarantined"] == [1]
+        assert shown["validation"]["policy"] == "first" and shown["validation"]["fault"] is None
         first = load(tmp_path / "validation" / f"{NODE}.json")
         assert first is not None and first.report.gpus[1].verdict == "fail"
         await agent.stop()

@@ -1,7 +1,7 @@
 """Alerting service: evaluates rules on live telemetry and events, groups alerts into incidents, notifies receivers.
 
 Wiring only: the runtime (connections, consumers, loops), the store, the
-service shell (`service.py`) and the API routers (`api.py`).
+service shell (`service.py`) and the API routers (`api.py`, Alertmanager's v2 API in `api_v2.py`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from whaleflux.shared.runtime import Clock, Runtime, ServiceParts, serve, system_clock
 
 from .api import ROUTERS
+from .api_v2 import v2
 from .service import Alerting
 from .settings import AlertingSettings
 from .store import AlertStore
@@ -29,7 +30,7 @@ def build(settings: AlertingSettings | None = None, clock: Clock = system_clock)
             "alerting-jobs": svc.on_event,
             "alerting-leases": svc.on_event,
         },
-        routers=ROUTERS,
+        routers=[*ROUTERS, v2],
         on_ready=svc.on_ready,
         on_stop=svc.on_stop,
         background=[svc.tick_loop, svc.delivery_loop, svc.reload_loop, svc.findings_loop],

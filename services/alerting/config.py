@@ -248,7 +248,7 @@ class RateLimit(_Strict):
 
 class ReceiverConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    type: Literal["webhook", "pagerduty", "slack", "teams"]
+    type: Literal["webhook", "pagerduty", "slack", "teams", "alertmanager"]
     # URLs may embed tokens (Slack, Teams): prefer `url_env` so the file holds no secret.
     url: str | None = None
     url_env: str | None = Field(None, description="environment variable holding the URL (comma-separated for webhooks)")

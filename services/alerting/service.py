@@ -21,6 +21,7 @@ from datetime import datetime
 
 import httpx
 
+from whaleflux.shared import subjects
 from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import (
     AlertRaised,
@@ -47,6 +48,7 @@ from .dispatch.intake import Ack, Changes, Intake
 from .dispatch.silences import Silence
 from .firing import FiringAlerts
 from .guardians import FindingsSource
+from .receivers import Body
 from .rules.engine import NodeInfo, RuleEngine, Transition
 from .settings import WEBHOOK_URLS_ENV, AlertingSettings
 from .store import AlertStore
@@ -64,7 +66,7 @@ class Alerting:
         self.rt, self.settings, self.store, self.environ = runtime, settings, store, environ
         self.log = runtime.log
         self.config = load_config(settings.rules_path)  # a bad file at start-up stops the service, naming the line
-        self.rules_loaded_at = runtime.clock()
+        self.rules_loaded_at = self.started_at = runtime.clock()
         self.rules_error: list[str] = []
         self._rules_stamp = self._stamp()
         self.engine = RuleEngine(self.config, gpu_models())
@@ -202,6 +204,14 @@ class Alerting:
         if deliveries:
             self._wake.set()
 
+    async def publish_alerts(self, events: list[tuple[str, AlertRaised | AlertResolved]]) -> None:
+        """Alerts posted to /api/v2/alerts onto the ALERTS stream (the event id makes a re-sent alert a no-op);
+        `alerting-notify` groups and routes them like every other alert event."""
+        for event_id, data in events:
+            subject = subjects.ALERT_RAISED if isinstance(data, AlertRaised) else subjects.ALERT_RESOLVED
+            env = self.rt.envelope(data, subject=data.fingerprint, event_id=event_id, correlation_id=data.fingerprint)
+            await self.rt.bus.publish_envelope(subject, env)
+
     async def acknowledge(self, fingerprint: str, by: str, comment: str) -> Ack | None:
         """Acknowledge a firing alert; None when none fires with that fingerprint."""
         alert = self.firing.alerts.get(fingerprint)
@@ -298,7 +308,7 @@ class Alerting:
             self.log.warning("delivery.retry", receiver=d.receiver, delivery=d.id, attempt=d.attempts,
                              reason=outcome.error)
 
-    async def _send(self, url: str, body: dict[str, object]) -> int:
+    async def _send(self, url: str, body: Body) -> int:
         return await post_json(self.http, url, body, self.rt.clock)
 
 

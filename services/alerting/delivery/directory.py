@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ..config import ReceiverConfig
 from ..dispatch.groups import Notification
 from ..receivers import WANTS_ACK
+from ..receivers.alertmanager import url_for as alertmanager_url
 from ..receivers.pagerduty import DEFAULT_URL as PAGERDUTY_URL
 from .model import Delivery
 
@@ -46,6 +47,10 @@ class Directory:
         return Receiver(cfg, self.urls(cfg), key)
 
     def urls(self, cfg: ReceiverConfig) -> list[str]:
+        urls = self._urls(cfg)
+        return [alertmanager_url(u) for u in urls] if cfg.type == "alertmanager" else urls
+
+    def _urls(self, cfg: ReceiverConfig) -> list[str]:
         if cfg.url:
             return [cfg.url]
         if cfg.url_env:

@@ -13,7 +13,8 @@ from .model import DeliveryError, retry_after
 POST_TIMEOUT_S = 5.0
 
 
-async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any], clock: Callable[[], datetime]) -> int:
+async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any] | list[dict[str, Any]],
+                    clock: Callable[[], datetime]) -> int:
     """The receiver's status code; DeliveryError saying whether a retry can help (5xx, 429, no connection).
     A `Retry-After` (seconds or an HTTP-date) counts from when the answer came (`clock` read then)."""
     try:

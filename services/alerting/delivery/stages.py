@@ -19,7 +19,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tenacity.stop import stop_base
 
 from ..dispatch.groups import Notification
-from ..receivers import BUILDERS
+from ..receivers import BUILDERS, Body
 from .directory import Directory, Receiver
 from .model import Delivery, DeliveryError, LogEntry
 
@@ -37,7 +37,7 @@ class Job:
     now: datetime
     receiver: Receiver | None = None
     notification: Notification | None = None  # what is still to say once muted alerts are left out
-    body: dict[str, Any] | None = None
+    body: Body | None = None
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class Render:
         return None
 
 
-Send = Callable[[str, dict[str, Any]], Awaitable[int]]  # (url, body) -> HTTP status, or DeliveryError
+Send = Callable[[str, Body], Awaitable[int]]  # (url, body) -> HTTP status, or DeliveryError
 
 
 class Post:

@@ -18,7 +18,7 @@ from whaleflux.shared.events import AlertRaised, AlertResolved, Envelope, NodeDr
 from ..config import AlertingConfig
 from .groups import Dispatcher, Group, GroupedAlert, Notification
 from .incidents import Correlator, Incident
-from .inhibit import InhibitRule, inhibited
+from .inhibit import InhibitRule, inhibited, inhibitors
 from .route import build_route
 from .silences import Silence, silenced_by
 
@@ -152,6 +152,15 @@ class Intake:
         inc = self.correlator.incidents.get(inc_id) if inc_id else None
         title = inc.title() if inc else ""
         return f"Escalation: {title}" if n.escalation and title else title
+
+    def silenced_by(self, labels: dict[str, str], now: datetime) -> list[str]:
+        return silenced_by(labels, list(self.silences.values()), now)
+
+    def inhibited_by(self, labels: dict[str, str], fingerprint: str,
+                     firing: dict[str, dict[str, str]] | None = None) -> list[str]:
+        """The fingerprints of the firing alerts that inhibit this one."""
+        return inhibitors(labels, fingerprint, self.dispatcher.firing_labels() if firing is None else firing,
+                          self.dispatcher.inhibit_rules)
 
     def muted(self, labels: dict[str, str], fingerprint: str, now: datetime) -> tuple[list[str], bool]:
         """(ids of the silences muting an alert with these labels, whether a firing alert inhibits it)."""

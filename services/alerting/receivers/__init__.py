@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..dispatch.groups import Notification
-from . import pagerduty, slack, teams, webhook
+from . import alertmanager, pagerduty, slack, teams, webhook
 
 SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
 
@@ -22,8 +22,11 @@ def top_severity(n: Notification) -> str:
     return max(levels, key=lambda s: SEVERITY_ORDER.get(s, 1))
 
 
-BUILDERS: dict[str, Callable[..., dict[str, Any]]] = {
+Body = dict[str, Any] | list[dict[str, Any]]  # Alertmanager's /api/v2/alerts takes a list
+
+BUILDERS: dict[str, Callable[..., Body]] = {
     "webhook": webhook.build, "pagerduty": pagerduty.build, "slack": slack.build, "teams": teams.build,
+    "alertmanager": alertmanager.build,
 }
 # Which notification kinds a receiver type wants: only PagerDuty has an acknowledge action.
 WANTS_ACK = {"pagerduty"}

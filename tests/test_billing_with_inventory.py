@@ -69,7 +69,8 @@ def test_billing_prices_a_job_with_the_lease_inventory_declares_and_the_cli_expo
         [line] = report["idle"]
         assert (line["pool"], line["model"], line["gpus"]) == ("cloud", "H200", 2)
         totals = report["totals"]
-        assert Decimal(row["cost_usd"]) + Decimal(totals["idle_usd"]) == Decimal(totals["fleet_usd"])
+        assert Decimal(row["cost_usd"]) + Decimal(totals["idle_usd"]) + Decimal(totals["rounding_usd"]) == Decimal(
+            totals["fleet_usd"])
 
         shown = cluster.cli("costs", "--by", "team", "--from", frm)
         assert shown.returncode == 0, shown.stderr

@@ -19,7 +19,8 @@ from .ownership import from_ms
 from .pricing import MICRO
 
 HOUR_MS = 3_600_000
-ROUNDING = "per job and rate segment to 1e-6 USD; shown cents apportioned so lines add up to the fleet total"
+ROUNDING = ("per job and rate segment to 1e-6 USD; each shown line its own amount to the cent (half-up); "
+            "totals are sums of shown lines; rounding_usd: rows and idle lines rounded apart")
 
 
 def plain(obj: Any) -> Any:
@@ -56,7 +57,8 @@ def costs_report(c: Costed, by: str, share_idle: bool, running: bool = False) ->
         "total_usd": plain(sb.allocated_usd),
         "totals": {"fleet_usd": plain(sb.fleet_usd), "allocated_usd": plain(sb.allocated_usd),
                    "idle_usd": plain(sb.idle_usd), "unshared_idle_usd": plain(sb.unshared_idle_usd),
-                   "running_usd": plain(sb.running_usd), "share_idle": share_idle, "running_as_rows": running},
+                   "running_usd": plain(sb.running_usd), "rounding_usd": plain(sb.rounding_usd),
+                   "share_idle": share_idle, "running_as_rows": running},
         "pricing": {"inventory": c.inputs.pricing, "pricebook": book.source, "notes": c.cb.notes,
                     "rounding": ROUNDING},
         "overlaps": [{"gpu": o.gpu, "charged": o.kept, "not_charged": o.dropped,

@@ -8,16 +8,18 @@ Rounding rule (extends pricing.py):
   kept to 1e-6 USD;
 - fleet cost per pool and model is computed the same way over every GPU's
   whole segment; idle = fleet - allocated, exactly;
-- shown amounts are cents apportioned by largest remainder so that the shown
-  lines (job/team/project rows plus idle lines) add up to the shown fleet total
-  (the exact total rounded half-up). A line can therefore differ by one cent
-  from its own rounding; the total never does.
+- every shown line (a job/team/project row, its idle share, an idle line's
+  fleet and idle, the running line) is its own exact amount rounded half-up
+  to the cent; every shown total is the sum of the shown lines it totals, so
+  a report adds up to the cent internally. Rows and idle lines are two
+  breakdowns of one fleet rounded apart: their difference is shown as
+  `rounding_usd` (a few cents at most), never hidden in a line.
 
 `chargeback.py` computes the exact amounts, `showback.py` groups and shows them.
 """
 
 from .chargeback import Chargeback, EnergyUse, GroupCost, Interval, JobCost, JobInfo, chargeback
-from .showback import GROUP_KEYS, IdleLine, Row, Showback, apportion, showback
+from .showback import GROUP_KEYS, IdleLine, Row, Showback, showback
 
 __all__ = ["GROUP_KEYS", "Chargeback", "EnergyUse", "GroupCost", "IdleLine", "Interval", "JobCost", "JobInfo", "Row",
-           "Showback", "apportion", "chargeback", "showback"]
+           "Showback", "chargeback", "showback"]

@@ -1,6 +1,8 @@
 """Showback: job costs grouped into rows, idle lines per pool and model, idle shared back, cents that add up. Pure.
 
-Shown amounts are cents apportioned by largest remainder (the rounding rule in `allocation/__init__.py`).
+Every printed line is its own exact amount rounded to the cent (half-up); every
+total is the sum of the printed lines it totals (the rounding rule in
+`allocation/__init__.py`).
 """
 
 from __future__ import annotations
@@ -10,19 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import ROUND_FLOOR, Decimal
 
-from ..pricing import CENT, MICRO, to_cents
+from ..pricing import MICRO, to_cents
 from .chargeback import MS_PER_HOUR, Chargeback, JobCost
-
-
-def apportion(amounts: list[Decimal], total: Decimal | None = None) -> list[Decimal]:
-    """Cents for each exact amount, by largest remainder, summing to `total` (default sum) rounded half-up."""
-    target = to_cents(sum(amounts, Decimal(0)) if total is None else total)
-    floors = [a.quantize(CENT, rounding=ROUND_FLOOR) for a in amounts]
-    short = int((target - sum(floors, Decimal(0))) / CENT)
-    order = sorted(range(len(amounts)), key=lambda i: (-(amounts[i] - floors[i]), i))
-    for i in order[:max(short, 0)]:
-        floors[i] += CENT
-    return floors
 
 
 @dataclass
@@ -60,6 +51,8 @@ class Showback:
     unshared_idle_usd: Decimal
     share_idle: bool
     running_usd: Decimal = Decimal("0.00")  # attempts still running, when not shown as rows
+    # The idle lines' fleet total minus (rows + running + idle lines): the two breakdowns rounded apart.
+    rounding_usd: Decimal = Decimal("0.00")
 
 
 GROUP_KEYS: dict[str, Callable[[JobCost], str]] = {
@@ -134,15 +127,14 @@ def _idle_shares(cb: Chargeback, keyf: Callable[[JobCost], str], running: bool,
 
 def _idle_lines(cb: Chargeback, group_keys: list[tuple[str, str]],
                 shared: dict[tuple[str, str], Decimal]) -> list[IdleLine]:
+    """Per (pool, model): fleet and idle each rounded on their own; allocated = the printed fleet - idle."""
     out = []
-    line_cents = apportion([cb.groups[g].fleet_usd for g in group_keys]
-                           + [cb.groups[g].allocated_usd for g in group_keys])
-    m = len(group_keys)
-    for i, g in enumerate(group_keys):
+    for g in group_keys:
         gc = cb.groups[g]
+        fleet, idle = to_cents(gc.fleet_usd), to_cents(gc.idle_usd)
         out.append(IdleLine(
             pool=g[0], model=g[1], ownership=",".join(sorted(gc.ownership)), gpus=gc.gpus,
-            fleet_usd=line_cents[i], allocated_usd=line_cents[m + i], idle_usd=line_cents[i] - line_cents[m + i],
+            fleet_usd=fleet, allocated_usd=fleet - idle, idle_usd=idle,
             idle_pct=round(float(gc.idle_usd / gc.fleet_usd) * 100, 1) if gc.fleet_usd else None,
             shared_usd=to_cents(shared[g]),
         ))
@@ -153,31 +145,32 @@ def showback(cb: Chargeback, by: str = "team", share_idle: bool = False, running
     """Group job costs by job, team, project or model; idle per pool and model, optionally shared back by use.
 
     Without `running`, attempts that have not ended are one `running_usd` line instead of rows (a job is
-    charged when it ends); their GPU time is never idle either way.
+    charged when it ends); their GPU time is never idle either way. Each line is its own exact amount to
+    the cent; totals are sums of lines: allocated = rows, idle = idle lines, unshared idle = idle - rows'
+    shares, fleet = idle lines' fleet = allocated + running + idle + `rounding_usd`.
     """
     keyf = GROUP_KEYS[by]
     t = _tally(cb, keyf, running)
-    keys = sorted(t.cost)
     group_keys = sorted(cb.groups)
     share: dict[str, Decimal] = defaultdict(Decimal)
     shared = {g: Decimal(0) for g in group_keys}
     if share_idle:
         share, shared = _idle_shares(cb, keyf, running, group_keys)
-    fleet = cb.fleet_usd
-    unshared = [cb.groups[g].idle_usd - shared[g] for g in group_keys]
-    cents = apportion([t.cost[k] for k in keys] + [share.get(k, Decimal(0)) for k in keys] + unshared
-                      + [t.in_flight], fleet)
-    n = len(keys)
     rows = []
-    for i, k in enumerate(keys):
+    for k in sorted(t.cost):
         w = t.util_w.get(k)
+        cost, idle_share = to_cents(t.cost[k]), to_cents(share.get(k, Decimal(0)))
         rows.append(Row(
             key=k, jobs=len(t.jobs[k]), gpu_hours=(Decimal(t.ms[k]) / MS_PER_HOUR).quantize(Decimal("0.0001")),
-            cost_usd=cents[i], idle_share_usd=cents[n + i], total_usd=cents[i] + cents[n + i],
+            cost_usd=cost, idle_share_usd=idle_share, total_usd=cost + idle_share,
             efficiency_pct=round(w[0] / w[1], 1) if w and w[1] else None,
         ))
     rows.sort(key=lambda r: (-r.total_usd, r.key))
-    unshared_cents = cents[2 * n:-1]
-    return Showback(by, rows, _idle_lines(cb, group_keys, shared), to_cents(fleet),
-                    sum(cents[:n], Decimal(0)) if n else Decimal("0.00"), to_cents(cb.idle_usd),
-                    sum(unshared_cents, Decimal(0)) if unshared_cents else Decimal("0.00"), share_idle, cents[-1])
+    lines = _idle_lines(cb, group_keys, shared)
+    zero = Decimal("0.00")
+    allocated = sum((r.cost_usd for r in rows), zero)
+    idle = sum((line.idle_usd for line in lines), zero)
+    fleet = sum((line.fleet_usd for line in lines), zero)
+    in_flight = to_cents(t.in_flight)
+    return Showback(by, rows, lines, fleet, allocated, idle, idle - sum((r.idle_share_usd for r in rows), zero),
+                    share_idle, in_flight, fleet - allocated - in_flight - idle)

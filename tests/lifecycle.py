@@ -101,6 +101,11 @@ def first_steps(marks: Path, job_id: str) -> list[tuple[int, int, str]]:
     return [(int(p[1]), int(p[3]), p[4]) for p in lines if p[0] == "start"]
 
 
+# What a job's marks miss of its process's life, at most, an attempt: `sh` starting, and `date` run for the
+# start and the end mark (9-28 ms measured per attempt with a load average of 5 on 2 cores).
+MARKS_MISS_S = 0.03
+
+
 def marked_command(marks: Path, seconds: float) -> list[str]:
     """A job that appends `start <attempt> <t>` and `end <attempt> <t>` to its own mark file (one short
     append each, atomic), and `term <attempt> <t>` if it is stopped."""
@@ -173,7 +178,9 @@ def billed_gpu_seconds(billing_url: str, job_id: str) -> Decimal:
 
 
 def assert_billed_what_ran(billing_url: str, marks: Path, ids: list[str], timeout: float = 60) -> None:
-    """Billed GPU-seconds equal what the jobs' own marks say ran, within 1% in all (one GPU each).
+    """Billed GPU-seconds equal what the jobs' own marks say ran, within 1% in all (one GPU each), plus
+    `MARKS_MISS_S` an attempt over it: billing charges each attempt from its process's start to its exit,
+    and the marks miss the shell's start and the `date` runs that write them.
 
     Billing hears of an attempt's end after the scheduler does: wait until every attempt is charged.
     """
@@ -186,7 +193,9 @@ def assert_billed_what_ran(billing_url: str, marks: Path, ids: list[str], timeou
     usage = wait_until(charged, timeout=timeout, what="every attempt charged to its end")
     got = {j: float(sum(Decimal(u["gpu_seconds"]) for u in usage[j])) for j in ids}
     total_ran, total_billed = sum(ran.values()), sum(got.values())
-    assert abs(total_billed - total_ran) <= 0.01 * total_ran, (total_billed, total_ran, got, ran)
+    over = total_billed - total_ran
+    allowed = 0.01 * total_ran
+    assert -allowed <= over <= allowed + MARKS_MISS_S * sum(attempts.values()), (total_billed, total_ran, got, ran)
 
 
 def start_stack(servers: Servers, tmp_path: Path, *nodes: str, **scheduler_env: str) -> tuple[Cluster, Proc, Proc]:

@@ -166,3 +166,18 @@ async def test_a_gpu_fault_in_telemetry_goes_on_the_record(clean_servers, tmp_pa
         await agent.stop()
     finally:
         await bus.close()
+
+
+async def test_a_burn_in_that_cannot_run_quarantines_every_gpu(tmp_path):
+    backend = sim(2)
+
+    def no_cuda(_gpus):
+        raise RuntimeError("the GPU burn-in needs NVIDIA's cuda-bindings")
+
+    gate = NodeGate(CLUSTER, NODE, "first", make_plan(duration="1m"), tmp_path / "v.json", no_cuda)
+    admitted, _ = await gate.admit(backend, running_attempts=0)
+    assert admitted == []
+    record = load(tmp_path / "v.json")
+    assert record is not None and [c.verdict for c in record.report.gpus] == ["fail", "fail"]
+    assert record.report.gpus[0].reasons == [
+        "health: the burn-in could not run: the GPU burn-in needs NVIDIA's cuda-bindings"]

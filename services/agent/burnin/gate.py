@@ -17,7 +17,7 @@ import asyncio
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -29,7 +29,7 @@ from whaleflux.shared.events import GpuIdentity, GpuSample
 from ..backend import GpuBackend
 from .card import CRITICAL_XIDS
 from .plan import BurnInPlan
-from .run import BurnInReport, Exerciser, run_burnin
+from .run import BurnInReport, Exerciser, run_burnin, unusable
 
 log = structlog.get_logger("whaleflux.agent.burnin")
 
@@ -142,7 +142,7 @@ class NodeGate:
         report = None
         if reason is not None:
             log.warning("agent.validating", node=self.node, reason=reason, duration_s=self.plan.duration_s)
-            report = await asyncio.to_thread(run_burnin, backend, self.exerciser(gpus), self.plan)
+            report = await self._burn_in(backend, gpus)
             self.record = ValidationRecord(cluster=self.cluster, node=self.node, report=report)
             save(self.path, self.record)
             log.warning("agent.validated", node=self.node, verdict=report.verdict,
@@ -150,6 +150,13 @@ class NodeGate:
         admitted = usable(gpus, self.record, self.policy)
         self._expected = {g.uuid for g in admitted}
         return admitted, report
+
+    async def _burn_in(self, backend: GpuBackend, gpus: list[GpuIdentity]) -> BurnInReport:
+        try:
+            return await asyncio.to_thread(lambda: run_burnin(backend, self.exerciser(gpus), self.plan))
+        except Exception as exc:  # noqa: BLE001  (a burn-in that cannot run fails the GPUs; the agent runs on)
+            log.error("agent.burn_in_failed", node=self.node, error=repr(exc))
+            return unusable(gpus, self.plan, datetime.now(UTC), f"the burn-in could not run: {exc}")
 
     def status(self, now: datetime) -> dict[str, object]:
         """The node's validation state and age, as the agent's /v1/nodes shows it."""

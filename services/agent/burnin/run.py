@@ -24,6 +24,7 @@ from .card import (
     DEFAULT_THRESHOLDS,
     BandwidthRun,
     ComputeRun,
+    GpuCheck,
     GpuReportCard,
     Measurements,
     MemoryRun,
@@ -163,3 +164,12 @@ def run_burnin(backend: GpuBackend, ex: Exerciser, plan: BurnInPlan, thresholds:
         sample_cpu_ms_per_gpu=sampler.cpu_ms_per_gpu,
     )
 
+
+
+def unusable(gpus: list[GpuIdentity], plan: BurnInPlan, at: datetime, why: str) -> BurnInReport:
+    """The report of a burn-in that could not run (no CUDA, a driver error): every GPU fails, saying why."""
+    cards = [GpuReportCard(uuid=g.uuid, index=g.index, model=g.model, verdict="fail", reasons=[f"health: {why}"],
+                           checks=[GpuCheck(check="health", verdict="fail", reasons=[f"health: {why}"])])
+             for g in gpus]
+    return BurnInReport(started_at=at, finished_at=at, duration_s=0.0, intensity=plan.intensity,
+                        checks=list(plan.checks), verdict="fail", gpus=cards)

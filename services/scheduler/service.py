@@ -2,8 +2,9 @@
 
 `Progress` (job events), `Failover` (nodes), `PlacementPass` (the queue policy)
 and `Replica` (the lease and rebuilds) each take a `Scheduler` and the
-collaborators they read from, in their constructors (app.py wires them). The store and the lease exist once the runtime has
-connected to Redis (`connect`); before that they raise StateUnavailable.
+collaborators they read from, in their constructors (app.py wires them).
+The store and the lease exist once the runtime has connected to Redis
+(`connect`); before that they raise StateUnavailable.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ class Profile:
     weights: Mapping[str, float] = field(
         default_factory=lambda: {
             "speed_by_runtime": 6.0, "comparative_advantage": 2.0, "best_fit": 2.0, "nvlink_locality": 2.0,
-            "cost": 1.0, "spread_replicas": 2.0, "spare_largest_memory": 3.0,
+            "cost": 1.0, "spread_replicas": 2.0, "spare_largest_memory": 5.0,
         }
     )
     # How many of the tightest-fitting nodes per model are scored (best fit walks buckets upward).

@@ -5,18 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from whaleflux.commands import testgpu
-
-app = typer.Typer()
-app.command("test-gpu")(testgpu.test_gpu)
-
-
-@app.callback()
-def _group() -> None:
-    """Keep `test-gpu` a subcommand, as in the real CLI."""
+from whaleflux.cli import app
 
 
 def run(*args: str):

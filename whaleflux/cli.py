@@ -8,7 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
-from .commands import alerts, costs, fleet, inventory, jobs, run, schemas, simulation, size, submit
+from .commands import alerts, costs, fleet, inventory, jobs, run, schemas, simulation, size, submit, testgpu
 
 app = typer.Typer(help="WhaleFlux: GPU fleet manager.", no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -28,6 +28,7 @@ app.command()(inventory.leases)
 app.command()(inventory.findings)
 app.command()(schemas.schemas)
 app.command()(size.size)
+app.command("test-gpu")(testgpu.test_gpu)
 
 
 def main() -> None:

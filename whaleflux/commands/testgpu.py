@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import enum
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-# Until the CLI split lands its shared console (commands/terminal.py); piped output gets wide rows.
-console = Console(width=None if sys.stdout.isatty() else 200)
+from .terminal import console
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -199,8 +199,12 @@ class EventRule(RuleBase):
     """Raise on an event (lease.expiring, job.failed ...); resolves after `resolve_after`."""
 
     kind: Literal["event"]
-    event: Literal["lease.expiring", "lease.expired", "job.failed", "job.rejected"]
+    event: Literal["lease.expiring", "lease.expired", "job.failed", "job.finished", "job.rejected"]
     key: list[str] = Field(min_length=1, description="event fields that identify one alert (become labels)")
+    label_fields: list[str] = Field(default_factory=list,
+                                    description="more event fields that become labels (not identity), e.g. team")
+    annotation_fields: list[str] = Field(default_factory=list,
+                                         description="event fields that become annotations, e.g. log_tail")
     resolve_after: Duration = 86400.0
 
 

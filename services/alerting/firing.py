@@ -42,7 +42,7 @@ class FiringAlerts:
         if tr.firing and tr.fingerprint not in self.alerts and isinstance(tr.rule, RuleBase):
             alert = AlertRaised(fingerprint=tr.fingerprint, rule=tr.rule.name, severity=tr.rule.severity,
                                 category=tr.rule.category, summary=tr.summary, labels=tr.labels, value=tr.value,
-                                starts_at=tr.at)
+                                annotations=tr.annotations, starts_at=tr.at)
             kind, subject = "raised", subjects.ALERT_RAISED
         elif not tr.firing and tr.fingerprint in self.alerts:
             was = self.alerts[tr.fingerprint]

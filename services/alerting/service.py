@@ -29,7 +29,6 @@ from whaleflux.shared.events import (
     Envelope,
     EventData,
     GpuTelemetry,
-    JobFailed,
     JobFinished,
     JobRejected,
     JobSubmitted,
@@ -91,7 +90,7 @@ class Alerting:
         for (cluster, node), info in snap.topology.items():
             self.engine.observe_node(cluster, node, info, datetime.fromtimestamp(0, now.tzinfo))
         for job_id, cls in snap.job_classes.items():
-            self.engine.observe_job(job_id, cls)
+            self.engine.observe_job(job_id, cls, snap.job_owners.get(job_id))
         self.intake = Intake(self.config, self.rt.source, snap.groups, snap.incidents, snap.silences, snap.acks)
         await self.rt.publish_staged()
 
@@ -160,14 +159,17 @@ class Alerting:
 
     async def on_event(self, env: Envelope, data: EventData) -> None:
         if isinstance(data, JobSubmitted):
-            # The workload class of the job's GPUs while it runs (baselines per model and class).
-            self.engine.observe_job(data.job_id, data.workload_class)
-            await self.store.save_job_class(data.job_id, data.workload_class)
+            # The workload class of the job's GPUs while it runs (baselines per model and class), and whose
+            # job it is (its failure alerts go to its team).
+            owner = (data.team, data.project)
+            self.engine.observe_job(data.job_id, data.workload_class, owner)
+            await self.store.save_job_class(data.job_id, data.workload_class, owner)
             return
-        if isinstance(data, (JobFinished, JobFailed, JobRejected)):
+        await self._apply(self.engine.observe_event(data.event_name, data, self.rt.clock()))
+        # A failed attempt may be retried: its job is remembered until it succeeds or is rejected.
+        if (isinstance(data, JobFinished) and data.exit_code == 0) or isinstance(data, JobRejected):
             self.engine.forget_job(data.job_id)
             await self.store.forget_job_class(data.job_id)
-        await self._apply(self.engine.observe_event(data.event_name, data, self.rt.clock()))
 
     async def _apply(self, transitions: list[Transition]) -> None:
         changed = False

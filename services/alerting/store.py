@@ -1,8 +1,9 @@
 """Every Redis key and encoding of alerting, behind typed methods. Nothing else in alerting talks to Redis.
 
 Keys (prefix `wf:alerting`): `firing` (fingerprint -> alert.raised JSON),
-`topology` (`cluster/node` -> rack and pool), `job-classes` (job id -> workload
-class), `groups`, `incidents`, `silences`, `acks` (JSON models by id),
+`topology` (`cluster/node` -> rack, pool and GPU names), `job-classes` (job id ->
+workload class), `job-owners` (job id -> `team/project`, for job failure alerts),
+`groups`, `incidents`, `silences`, `acks` (JSON models by id),
 `deliveries` (sorted set: delivery id by due time, epoch seconds), `delivery`
 (id -> Delivery JSON) and `notifications` (the log, newest first, LOG_KEEP rows).
 """
@@ -47,6 +48,7 @@ class Snapshot:
     firing: dict[str, AlertRaised] = field(default_factory=dict)
     topology: dict[tuple[str, str], NodeInfo] = field(default_factory=dict)
     job_classes: dict[str, str] = field(default_factory=dict)
+    job_owners: dict[str, tuple[str, str]] = field(default_factory=dict)
     groups: dict[str, Group] = field(default_factory=dict)
     incidents: dict[str, Incident] = field(default_factory=dict)
     silences: dict[str, Silence] = field(default_factory=dict)
@@ -58,6 +60,7 @@ class AlertStore:
         self.host = host
         p = prefix
         self.firing, self.topology, self.job_classes = f"{p}:firing", f"{p}:topology", f"{p}:job-classes"
+        self.job_owners = f"{p}:job-owners"
         self.groups, self.incidents = f"{p}:groups", f"{p}:incidents"
         self.silences, self.acks = f"{p}:silences", f"{p}:acks"
         self.queue, self.delivery, self.log = f"{p}:deliveries", f"{p}:delivery", f"{p}:notifications"
@@ -79,6 +82,7 @@ class AlertStore:
             firing={fp: AlertRaised.model_validate_json(v) for fp, v in (await self._hash(self.firing)).items()},
             topology=topology,
             job_classes=await self._hash(self.job_classes),
+            job_owners={k: _owner(v) for k, v in (await self._hash(self.job_owners)).items()},
             groups={k: Group.model_validate_json(v) for k, v in (await self._hash(self.groups)).items()},
             incidents={k: Incident.model_validate_json(v) for k, v in (await self._hash(self.incidents)).items()},
             silences={k: Silence.model_validate_json(v) for k, v in (await self._hash(self.silences)).items()},
@@ -90,11 +94,18 @@ class AlertStore:
     async def save_node(self, cluster: str, node: str, info: NodeInfo) -> None:
         await self.redis.hset(self.topology, f"{cluster}/{node}", json.dumps(info.to_json()))
 
-    async def save_job_class(self, job_id: str, workload_class: str) -> None:
-        await self.redis.hset(self.job_classes, job_id, workload_class)
+    async def save_job_class(self, job_id: str, workload_class: str, owner: tuple[str, str] | None = None) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.job_classes, job_id, workload_class)
+            if owner is not None:
+                pipe.hset(self.job_owners, job_id, "/".join(owner))
+            await pipe.execute()
 
     async def forget_job_class(self, job_id: str) -> None:
-        await self.redis.hdel(self.job_classes, job_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.job_classes, job_id)
+            pipe.hdel(self.job_owners, job_id)
+            await pipe.execute()
 
     async def save_alert(self, change: AlertChange) -> None:
         """The firing set and the alert.raised / alert.resolved event: one MULTI."""
@@ -182,3 +193,8 @@ class AlertStore:
         """The notification log, newest first."""
         rows = cast(list[str], await self.redis.lrange(self.log, 0, LOG_KEEP - 1))
         return [LogEntry.model_validate_json(r) for r in rows]
+
+
+def _owner(value: str) -> tuple[str, str]:
+    team, _, project = value.partition("/")
+    return team, project

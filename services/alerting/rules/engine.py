@@ -23,8 +23,9 @@ from ..config import AlertingConfig, BaselineRule, EventRule, FindingRule, Heart
 from . import findings as finding_rules
 from .baseline import Baselines
 from .conditions import SampleRule, evaluate
+from .jobs import failure_fields
 from .series import Cond, NodeInfo, RemovedRule, Series, Transition, Verdict, fingerprint, render
-from .workload import WorkloadClasses
+from .workload import JOB_CLASS_KEEP, WorkloadClasses
 
 __all__ = ["NodeInfo", "RuleEngine", "Transition"]
 
@@ -42,6 +43,7 @@ class RuleEngine:
         self.last_seen: dict[tuple[str, str], float] = {}
         self.baselines = Baselines()
         self.workloads = WorkloadClasses()
+        self.owners: dict[str, tuple[str, str]] = {}  # job id -> (team, project), from job.submitted
         self._fingerprints: dict[tuple[str, tuple[str, int, str, str, str]], str] = {}
         self.config = AlertingConfig()
         self.set_config(config)
@@ -167,12 +169,18 @@ class RuleEngine:
 
     # ------------------------------------------------------------ workload classes (for baselines)
 
-    def observe_job(self, job_id: str, workload_class: str) -> None:
-        """A job was submitted: its GPUs' samples belong to `workload_class` while it runs."""
+    def observe_job(self, job_id: str, workload_class: str, owner: tuple[str, str] | None = None) -> None:
+        """A job was submitted: its GPUs' samples belong to `workload_class` while it runs; `owner` (team,
+        project) is whom its failure alerts name."""
         self.workloads.observe(job_id, workload_class)
+        if owner is not None:
+            self.owners[job_id] = owner
+            while len(self.owners) > JOB_CLASS_KEEP:
+                self.owners.pop(next(iter(self.owners)))
 
     def forget_job(self, job_id: str) -> None:
         self.workloads.forget(job_id)
+        self.owners.pop(job_id, None)
 
     def workload_class(self, sample: GpuSample) -> str:
         return self.workloads.of(sample)
@@ -219,15 +227,19 @@ class RuleEngine:
         for rule in self.event_rules:
             if rule.event != name:
                 continue
-            fields = data.model_dump(mode="json")
+            fields = failure_fields(name, data.model_dump(mode="json"), self.owners.get(getattr(data, "job_id", "")))
+            if fields is None:
+                continue  # e.g. a job that finished with exit code 0
             ident = {k: str(fields.get(k, "")) for k in rule.key}
             fp = fingerprint({"alertname": rule.name, **ident})
             s = self._series(fp, rule.name)
             s.deadline = now.timestamp() + rule.resolve_after
             if s.firing:
                 continue
-            s.firing, s.labels = True, {**ident, **rule.labels}
-            out.append(Transition(True, rule, fp, s.labels, render(rule.summary, fields), now))
+            extra = {k: str(fields[k]) for k in rule.label_fields if fields.get(k) not in (None, "")}
+            notes = {k: str(fields[k]) for k in rule.annotation_fields if fields.get(k) not in (None, "")}
+            s.firing, s.labels = True, {**ident, **extra, **rule.labels}
+            out.append(Transition(True, rule, fp, s.labels, render(rule.summary, fields), now, annotations=notes))
         return out
 
     # ------------------------------------------------------------ cost guardians

@@ -45,6 +45,7 @@ class Transition:
     summary: str
     at: datetime
     value: float | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

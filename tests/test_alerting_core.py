@@ -486,6 +486,23 @@ def test_a_job_stepping_memory_up_is_no_leak_but_steady_growth_is():
     assert fired(out) == ["Leak"]
 
 
+def test_a_leak_is_projected_from_its_recent_slope_with_the_real_time_left():
+    e = engine("rules:\n  - {name: Leak, kind: trend, window: 2m, within: 10m, min_samples: 20, min_slope_per_s: 8,"
+               " summary: '{slope_per_s:.0f} MiB/s, full in {eta_min:.1f} min'}\n")
+    total, start = 81559, 72_000  # 9559 MiB free: a 20 MiB/s leak fills it in 8 min
+    out = []
+    for t in range(400):  # flat, then a 20 MiB/s leak from t=120 (same process: the window is not restarted)
+        used = start if t < 120 else start + 20 * (t - 120)
+        out += e.observe_telemetry(batch(t, sample(memory_used_mib=used, memory_total_mib=total)), T0)
+        if out:
+            break
+    [tr] = out
+    used = start + 20 * (t - 120)
+    real_min = (total - used) / 20 / 60
+    rate, left = tr.summary.split(" MiB/s, full in ")
+    assert rate == "20" and abs(float(left.removesuffix(" min")) - real_min) < 0.15, (tr.summary, real_min)
+
+
 def _proc(job: str):
     from whaleflux.shared.events import GpuProcess
 

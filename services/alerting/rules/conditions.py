@@ -114,14 +114,21 @@ def _trend(rule: TrendRule, s: Series, sample: GpuSample, value: float, t: float
     if raw_limit is None:
         return None
     limit = float(raw_limit)
-    eta = seconds_to_limit(value, limit, slope) if slope > rule.min_slope_per_s else None
-    if eta is not None and eta <= rule.within and (not rule.sustained or _sustained(s.points, rule.min_slope_per_s)):
+    # Project from the recent slope (the window's second half), not the whole window: a leak that began
+    # inside the window would be averaged with the flat samples before it (slower, and more time left
+    # than there is). The whole window's slope still has to be growing for the projection to be made.
+    halves = _half_slopes(s.points)
+    recent = halves[1] if halves is not None and halves[1] is not None and halves[1] > 0 else slope
+    eta = seconds_to_limit(value, limit, recent) if slope > rule.min_slope_per_s else None
+    sustained = halves is not None and all(h is not None and h > rule.min_slope_per_s for h in halves)
+    if eta is not None and eta <= rule.within and (not rule.sustained or sustained):
         cond = Cond.FIRE
     elif eta is not None and eta <= 2 * rule.within:
         cond = Cond.HOLD
     else:
         cond = Cond.CLEAR
-    return cond, value, {"limit": limit, "eta_s": eta or 0.0, "eta_min": (eta or 0.0) / 60, "slope_per_s": slope}
+    return cond, value, {"limit": limit, "eta_s": eta or 0.0, "eta_min": (eta or 0.0) / 60, "slope_per_s": recent,
+                         "window_slope_per_s": slope}
 
 
 def _counter(rule: CounterRule, s: Series, value: float, t: float) -> Verdict:
@@ -167,17 +174,17 @@ def _steady(s: Series, rule: RateRule, t: float) -> bool:
     return s.steady_since is not None and t - s.steady_since >= rule.steady_for
 
 
-def _sustained(points: Window, min_slope: float) -> bool:
-    """The growth shows in both halves of the window (a one-off step does not)."""
+def _half_slopes(points: Window) -> tuple[float | None, float | None] | None:
+    """The slopes of the window's first and second halves (a one-off step grows only one of them); None
+    when either half has too few points."""
     if len(points) < 6:
-        return False
+        return None
     mid = (points[0][0] + points[-1][0]) / 2
     first = [p for p in points if p[0] <= mid]
     second = [p for p in points if p[0] > mid]
     if len(first) < 3 or len(second) < 3:
-        return False
-    a, b = slope_per_s(first), slope_per_s(second)
-    return a is not None and b is not None and a > min_slope and b > min_slope
+        return None
+    return slope_per_s(first), slope_per_s(second)
 
 
 def _cleared_after(s: Series, t: float, clear_after: float) -> Cond:

@@ -16,6 +16,7 @@ from .envelope import Envelope, InvalidEvent
 from .event_data import EventData
 from .fleet_events import GpuTelemetry, NodeDrainRequested, NodeHeartbeat, NodeRegistered
 from .job_events import (
+    JobCancelled,
     JobFailed,
     JobFinished,
     JobPlaced,
@@ -40,6 +41,7 @@ EVENT_MODELS: tuple[type[EventData], ...] = (
     JobRejected,
     JobPreempted,
     JobRequeued,
+    JobCancelled,
     LeaseExpiring,
     LeaseExpired,
     AlertRaised,

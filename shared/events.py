@@ -25,6 +25,7 @@ from .fleet_events import (
     NodeRegistered,
 )
 from .job_events import (
+    JobCancelled,
     JobFailed,
     JobFinished,
     JobPlaced,
@@ -38,8 +39,8 @@ from .lease_alert_events import AlertRaised, AlertResolved, LeaseExpired, LeaseE
 
 __all__ = [
     "EVENT_MODELS", "REGISTRY", "TYPE_PREFIX", "AlertRaised", "AlertResolved", "AttemptReport", "Envelope",
-    "EventData", "GpuIdentity", "GpuProcess", "GpuSample", "GpuTelemetry", "InvalidEvent", "JobFailed",
-    "JobFinished", "JobId", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobStarted", "JobSubmitted",
-    "LeaseExpired", "LeaseExpiring", "Name", "NodeDrainRequested", "NodeHeartbeat", "NodeRegistered", "NonNeg",
-    "Percent", "Token", "decode", "decode_typed", "encode", "make_envelope", "new_event_id", "utcnow",
+    "EventData", "GpuIdentity", "GpuProcess", "GpuSample", "GpuTelemetry", "InvalidEvent", "JobCancelled",
+    "JobFailed", "JobFinished", "JobId", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobStarted",
+    "JobSubmitted", "LeaseExpired", "LeaseExpiring", "Name", "NodeDrainRequested", "NodeHeartbeat", "NodeRegistered",
+    "NonNeg", "Percent", "Token", "decode", "decode_typed", "encode", "make_envelope", "new_event_id", "utcnow",
 ]

@@ -1,4 +1,7 @@
-"""Job events: submitted, placed, started, finished, failed, rejected, preempted, requeued (see docs/events/)."""
+"""Job events: submitted, placed, started, finished, failed, rejected, preempted, requeued, cancelled.
+
+Their schemas: docs/events/.
+"""
 
 from __future__ import annotations
 
@@ -164,3 +167,13 @@ class JobFailed(EventData):
     # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
     rank: Annotated[int, Field(ge=0)] | None = None
 
+
+
+class JobCancelled(EventData):
+    """The job was cancelled: it left the queue, or its attempt was told to stop (job.preempted); never run again."""
+
+    event_name: ClassVar[str] = "job.cancelled"
+    job_id: JobId
+    attempt: int = Field(0, ge=0, description="the attempt that was running (0: it never ran)")
+    reason: str
+    cancelled_by: str | None = None

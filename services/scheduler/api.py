@@ -1,4 +1,4 @@
-"""The scheduler's HTTP API: jobs (submit, list, show, why), nodes (list, drain, undrain), sizing, leader."""
+"""The scheduler's HTTP API: jobs (submit, list, show, why, cancel), nodes (list, drain, undrain), sizing, leader."""
 
 from __future__ import annotations
 
@@ -112,6 +112,10 @@ def _masked(job: JobRecord) -> JobRecord:
 
 
 
+class CancelBody(BaseModel):
+    reason: str = Field("cancelled by an operator", min_length=1, max_length=500)
+
+
 class DrainBody(BaseModel):
     reason: str = Field("drained by an operator", min_length=1, max_length=500)
 
@@ -197,6 +201,25 @@ async def submit(body: SubmitRequest, scheduler: SchedulerDep, runtime: RuntimeD
         env = runtime.envelope(data, subject=data.job_id, correlation_id=data.job_id)
         await runtime.bus.publish_envelope(subjects.JOB_SUBMITTED, env)
     return {"job_id": submitted[0].job_id, "job_ids": [j.job_id for j in submitted]}
+
+
+@jobs.post("/v1/jobs/{job_id}/cancel", dependencies=[AdminDep, WholeState])
+async def cancel(job_id: str, scheduler: SchedulerDep, body: CancelBody | None = None) -> dict[str, Any]:
+    """Cancel a job: a pending one leaves the queue; a placed or running one is told to stop on its nodes (SIGTERM,
+    grace, SIGKILL) and ends `cancelled`, never placed again. 404 unknown, 409 if it has ended already."""
+    reason = (body or CancelBody()).reason
+    async with scheduler.lock:
+        job = await scheduler.store.job(job_id)
+        if job is None:
+            raise HTTPException(404, f"job {job_id!r} not found")
+        was, nodes = job.state, job.nodes if job.state in ("placed", "running") else []
+        if not await scheduler.store.cancel(job, reason, "api", scheduler.settings.preemption_grace_s,
+                                            scheduler.clock()):
+            raise HTTPException(409, f"job {job_id!r} has ended already: {job.state}")
+    await scheduler.publish_staged()
+    scheduler.dirty.set()
+    scheduler.log.info("job.cancelled", job_id=job_id, was=was, attempt=job.attempt, stopping=nodes)
+    return {"job_id": job_id, "state": job.state, "was": was, "attempt": job.attempt, "stopping": nodes}
 
 
 @nodes.get("/v1/nodes", dependencies=[WholeState])

@@ -2,9 +2,10 @@
 
 The JOBS stream holds every fact about a job: its submission, each placement
 (one job.placed per node of a gang), what the nodes reported (started,
-finished, failed), and the scheduler's own requeues and rejections. Folding
-them in stream order gives the record the live scheduler would have kept, so
-after a lost store a finished job stays finished (never dispatched again), a
+finished, failed), and the scheduler's own requeues, rejections and
+cancellations. Folding them in stream order gives the record the live
+scheduler would have kept, so after a lost store a finished or cancelled job
+stays so (never dispatched again), a
 job whose attempt still runs stays placed or running on that node (re-adopted,
 not restarted), and only the truly pending wait in the queue. Folding the same
 events twice gives the same records.
@@ -23,6 +24,7 @@ from pydantic import TypeAdapter
 from whaleflux.shared.events import (
     Envelope,
     EventData,
+    JobCancelled,
     JobFailed,
     JobFinished,
     JobPlaced,
@@ -83,6 +85,16 @@ def late_end(job: JobRecord, report: EventData) -> bool:
     return job.state == "pending" and not job.parts and job.lost_attempt == report.attempt == job.attempt
 
 
+def record_cancel(job: JobRecord, reason: str, at: datetime) -> bool:
+    """The job cancelled (changed in place) unless it has ended already; whether it was. Its GPUs stay
+    listed (where it ran), the allocation is released by the caller."""
+    if job.state in TERMINAL:
+        return False
+    job.state, job.reason, job.finished_at = "cancelled", f"cancelled: {reason}", at
+    job.held_until = job.lost_attempt = job.expected_end = None
+    return True
+
+
 def back_to_queue(job: JobRecord, line: str, reason: str, cause: str, hold_until: datetime | None) -> None:
     """The current attempt is over without ending the job: pending again, GPUs released."""
     job.lost_attempt = job.attempt if cause in LOST else None
@@ -121,9 +133,11 @@ class Fold:
             self._report(job, data)
         elif isinstance(data, JobRequeued):
             self._requeued(job, env, data)
+        elif isinstance(data, JobCancelled):
+            record_cancel(job, data.reason, env.time)
 
     def _placed(self, job: JobRecord, env: Envelope, p: JobPlaced) -> None:
-        if p.attempt < job.attempt or job.state in ("succeeded", "rejected"):
+        if p.attempt < job.attempt or job.state in ("succeeded", "rejected", "cancelled"):
             return
         if p.attempt > job.attempt:
             job.attempt, job.state, job.reason, job.placed_at = p.attempt, "placed", None, env.time
@@ -179,8 +193,8 @@ class Fold:
         if q.attempt != job.attempt:
             return
         line = f"attempt {q.attempt} on {', '.join(q.gang_nodes or [q.node])}: {q.reason}"
-        if job.state == "pending":
-            return  # already folded from the attempt's own end (interrupted, restart)
+        if job.state in ("pending", "cancelled"):
+            return  # already folded from the attempt's own end (interrupted, restart), or cancelled
         if job.state not in ACTIVE and q.cause != "restart_on_failure":
             return
         stopped = q.cause in ("preempted", "node_drained", "node_lost") and (job.job_id, q.attempt) not in self._ended

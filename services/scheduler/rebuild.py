@@ -37,7 +37,7 @@ from .store import SchedulerStore
 
 # What a job's history is made of (stop orders, job.preempted, change nothing in a record).
 JOB_HISTORY = [s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, s.JOB_REQUEUED,
-               s.JOB_REJECTED]
+               s.JOB_REJECTED, s.JOB_CANCELLED]
 FETCH = 2000
 SNAPSHOT_BUCKET = "WHALEFLUX_SCHEDULER_SNAPSHOTS"
 SNAPSHOT_NAME = "jobs"

@@ -9,8 +9,8 @@ from pydantic import BaseModel, Field
 
 from whaleflux.shared.events import JobSubmitted
 
-JobStateName = Literal["pending", "placed", "running", "succeeded", "failed", "rejected"]
-TERMINAL = {"succeeded", "failed", "rejected"}
+JobStateName = Literal["pending", "placed", "running", "succeeded", "failed", "rejected", "cancelled"]
+TERMINAL = {"succeeded", "failed", "rejected", "cancelled"}
 ACTIVE = {"placed", "running"}
 
 

@@ -125,6 +125,21 @@ class SchedulerStore(RecordStore):
             self._stage(pipe, [rejected], job.job_id, now)
             await pipe.execute()
 
+    async def cancel(self, job: JobRecord, reason: str, by: str | None, grace_s: float, now: datetime) -> bool:
+        """Cancel the job: out of the queue, its GPUs released, stop orders to its nodes and job.cancelled staged;
+        False (nothing written) if it has ended already."""
+        events = transitions.cancel(job, reason, by, grace_s, now)
+        if not events:
+            return False
+        effects: list[Effect] = []
+        async with self._transaction(effects) as pipe:
+            self._release(pipe, list(job.gpu_uuids), effects)
+            self._set_job(pipe, job, effects)
+            pipe.zrem(self.pending_key, job.job_id)
+            self._stage(pipe, events, job.job_id, now)
+            await pipe.execute()
+        return True
+
     async def requeue(self, job: JobRecord, cause: str, reason: str, now: datetime, stop_grace_s: float | None,
                       spare: frozenset[int] = frozenset(), hold_until: datetime | None = None,
                       moved: bool = False) -> None:

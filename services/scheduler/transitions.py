@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from whaleflux.shared import subjects
-from whaleflux.shared.events import EventData, JobPlaced, JobPreempted, JobRejected, JobRequeued
+from whaleflux.shared.events import EventData, JobCancelled, JobPlaced, JobPreempted, JobRejected, JobRequeued
 
 from .gang import parts_of
-from .history import back_to_queue
+from .history import back_to_queue, record_cancel
 from .placement import Placement
-from .records import JobRecord
+from .records import ACTIVE, JobRecord
 
 # (rank, cluster, node) of one part of an attempt.
 PartAt = tuple[int, str, str]
@@ -99,6 +99,18 @@ def reject(job: JobRecord, reason: str) -> Announcement:
     """A job that can never run is rejected with its reason (changed in place), never queued forever."""
     job.state, job.reason = "rejected", reason
     return Announcement(subjects.JOB_REJECTED, JobRejected(job_id=job.job_id, reason=reason), f"rejected-{job.job_id}")
+
+
+def cancel(job: JobRecord, reason: str, by: str | None, grace_s: float, now: datetime) -> list[Announcement]:
+    """The job cancelled (changed in place): its current attempt, if it holds GPUs, told to stop on every node
+    (before anything reuses them: the outbox keeps order), then its job.cancelled. Nothing if it has ended."""
+    parts = [(p.rank, p.cluster, p.node) for p in job.parts] or [(0, job.cluster or "", job.node or "")]
+    stopping = job.state in ACTIVE
+    if not record_cancel(job, reason, now):
+        return []
+    orders = stop_orders(job, parts, f"cancelled: {reason}", grace_s, "cancel") if stopping else []
+    event = JobCancelled(job_id=job.job_id, attempt=job.attempt, reason=reason, cancelled_by=by)
+    return [*orders, Announcement(subjects.JOB_CANCELLED, event, f"cancelled-{job.job_id}")]
 
 
 def requeue(job: JobRecord, cause: str, reason: str, hold_until: datetime | None, moved: bool) -> Requeued:

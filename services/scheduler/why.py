@@ -23,6 +23,9 @@ def why(job: JobRecord) -> str:
             lines.append(f"placed there because: {job.placed_because}")
     elif job.state == "rejected":
         lines.append(f"rejected: {job.reason}")
+    elif job.state == "cancelled":
+        ran = f" after attempt {job.attempt}" if job.attempt else " before it ran"
+        lines.append(f"cancelled{ran}: {(job.reason or '').removeprefix('cancelled: ')}")
     else:
         end = f"exit code {job.exit_code}" if job.exit_code is not None else (job.reason or "")
         if job.parts and job.reason and job.exit_code is not None:

@@ -1,4 +1,5 @@
-"""`whaleflux jobs`: list jobs, show one (where it ran, how it ended, what it cost), why it waits, its output."""
+"""`whaleflux jobs`: list jobs, show one (where it ran, how it ended, what it cost), why it waits, its output,
+cancel one."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from .terminal import console, fail, print_table
 
 jobs_app = typer.Typer(help="List jobs, or show one.", invoke_without_command=True)
 
-TERMINAL = {"succeeded", "failed", "rejected"}
+TERMINAL = {"succeeded", "failed", "rejected", "cancelled"}
 POLL_S = 0.25  # how often `submit --wait` asks the scheduler: the wait ends within this of the job's end
 BILLING_GRACE_S = 5.0  # how long an ended job's charge may take to appear (billing meters from the same events)
 
@@ -90,6 +91,21 @@ def jobs_why(job_id: str) -> None:
     answer = _get_job(Connection.discover(), f"/v1/jobs/{job_id}/why", job_id)
     console.print(f"{job_id}: {answer['state']} (attempt {answer['attempt']})")
     console.print(escape(answer["why"]), soft_wrap=True)
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(
+    job_id: str,
+    reason: Annotated[str, typer.Option(help="why, kept in the job's record")] = "cancelled by an operator",
+) -> None:
+    """Cancel a job: a pending one leaves the queue, a running one is stopped (SIGTERM, grace, SIGKILL) and ends
+    cancelled, never run again. Needs the admin token."""
+    try:
+        out = Connection.discover().post_admin("scheduler", f"/v1/jobs/{job_id}/cancel", {"reason": reason})
+    except ClientError as exc:
+        fail(str(exc))
+    stopping = f"; stopping it on {', '.join(out['stopping'])}" if out["stopping"] else ""
+    console.print(f"{job_id}: cancelled (was {out['was']}, attempt {out['attempt']}){stopping}", soft_wrap=True)
 
 
 @jobs_app.command("logs")

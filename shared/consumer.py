@@ -14,6 +14,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
+from redis.exceptions import DataError
 
 from .dedup_store import SeenStore
 from .events import Envelope, EventData, InvalidEvent, decode, decode_typed
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("whaleflux.bus")
 _NATS_TROUBLE = (nats.errors.Error, OSError, TimeoutError)
+# Handler errors that depend only on the event (a value the handler or Redis cannot take: `embedded null
+# byte`, `hset with no key value pairs`): dead-lettered at once, like a Reject, not after max_deliver tries.
+PERMANENT: tuple[type[Exception], ...] = (ValueError, TypeError, UnicodeError, RecursionError, DataError)
 
 
 class Consumer:
@@ -225,6 +229,10 @@ class Consumer:
         self.bus.metrics.errors.labels(self.name).inc()
         delivered = msg.metadata.num_delivered if msg.metadata else 1
         reason = exc.reason if isinstance(exc, Retry) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, PERMANENT):
+            # The same event fails the same way every time: no retry can win.
+            await self._settle_dead(msg, "rejected", f"can never be processed: {reason}")
+            return
         if delivered >= self.spec.max_deliver:
             await self._settle_dead(msg, "exhausted", f"failed {delivered} times; last: {reason}")
             return

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .clock import system_clock
 from .event_data import EventData
@@ -17,21 +18,54 @@ def utcnow() -> datetime:
     return system_clock()
 
 
-class Envelope(BaseModel):
-    """CloudEvents 1.0 structured-mode envelope (JSON)."""
+# CloudEvents 1.0: extension attribute names are lowercase letters and digits (at most 20 advised);
+# their values in the JSON format are strings, integers (signed 32-bit) or booleans.
+_EXTENSION_NAME = re.compile(r"^[a-z0-9]{1,20}$")
+_INT32 = 2**31
+# `data` is JSON: application/json, or a `+json` type, with or without parameters.
+_JSON_MEDIA_TYPE = re.compile(r"^application/([a-z0-9.+-]+\+)?json\s*(;.*)?$", re.IGNORECASE)
 
-    model_config = ConfigDict(extra="forbid")
+
+class Envelope(BaseModel):
+    """CloudEvents 1.0 structured-mode envelope (JSON): its required and optional attributes, and extensions.
+
+    `data` must be JSON (validated strictly against the event type's model by `decode`); `data_base64`
+    is refused. Extension attributes (`traceparent`, `tracestate`, ...) are kept and travel on.
+    """
+
+    model_config = ConfigDict(extra="allow")
     specversion: Literal["1.0"]
     id: str = Field(min_length=1, max_length=128)
-    source: str = Field(min_length=1)
-    type: str = Field(min_length=1)
+    source: str = Field(min_length=1, max_length=1024)
+    type: str = Field(min_length=1, max_length=256)
     time: AwareDatetime
-    subject: str | None = None
-    datacontenttype: Literal["application/json"] = "application/json"
+    subject: str | None = Field(None, min_length=1, max_length=1024)
+    datacontenttype: str = Field("application/json", max_length=256)
+    dataschema: str | None = Field(None, min_length=1, max_length=1024)
     # CloudEvents extension attribute: ties together the events of one flow (a job, an alert).
-    correlationid: str | None = None
+    correlationid: str | None = Field(None, max_length=256)
     data: dict[str, Any]
     _wire: bytes | None = PrivateAttr(default=None)  # the bytes it was decoded from
+
+    @field_validator("datacontenttype")
+    @classmethod
+    def _json_content(cls, value: str) -> str:
+        if not _JSON_MEDIA_TYPE.match(value):
+            raise ValueError("must be application/json (parameters allowed): data is JSON")
+        return value
+
+    @model_validator(mode="after")
+    def _extensions(self) -> Envelope:
+        for name, value in (self.model_extra or {}).items():
+            if name == "data_base64":
+                raise ValueError("data_base64: binary data is not accepted, data must be JSON")
+            if not _EXTENSION_NAME.match(name):
+                raise ValueError(f"{name[:40]!r}: an extension attribute name is 1-20 lowercase letters or digits")
+            if value is None or isinstance(value, bool) or (isinstance(value, str) and len(value) <= 4096):
+                continue
+            if not isinstance(value, int) or not -_INT32 <= value < _INT32:
+                raise ValueError(f"{name}: an extension attribute is a string, a 32-bit integer or a boolean")
+        return self
 
     def wire(self) -> bytes:
         """The event's bytes: exactly as received when it was decoded, else its encoding."""

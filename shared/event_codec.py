@@ -76,8 +76,10 @@ def decode(raw: bytes) -> tuple[Envelope, EventData]:
         return typed, data
     env = Envelope.model_construct(
         **{n: getattr(typed, n) for n in _ENVELOPE_FIELDS},
+        **(typed.model_extra or {}),  # extension attributes travel on
         data=data.model_dump(mode="json", exclude_none=True),  # as encode() puts it on the wire
     )
+    env._wire = typed._wire
     return env, data
 
 
@@ -103,6 +105,8 @@ def _decode_stepwise(raw: bytes) -> tuple[Envelope, EventData]:
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidEvent(f"not JSON: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+    except RecursionError:
+        raise InvalidEvent("not JSON: nested too deeply") from None
     try:
         env = Envelope.model_validate(doc)
     except ValidationError as exc:
@@ -122,5 +126,5 @@ def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False, include_input=False)[:5]:
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        parts.append(f"{loc}: {err['msg']}")
+        parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)

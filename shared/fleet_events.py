@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, Field
 
-from .event_data import EventData, JobId, NonNeg, Percent, Token
+from .event_data import MODEL_CONFIG, Attempt, Count, EventData, Int, JobId, NonNeg, Percent, Token
 
 
 class GpuSample(BaseModel):
     """One GPU at one instant. Metrics a device does not support are None, never 0."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = MODEL_CONFIG
     uuid: str = Field(min_length=1, max_length=96)
     index: int = Field(ge=0, le=255)
     model: str
@@ -29,8 +29,8 @@ class GpuSample(BaseModel):
     sm_clock_mhz: NonNeg | None = None
     mem_clock_mhz: NonNeg | None = None
     throttle_reasons: list[str] = Field(default_factory=list)
-    ecc_uncorrected: Annotated[int, Field(ge=0)] | None = None
-    xid_errors: list[int] = Field(default_factory=list, description="XIDs seen since the previous sample")
+    ecc_uncorrected: Count | None = None
+    xid_errors: list[Int] = Field(default_factory=list, description="XIDs seen since the previous sample")
     # Added in v1 before release; all optional, absent where the device does not support them.
     memory_free_mib: NonNeg | None = None
     memory_reserved_mib: NonNeg | None = None
@@ -38,17 +38,17 @@ class GpuSample(BaseModel):
     thermal_margin_c: Annotated[float, Field(ge=-100, le=200)] | None = Field(
         None, description="degrees below the slowdown limit, as the device reports it"
     )
-    ecc_corrected: Annotated[int, Field(ge=0)] | None = None
-    remapped_rows_correctable: Annotated[int, Field(ge=0)] | None = None
-    remapped_rows_uncorrectable: Annotated[int, Field(ge=0)] | None = None
+    ecc_corrected: Count | None = None
+    remapped_rows_correctable: Count | None = None
+    remapped_rows_uncorrectable: Count | None = None
     row_remap_failure: bool | None = None
-    pcie_replay_count: Annotated[int, Field(ge=0)] | None = None
+    pcie_replay_count: Count | None = None
     pcie_tx_bytes_per_s: NonNeg | None = None
     pcie_rx_bytes_per_s: NonNeg | None = None
     nvlink_links_active: Annotated[int, Field(ge=0, le=64)] | None = None
-    nvlink_crc_errors: Annotated[int, Field(ge=0)] | None = Field(None, description="flit + data CRC errors, all links")
-    nvlink_replay_errors: Annotated[int, Field(ge=0)] | None = None
-    nvlink_recovery_errors: Annotated[int, Field(ge=0)] | None = None
+    nvlink_crc_errors: Count | None = Field(None, description="flit + data CRC errors, all links")
+    nvlink_replay_errors: Count | None = None
+    nvlink_recovery_errors: Count | None = None
     nvlink_bandwidth_bytes: NonNeg | None = Field(None, description="rx + tx bytes over all links since boot")
     tensor_active: Annotated[float, Field(ge=0, le=1)] | None = Field(
         None, description="ratio of cycles the tensor pipe is active")
@@ -58,14 +58,14 @@ class GpuSample(BaseModel):
 class GpuProcess(BaseModel):
     """A process holding GPU memory; `job_id` when the agent launched it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    pid: int = Field(ge=0)
+    model_config = MODEL_CONFIG
+    pid: Count
     used_mib: NonNeg
     job_id: str | None = None
 
 
 class GpuIdentity(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = MODEL_CONFIG
     uuid: str = Field(min_length=1, max_length=96)
     index: int = Field(ge=0, le=255)
     model: str
@@ -83,7 +83,7 @@ class GpuTelemetry(EventData):
     event_name: ClassVar[str] = "gpu.telemetry"
     cluster: Token
     node: Token
-    seq: int = Field(ge=0)
+    seq: Count
     sample_time: AwareDatetime
     gpus: list[GpuSample]
 
@@ -103,13 +103,13 @@ class AttemptReport(BaseModel):
     """One attempt the node holds: running under its supervisor, or ended (with its recorded exit) and
     listed for a while after its job.finished was published, so the scheduler can reconcile both ways."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = MODEL_CONFIG
     job_id: JobId
-    attempt: int = Field(ge=1)
-    rank: Annotated[int, Field(ge=0)] | None = None
+    attempt: Attempt
+    rank: Count | None = None
     state: Literal["running", "exited"]
     started_at: AwareDatetime | None = None
-    exit_code: int | None = None
+    exit_code: Int | None = None
     finished_at: AwareDatetime | None = None
     interrupted: str | None = Field(None, description="why the node stopped it (a planned stop), if it did")
 
@@ -118,7 +118,7 @@ class NodeHeartbeat(EventData):
     event_name: ClassVar[str] = "node.heartbeat"
     cluster: Token
     node: Token
-    seq: int = Field(ge=0)
+    seq: Count
     running_jobs: list[str] = Field(default_factory=list)
     # Added in v1 before release: the node is the authority on what runs on it. Every attempt it
     # runs, and those that ended recently, with their recorded exit (None: an agent too old to say).

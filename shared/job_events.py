@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import AwareDatetime, Field
 
-from .event_data import EventData, JobId, Name, NonNeg, Token
+from .event_data import Attempt, Count, EventData, Int, JobId, Name, NonNeg, OsText, Token
 
 
 class JobSubmitted(EventData):
@@ -20,9 +20,9 @@ class JobSubmitted(EventData):
     name: str = Field(min_length=1, max_length=128)
     team: Name = "default"
     project: Name = "default"
-    command: list[str] = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
+    command: list[OsText] = Field(min_length=1)
+    env: dict[OsText, OsText] = Field(default_factory=dict)
+    workdir: OsText | None = None
     gpus: int = Field(default=1, ge=1, le=1024)
     gpu_models: list[str] = Field(default_factory=list, description="allowed models; empty means any")
     min_memory_mib: NonNeg = 0
@@ -36,7 +36,7 @@ class JobSubmitted(EventData):
     priority: Literal["high", "normal", "low"] = "normal"
     preemptible: bool = Field(
         False, description="may be stopped (SIGTERM, grace, then requeued) for higher-priority work")
-    checkpoint_dir: str | None = Field(
+    checkpoint_dir: OsText | None = Field(
         None, description="passed as WHALEFLUX_CHECKPOINT_DIR; default <agent home>/checkpoints/<job_id>"
     )
     resume: Literal["checkpoint", "restart"] = Field(
@@ -56,27 +56,28 @@ class JobSubmitted(EventData):
 class JobPlaced(EventData):
     event_name: ClassVar[str] = "job.placed"
     job_id: JobId
-    attempt: int = Field(ge=1)
+    attempt: Attempt
     cluster: Token
     node: Token
     gpu_model: str
     gpu_uuids: list[str] = Field(min_length=1)
-    gpu_indices: list[int]
-    command: list[str] = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
+    gpu_indices: list[Int]
+    command: list[OsText] = Field(min_length=1)
+    env: dict[OsText, OsText] = Field(default_factory=dict)
+    workdir: OsText | None = None
     team: Name
     project: Name
     # Added in v1 before release: where the job keeps checkpoints, and whether this attempt resumes.
-    checkpoint_dir: str | None = None
+    checkpoint_dir: OsText | None = None
     resume: bool = False
     # Added in v1 before release: a gang spanning nodes gets one job.placed per node (a "part"); absent
     # (None) for a job on one node, so its events are unchanged.
-    rank: Annotated[int, Field(ge=0)] | None = Field(None, description="this node's rank in a gang spanning nodes")
+    rank: Count | None = Field(None, description="this node's rank in a gang spanning nodes")
     gang_nodes: list[Token] | None = Field(
         None, description="every node of the gang in rank order; the first (rank 0) is the coordinator"
     )
-    gang_gpus: Annotated[int, Field(ge=2)] | None = Field(None, description="GPUs of the whole gang, all nodes")
+    gang_gpus: Annotated[int, Field(ge=2, le=1_000_000)] | None = Field(
+        None, description="GPUs of the whole gang, all nodes")
 
     @property
     def part(self) -> int:
@@ -94,7 +95,7 @@ class JobPreempted(EventData):
 
     event_name: ClassVar[str] = "job.preempted"
     job_id: JobId
-    attempt: int = Field(ge=1)
+    attempt: Attempt
     cluster: Token
     node: Token
     reason: str
@@ -106,7 +107,7 @@ class JobRequeued(EventData):
 
     event_name: ClassVar[str] = "job.requeued"
     job_id: JobId
-    attempt: int = Field(ge=1, description="the attempt that was stopped or lost")
+    attempt: Attempt = Field(description="the attempt that was stopped or lost")
     cluster: Token
     node: Token
     reason: str
@@ -118,27 +119,27 @@ class JobRequeued(EventData):
 class JobStarted(EventData):
     event_name: ClassVar[str] = "job.started"
     job_id: JobId
-    attempt: int = Field(ge=1)
+    attempt: Attempt
     cluster: Token
     node: Token
     gpu_uuids: list[str]
-    pid: int
+    pid: Int
     started_at: AwareDatetime
     # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
-    rank: Annotated[int, Field(ge=0)] | None = None
+    rank: Count | None = None
 
 
 class JobFinished(EventData):
     event_name: ClassVar[str] = "job.finished"
     job_id: JobId
-    attempt: int = Field(ge=1)
+    attempt: Attempt
     cluster: Token
     node: Token
-    exit_code: int
+    exit_code: Int
     started_at: AwareDatetime
     finished_at: AwareDatetime
     # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
-    rank: Annotated[int, Field(ge=0)] | None = None
+    rank: Count | None = None
     # Added in v1 before release: set when the node stopped the job for a planned stop (agent or
     # `up` shut down): not the job's own failure; the scheduler requeues it to resume.
     interrupted: str | None = None
@@ -157,15 +158,15 @@ class JobFailed(EventData):
 
     event_name: ClassVar[str] = "job.failed"
     job_id: JobId
-    attempt: int = Field(ge=1)
+    attempt: Attempt
     cluster: Token
     node: Token
     reason: str
-    exit_code: int | None = None
+    exit_code: Int | None = None
     started_at: AwareDatetime | None = None
     failed_at: AwareDatetime
     # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
-    rank: Annotated[int, Field(ge=0)] | None = None
+    rank: Count | None = None
 
 
 
@@ -174,6 +175,6 @@ class JobCancelled(EventData):
 
     event_name: ClassVar[str] = "job.cancelled"
     job_id: JobId
-    attempt: int = Field(0, ge=0, description="the attempt that was running (0: it never ran)")
+    attempt: Count = Field(0, description="the attempt that was running (0: it never ran)")
     reason: str
     cancelled_by: str | None = None

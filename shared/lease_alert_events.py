@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AwareDatetime, Field
 
-from .event_data import EventData
+from .event_data import MAX_INT, Count, EventData
 
 
 class LeaseExpiring(EventData):
@@ -15,9 +15,9 @@ class LeaseExpiring(EventData):
     provider: str
     ends_at: AwareDatetime
     notice_deadline: AwareDatetime | None = None
-    horizon_days: int = Field(ge=0)
+    horizon_days: Count
     days_left: float
-    gpu_count: int = Field(ge=1)
+    gpu_count: Annotated[int, Field(ge=1, le=MAX_INT)]
     nodes: list[str]
     monthly_cost_usd: str = Field(pattern=r"^\d+(\.\d+)?$", description="decimal as a string")
     auto_renew: bool = False
@@ -35,7 +35,7 @@ class LeaseExpired(EventData):
     contract_id: str
     provider: str
     ended_at: AwareDatetime
-    gpu_count: int = Field(ge=1)
+    gpu_count: Annotated[int, Field(ge=1, le=MAX_INT)]
     nodes: list[str]
     gpu_models: list[str] = Field(default_factory=list)
     monthly_cost_usd: str = Field(pattern=r"^\d+(\.\d+)?$", description="decimal as a string")

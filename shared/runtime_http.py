@@ -5,6 +5,8 @@ Used by `shared.runtime.Runtime.app`; services use the dependencies through `sha
 
 from __future__ import annotations
 
+import json
+import math
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any
@@ -15,6 +17,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import BadRequest, StateUnavailable
 
@@ -36,6 +39,101 @@ def require_admin(
             detail="admin endpoint: missing or wrong bearer token (Authorization: Bearer <token>)",
             headers={"WWW-Authenticate": "Bearer"},
         )
+
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # any request body; configuration uploads are at most yamlconfig.MAX_BYTES
+
+
+class BodyGuard:
+    """ASGI middleware at every service's edge, before any route reads the body:
+
+    - a body over `limit` bytes: 413 (by its Content-Length, or as it streams); a bad Content-Length: 400;
+    - a JSON body with NaN, Infinity or a number beyond a double (1e999): 422 naming the number,
+      nested deeper than Python's parser goes: 400 (JSON itself has neither).
+    The body is read once here and handed on unchanged.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        if declared is not None and not declared.isdigit():
+            await _answer(scope, receive, send, 400, "Content-Length: not a number")
+            return
+        if declared is None and b"transfer-encoding" not in headers:
+            await self.app(scope, receive, send)  # no body
+            return
+        if declared is not None and int(declared) > self.limit:
+            await _answer(scope, receive, send, 413, f"request body: larger than {self.limit} bytes")
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await _answer(scope, receive, send, 413, f"request body: larger than {self.limit} bytes")
+                return
+            if not message.get("more_body", False):
+                break
+        problem = _json_problem(bytes(body)) if b"json" in headers.get(b"content-type", b"") else None
+        if problem is not None:
+            await _answer(scope, receive, send, problem[0], problem[1])
+            return
+        await self.app(scope, _replay(bytes(body), receive), send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    given = False
+
+    async def replayed() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _NotJsonNumber(f"body: {token} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotJsonNumber(f"body: {text[:40]} is beyond a double's range")
+    return value
+
+
+class _NotJsonNumber(ValueError):
+    pass
+
+
+def _json_problem(body: bytes) -> tuple[int, str] | None:
+    """(status, detail) for a JSON body no route may be given; None when it is fine or not JSON at all (the
+    route's own validation says what is wrong then)."""
+    try:
+        json.loads(body, parse_constant=_refuse_constant, parse_float=_finite)
+    except _NotJsonNumber as exc:
+        return 422, str(exc)
+    except RecursionError:
+        return 400, "body: JSON nested too deeply"
+    except ValueError:  # not JSON, or not UTF-8: FastAPI answers it with the location
+        return None
+    return None
+
+
+async def _answer(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
+    await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
 
 
 def refuse_before_connected(app: FastAPI, runtime: Runtime) -> None:

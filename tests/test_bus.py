@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 
 import nats
@@ -75,6 +76,34 @@ async def test_a_redelivered_event_is_not_handled_twice(bus_and_redis):
     await until(lambda: len(seen) == 2)
     assert seen[0] == "evt-1" and seen[1] != "evt-1"
     assert bus.metrics.duplicates.labels("test-bus")._value.get() == 1
+
+
+async def test_an_event_a_handler_can_never_take_is_dead_lettered_at_its_first_delivery(bus_and_redis):
+    """A handler error that depends only on the event (Redis' `hset with no key value pairs`, the OS's
+    `embedded null byte`) is not retried: every try would fail the same way."""
+    bus, redis = bus_and_redis
+    calls: dict[str, int] = {}
+    handled: list[str] = []
+
+    async def handler(env, data):
+        calls[data.job_id] = calls.get(data.job_id, 0) + 1
+        if data.job_id == "empty-hash":
+            await redis.hset("wf:test:h", mapping={})  # redis-py: DataError
+        if data.job_id == "nul-path":
+            os.stat("bad\x00path")  # ValueError: embedded null byte
+        handled.append(data.job_id)
+
+    bus.start_consumer(SPEC, handler, redis, "wf:test")
+    for job_id in ("empty-hash", "nul-path", "fine"):
+        await bus.publish(subjects.JOB_SUBMITTED, job(job_id))
+    dead = await deadletters(bus, 2)
+    await until(lambda: handled == ["fine"])
+    reasons = sorted(m.headers[REASON_HEADER] for m in dead)
+    assert reasons[0].startswith("can never be processed: DataError") and "hset" in reasons[0]
+    assert reasons[1] == "can never be processed: ValueError: embedded null byte"
+    assert calls == {"empty-hash": 1, "nul-path": 1, "fine": 1}
+    assert bus.metrics.deadlettered.labels("test-bus", "rejected")._value.get() == 2
+    assert bus.metrics.deadlettered.labels("test-bus", "exhausted")._value.get() == 0
 
 
 def test_the_bus_times_the_envelopes_it_makes_by_its_clock():

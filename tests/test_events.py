@@ -7,11 +7,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from whaleflux.shared import schemas, subjects
 from whaleflux.shared.events import (
     REGISTRY,
+    GpuSample,
+    GpuTelemetry,
     InvalidEvent,
+    JobPlaced,
+    JobStarted,
     JobSubmitted,
     decode,
     encode,
@@ -83,3 +88,79 @@ def test_subject_tokens_cannot_inject_wildcards():
 def test_envelope_time_is_timezone_aware():
     env = make_envelope(JobSubmitted(job_id="j", name="n", command=["x"]), source="t")
     assert env.time.tzinfo is not None and env.time <= datetime.now(UTC)
+
+
+def _telemetry_doc() -> dict:
+    sample = GpuSample(uuid="GPU-1", index=0, model="A100", utilization_gpu_pct=5, memory_used_mib=10,
+                       memory_total_mib=81920, temperature_c=31)
+    data = GpuTelemetry(cluster="c", node="n", seq=1, sample_time=datetime(2026, 1, 1, tzinfo=UTC), gpus=[sample])
+    return json.loads(encode(make_envelope(data, source="t", time=datetime(2026, 1, 1, tzinfo=UTC))))
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_nan_and_infinity_are_refused_in_every_number(literal):
+    raw = json.dumps(_telemetry_doc()).replace('"memory_total_mib": 81920.0', f'"memory_total_mib": {literal}')
+    assert literal in raw
+    with pytest.raises(InvalidEvent) as err:
+        decode(raw.encode())
+    assert "gpus.0.memory_total_mib" in err.value.reason and "finite number" in err.value.reason
+
+
+@pytest.mark.parametrize("field, value", [("seq", 2**70), ("seq", -1)])
+def test_integers_are_bounded(field, value):
+    doc = _telemetry_doc()
+    doc["data"][field] = value
+    with pytest.raises(InvalidEvent) as err:
+        decode(json.dumps(doc).encode())
+    assert err.value.reason.startswith(f"io.whaleflux.gpu.telemetry.v1: {field}:")
+
+
+def test_attempts_ranks_and_pids_cannot_be_2_to_the_70():
+    for model, field in ((JobPlaced, "attempt"), (JobPlaced, "rank"), (JobStarted, "pid")):
+        with pytest.raises(ValidationError) as err:
+            model.model_validate({field: 2**70})
+        assert any(e["loc"] == (field,) and e["type"] == "less_than_equal" for e in err.value.errors())
+
+
+def test_text_that_reaches_a_process_holds_no_nul_byte():
+    with pytest.raises(ValidationError) as err:
+        JobSubmitted(job_id="j", name="n", command=["sh", "-c", "a\x00b"], env={"A": "1"}, workdir="/tmp/\x00")
+    assert {e["loc"] for e in err.value.errors()} == {("command", 2), ("workdir",)}
+
+
+def test_cloudevents_optional_and_extension_attributes_are_accepted_and_travel_on():
+    doc = _telemetry_doc()
+    doc.update(dataschema="https://whaleflux.example/schemas/gpu.telemetry.v1.json",
+               datacontenttype="application/json; charset=utf-8",
+               traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", sampled=True, hops=3)
+    env, data = decode(json.dumps(doc).encode())
+    assert env.dataschema == doc["dataschema"] and env.datacontenttype == "application/json; charset=utf-8"
+    assert env.model_extra == {"traceparent": doc["traceparent"], "sampled": True, "hops": 3}
+    assert isinstance(data, GpuTelemetry)
+    again = json.loads(encode(env))
+    assert again["traceparent"] == doc["traceparent"] and again["hops"] == 3
+
+
+@pytest.mark.parametrize(
+    "attributes, reason",
+    [
+        ({"datacontenttype": "application/xml"}, "datacontenttype: must be application/json"),
+        ({"data_base64": "AAEC"}, "data_base64: binary data is not accepted"),
+        ({"Trace_Parent": "x"}, "an extension attribute name is 1-20 lowercase letters or digits"),
+        ({"spans": ["a"]}, "spans: an extension attribute is a string, a 32-bit integer or a boolean"),
+        ({"big": 2**40}, "big: an extension attribute is a string, a 32-bit integer or a boolean"),
+        ({"subject": ""}, "subject: String should have at least 1 character"),
+        ({"specversion": "0.3"}, "specversion"),
+    ],
+)
+def test_the_envelope_is_checked_per_the_cloudevents_spec(attributes, reason):
+    doc = {**_telemetry_doc(), **attributes}
+    with pytest.raises(InvalidEvent) as err:
+        decode(json.dumps(doc).encode())
+    assert err.value.reason.startswith("envelope: ") and reason in err.value.reason
+
+
+def test_json_nested_too_deeply_is_an_invalid_event_not_a_crash():
+    with pytest.raises(InvalidEvent) as err:
+        decode(b"[" * 100_000)
+    assert err.value.reason == "not JSON: nested too deeply"

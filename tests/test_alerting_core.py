@@ -207,6 +207,39 @@ def test_gpu_alerts_carry_dcgm_exporter_label_values_from_the_registration_and_k
         ("onprem", "h100-01")]
 
 
+def test_a_thermal_alert_does_not_resolve_because_its_drain_idled_the_gpu():
+    e = engine("rules:\n  - {name: Hot, kind: threshold, metric: temperature_c, threshold: {value: 88}, hysteresis: 3,"
+               " resolve_under_load: 50, resolve_hold: 30m, summary: s}\n")
+    [fire] = e.observe_telemetry(batch(0, sample(temperature_c=91)), T0)
+    assert fire.firing
+    # Drained: idle, and it cools below the limit: still firing (the cooling fault is not gone) ...
+    out = []
+    for t in range(1, 600):
+        out += e.observe_telemetry(batch(t, sample(temperature_c=60, utilization_gpu_pct=0)), T0)
+    assert out == []
+    # ... until it stayed cool for the hold time,
+    [done] = e.observe_telemetry(batch(1801, sample(temperature_c=60, utilization_gpu_pct=0)), T0)
+    assert not done.firing
+    # or it is cool under load (the fault is fixed and the GPU back at work).
+    e.observe_telemetry(batch(1900, sample(temperature_c=91)), T0)
+    [back] = e.observe_telemetry(batch(1901, sample(temperature_c=70, utilization_gpu_pct=95)), T0)
+    assert not back.firing
+    # Hot again after a while cool and idle: the hold counts afresh.
+    e.observe_telemetry(batch(2000, sample(temperature_c=91)), T0)
+    e.observe_telemetry(batch(2001, sample(temperature_c=60, utilization_gpu_pct=0)), T0)
+    e.observe_telemetry(batch(2100, sample(temperature_c=91)), T0)
+    assert e.observe_telemetry(batch(3850, sample(temperature_c=60, utilization_gpu_pct=0)), T0) == []
+
+
+def test_a_baseline_of_steady_idle_gpus_counts_sigmas_against_its_minimum_spread():
+    e = engine("rules:\n  - {name: Odd, kind: baseline, metric: temperature_c, warm_up: 50, sigmas: 5, min_delta: 10,"
+               " min_spread: 2, summary: '{delta:.0f} C above {mean:.0f} C ({sigmas:.1f} sigma)'}\n")
+    for t in range(100):  # an idle GPU holds 34.0-34.1 C
+        e.observe_telemetry(batch(t, sample(temperature_c=34 + (t % 2) / 10, utilization_gpu_pct=0)), T0)
+    [tr] = e.observe_telemetry(batch(100, sample(temperature_c=70, utilization_gpu_pct=0)), T0)
+    assert tr.summary == "36 C above 34 C (18.0 sigma)"
+
+
 def test_missing_heartbeat_fires_and_resolves():
     e = engine("rules:\n  - {name: NodeDown, kind: heartbeat, for: 30s, summary: '{node} silent {silent_s:.0f}s'}\n")
     e.observe_node("onprem", "n1", NodeInfo(rack="r1", pool="p"), T0)

@@ -99,6 +99,11 @@ class ThresholdRule(RuleBase):
     op: Op = ">="
     threshold: Threshold
     hysteresis: float = Field(0.0, ge=0, description="resolve only this far back on the safe side")
+    # A thermal alert must not resolve because its drain left the GPU idle (a cooling fault stays): with
+    # `resolve_under_load`, back on the safe side resolves at once only while the GPU is under load
+    # (utilization at least this %); otherwise only after it stayed there for `resolve_hold`.
+    resolve_under_load: float | None = Field(None, ge=0, le=100, description="utilization %% that counts as load")
+    resolve_hold: Duration = Field(1800.0, description="without load: how long back on the safe side to resolve")
 
 
 class RateRule(RuleBase):
@@ -187,6 +192,8 @@ class BaselineRule(RuleBase):
     sigmas: float = Field(4.0, gt=0)
     min_delta: float = Field(0.0, ge=0, description="and at least this far above the mean")
     resolve_sigmas: float = Field(2.0, ge=0)
+    min_spread: float = Field(1.0, gt=0, description="the smallest standard deviation a baseline counts: idle "
+                              "GPUs hold their temperature within tenths of a degree, which is no yardstick")
 
 
 class HeartbeatRule(RuleBase):

@@ -71,12 +71,13 @@ class Baselines:
         e = self.ewmas.get(key)
         if e is None:
             e = self.ewmas[key] = Ewma(rule.half_life)
-        extra: dict[str, Any] = {"mean": e.mean, "sigmas": 0.0, "workload_class": cls, "samples": e.n}
+        extra: dict[str, Any] = {"mean": e.mean, "sigmas": 0.0, "workload_class": cls, "samples": e.n,
+                                 "delta": value - e.mean, "spread": math.sqrt(max(e.var, rule.min_spread ** 2))}
         if t - s.class_since < rule.settle:
             return s.hold(), value, extra  # heating or cooling toward its new load: neither judged nor learned
         cond = s.hold()
         if e.n >= rule.warm_up:
-            z = e.zscore(value)
+            z = e.zscore(value, rule.min_spread ** 2)
             extra["sigmas"] = z
             if z >= rule.sigmas and value - e.mean >= rule.min_delta:
                 cond = Cond.FIRE

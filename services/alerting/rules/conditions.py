@@ -53,7 +53,7 @@ def evaluate(rule: SampleRule, s: Series, sample: GpuSample, model: GpuModel | N
         return (Cond.FIRE if raw else Cond.CLEAR), float(bool(raw)), {}
     value = float(raw)
     if isinstance(rule, ThresholdRule):
-        return _threshold(rule, value, resolve_threshold(rule.threshold, sample, model))
+        return _threshold(rule, s, sample, value, resolve_threshold(rule.threshold, sample, model), t)
     if isinstance(rule, RateRule):
         return _rate(rule, s, sample, value, t)
     if isinstance(rule, TrendRule):
@@ -61,18 +61,34 @@ def evaluate(rule: SampleRule, s: Series, sample: GpuSample, model: GpuModel | N
     return _counter(rule, s, value, t)
 
 
-def _threshold(rule: ThresholdRule, value: float, limit: float | None) -> Verdict | None:
+def _threshold(rule: ThresholdRule, s: Series, sample: GpuSample, value: float, limit: float | None,
+               t: float) -> Verdict | None:
     if limit is None:
         return None
     op = _OPS[rule.op]
     back = -rule.hysteresis if rule.op in (">", ">=") else rule.hysteresis
     if op(value, limit):
         cond = Cond.FIRE
+        s.safe_since = None
     elif op(value, limit + back):
         cond = Cond.HOLD  # inside the hysteresis band
+        s.safe_since = None
     else:
-        cond = Cond.CLEAR
+        cond = _safe(rule, s, sample, t)
     return cond, value, {"threshold": limit}
+
+
+def _safe(rule: ThresholdRule, s: Series, sample: GpuSample, t: float) -> Cond:
+    """Back on the safe side: clear, unless the rule wants that shown under load (a drained, idle GPU
+    cools whatever its fault) and the GPU is not loaded: then clear only after `resolve_hold` there."""
+    if rule.resolve_under_load is None or not s.firing:
+        return Cond.CLEAR
+    if s.safe_since is None:
+        s.safe_since = t
+    if sample.utilization_gpu_pct >= rule.resolve_under_load or t - s.safe_since >= rule.resolve_hold:
+        s.safe_since = None
+        return Cond.CLEAR
+    return Cond.HOLD
 
 
 def _slope(rule: RateRule | TrendRule, s: Series) -> float | None:

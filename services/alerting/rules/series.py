@@ -92,6 +92,7 @@ class Series:
     steady_smooth: float | None = None  # ... its smoothed value ...
     steady_since: float | None = None  # ... and since when
     steady_t: float | None = None  # time of the last steady-metric sample
+    safe_since: float | None = None  # threshold rules with resolve_under_load: back on the safe side since
     labels: dict[str, str] = field(default_factory=dict)
 
     def hold(self) -> Cond:

@@ -102,6 +102,7 @@ def test_login_is_required_and_the_session_is_an_httponly_cookie(stack, browser)
     forged = httpx.post(console.url + "/jobs", data={"command": "true"}, cookies=jar)
     assert forged.status_code == 403
     assert httpx.post(console.url + "/alerts/x/ack", data={"csrf": "guess"}, cookies=jar).status_code == 403
+    assert httpx.post(console.url + "/jobs/x/cancel", cookies=jar).status_code == 403
     context.close()
 
 
@@ -137,7 +138,8 @@ def test_fleet_shows_every_demo_gpu_and_an_injected_fault_is_flagged_alerted_and
     context.close()
 
 
-def test_a_job_submitted_from_the_form_runs_shows_its_log_and_a_focus_export_downloads(stack, browser):
+def test_a_job_submitted_from_the_form_runs_shows_its_log_and_a_focus_export_downloads_and_one_is_cancelled(
+        stack, browser):
     _, procs, _, console = stack
     from playwright.sync_api import expect
 
@@ -168,6 +170,20 @@ def test_a_job_submitted_from_the_form_runs_shows_its_log_and_a_focus_export_dow
     rows = list(csv.DictReader(io.StringIO(Path(download.path()).read_text())))
     assert rows and {"BilledCost", "EffectiveCost", "ChargePeriodStart", "x_JobId"} <= set(rows[0])
     assert any(r["x_JobId"] == job_id for r in rows)
+
+    # A long job is cancelled from its page: stopped on its node, cancelled (not failed), the button gone.
+    page.goto(console.url + "/jobs/new")
+    page.fill("#command", "sleep 600")
+    page.click("#submit-form button[type=submit]")
+    page.wait_for_url("**/jobs/*")
+    long_id = urlparse(page.url).path.rsplit("/", 1)[1]
+    expect(page.locator("[data-testid=job-state]")).to_have_text("running", timeout=60_000)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("[data-testid=cancel-job]")
+    expect(page.locator("[data-testid=job-state]")).to_have_text("cancelled", timeout=15_000)
+    expect(page.locator("[data-testid=cancel-job]")).to_have_count(0)
+    record = httpx.get(procs["scheduler"].url + f"/v1/jobs/{long_id}").json()
+    assert record["state"] == "cancelled" and record["reason"] == "cancelled: cancelled from the console", record
     assert outside == []
     context.close()
 

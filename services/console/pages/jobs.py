@@ -1,7 +1,4 @@
-"""Jobs: the list with filters, the submit form (with a sizing estimate beside it), a job's page.
-
-Cancel is not offered: the scheduler has no cancel endpoint and the agent does not handle `job.cancel` yet.
-"""
+"""Jobs: the list with filters, the submit form (with a sizing estimate beside it), a job's page with cancel."""
 
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ from ..upstream import UpstreamError, fetch_all
 from ..web import Console, ConsoleDep, CsrfDep, SessionDep, fragment, page, sse
 
 router = APIRouter()
-STATES = ["pending", "placed", "running", "succeeded", "failed", "rejected", "interrupted", "preempted"]
+STATES = ["pending", "placed", "running", "succeeded", "failed", "rejected", "cancelled"]
 ENDED = {"succeeded", "failed", "rejected", "cancelled"}
 LIST_LIMIT = 500
 
@@ -173,6 +170,23 @@ async def job_page(request: Request, job_id: str, c: ConsoleDep, _: SessionDep) 
     view = await job_view(c, job_id)
     return page(request, "job.html", "jobs", job_id=job_id,
                 live=fragment("_job_live.html", **view))
+
+
+@router.post("/jobs/{job_id}/cancel", response_class=HTMLResponse)
+async def cancel(job_id: str, c: ConsoleDep, _: CsrfDep) -> Response:
+    """Cancel through the scheduler (a running job is stopped on its node); answers the refreshed job view."""
+    notice = error = None
+    try:
+        await c.upstream.post("scheduler", f"/v1/jobs/{job_id}/cancel",
+                              {"reason": "cancelled from the console"}, admin=True)
+        notice = "Cancelled: a running job is being stopped on its node."
+    except UpstreamError as exc:
+        error = f"scheduler refused: {exc.detail}"
+    c.hub.mark("job")
+    view = await job_view(c, job_id)
+    if error:
+        view["errors"] = [error, *view["errors"]]
+    return HTMLResponse(fragment("_job_live.html", notice=notice, **view))
 
 
 @router.get("/live/jobs/{job_id}")

@@ -70,7 +70,7 @@ async def run(jobs: int, servers: LocalServers) -> None:
                 break
             await asyncio.sleep(0.01)
         elapsed = time.perf_counter() - began
-        ended = sum(r.ended_at is not None for r in await svc.store.usage_records())
+        ended = sum(r.ended_at is not None for r in await svc.store.all_usage_records())
         assert ended == jobs, f"{ended} of {jobs} usage records ended"
     finally:
         await svc.runtime.stop()

@@ -125,7 +125,7 @@ def _client(app: FastAPI) -> httpx.AsyncClient:
 
 
 async def _usage_count(svc: Billing, n: int) -> bool:
-    return sum(r.ended_at is not None for r in await svc.store.usage_records()) >= n
+    return sum(r.ended_at is not None for r in await svc.store.all_usage_records()) >= n
 
 
 async def _reports(app: FastAPI) -> dict[str, dict]:
@@ -426,3 +426,47 @@ async def test_the_store_returns_the_samples_around_any_instants_sparse_or_dense
                 assert got.joules("G", a, b) == every.joules("G", a, b)
     finally:
         await svc.runtime.stop()
+
+
+async def test_usage_is_read_by_time_window_through_its_index_and_an_old_ledger_is_indexed_at_start(env):
+    from whaleflux.billing.ledger import LedgerView
+    from whaleflux.billing.metering import UsageRecord
+
+    def rec(job, start, hours):
+        return UsageRecord(job_id=job, attempt=1, team="t", project="p", gpu_model="H100", gpus=1, node="n",
+                           gpu_uuids=["G"], started_at=start,
+                           ended_at=None if hours is None else start + timedelta(hours=hours),
+                           state="running" if hours is None else "finished")
+
+    records = [rec(f"d{i}", T0 - timedelta(days=i), 2) for i in range(365)]
+    records += [rec("long", T0 - timedelta(days=40), 24 * 30), rec("live", T0 - timedelta(days=200), None)]
+    app, svc = await _started(Clock(T0))
+    try:
+        view = LedgerView(usage={r.ledger_key: r for r in records}, dirty_usage={r.ledger_key for r in records})
+        await svc.store.commit_view(view)
+        day = T0 - timedelta(days=20)
+        got = await svc.store.usage_records(day, day + timedelta(days=1))
+        assert sorted(r.job_id for r in got) == ["d20", "live", "long"], await _index_state(env)
+
+        # A ledger written before the index: indexed once at start-up, then read by window alike.
+        await svc.runtime.stop()
+        from redis.asyncio import Redis
+
+        redis = Redis.from_url(env.redis_url, password=env.redis_password, decode_responses=True)
+        await redis.delete("wf:billing:usage:starts", "wf:billing:usage:running", "wf:billing:usage:longest")
+        await redis.aclose()
+        app, svc = await _started(Clock(T0))
+        again = await svc.store.usage_records(day, day + timedelta(days=1))
+        assert sorted(r.job_id for r in again) == sorted(r.job_id for r in got)
+        assert [r.job_id for r in await svc.store.job_usage("d7")] == ["d7"]
+    finally:
+        await svc.runtime.stop()
+
+
+async def _index_state(servers):
+    from redis.asyncio import Redis
+
+    redis = Redis.from_url(servers.redis_url, password=servers.redis_password, decode_responses=True)
+    out = (await redis.zscore("wf:billing:usage:longest", "ms"), await redis.zcard("wf:billing:usage:starts"))
+    await redis.aclose()
+    return out

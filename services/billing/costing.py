@@ -29,7 +29,7 @@ from .pricebook import PriceBook, day_start
 
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
-__all__ = ["Costed", "Inputs", "compute", "daily_spend", "day_start", "energy_uses", "gpu_costs", "in_window",
+__all__ = ["Costed", "Inputs", "compute", "daily_spend", "day_start", "energy_uses", "gpu_costs",
            "inventory_terms", "job_window", "kwh_prices", "sample_points", "utilization"]
 
 
@@ -55,11 +55,6 @@ class Costed:
     book: PriceBook
     energy: list[EnergyUse]
     overlaps: list[Overlap]
-
-
-def in_window(records: list[UsageRecord], start: datetime, end: datetime) -> list[UsageRecord]:
-    """The records whose allocation overlaps [start, end)."""
-    return [r for r in records if r.started_at < end and (r.ended_at is None or r.ended_at > start)]
 
 
 def inventory_terms(url: str, fetched_at: str | None, assets: list[Asset], error: str | None,

@@ -68,6 +68,9 @@ class Billing:
         if self._http is None:
             self._http = httpx.AsyncClient()
         await rt.publish_staged()
+        indexed = await self._store.ensure_usage_index()
+        if indexed:
+            self.log.info("billing.usage_indexed", records=indexed)
         await self.reload_pricebook_file()
 
     async def on_stop(self) -> None:
@@ -158,7 +161,7 @@ class Billing:
 
     async def inputs(self, start: datetime, end: datetime, now: datetime) -> Inputs:
         store = self.store
-        records = costing.in_window(await store.usage_records(), start, end)
+        records = await store.usage_records(start, end)
         cache = await store.assets()
         terms, info = costing.inventory_terms(self.settings.inventory_url, cache.fetched_at, cache.assets,
                                               cache.error, cache.error_at)

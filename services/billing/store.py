@@ -3,7 +3,8 @@
 Nothing else in billing talks to Redis. The keys (docs/services/billing.md):
 `alloc:<ledger>` (the `job.placed` data), `usage` (ledger -> usage record),
 `holds` and `gpu:holder` (the GPU-holder fold: job -> its holds, GPU -> the
-part holding it), `energy:last`, `energy:series:<gpu>`, `assets`, `assets:status`, `pricebook`,
+part holding it), `usage:starts`, `usage:running`, `usage:longest` (the ledger's time index),
+`energy:last`, `energy:series:<gpu>`, `assets`, `assets:status`, `pricebook`,
 `pricebook:error`, `budgets`, `budget:fired`.
 """
 
@@ -29,6 +30,7 @@ from .budgets import Budget
 from .energy import Reading, Series
 from .ledger import LedgerView
 from .metering import UsageRecord
+from .ownership import to_ms
 from .pricebook import PriceBook, parse_pricebook
 
 HOUR_MS = 3_600_000
@@ -120,21 +122,68 @@ class BillingStore:
                 pipe.hdel(self._k("gpu:holder"), *released)
             if usage:
                 pipe.hset(self._k("usage"), mapping={r.ledger_key: r.model_dump_json() for r in usage})
+                self._index_usage(pipe, usage)
             placed = {self._k(f"alloc:{k}"): p.model_dump_json() for k in view.dirty_placements
                       if (p := view.placements.get(k)) is not None}
             if placed:
                 pipe.mset(placed)
             await pipe.execute()
 
-    async def usage_records(self) -> list[UsageRecord]:
-        """Every record of the ledger (one per attempt, per part of a gang)."""
+    def _index_usage(self, pipe: Any, records: Sequence[UsageRecord]) -> None:
+        """Index records by time: `usage:starts` (ledger key by start ms), `usage:running` (not ended), and
+        `usage:longest` (the longest ended record's ms, only ever raised)."""
+        pipe.zadd(self._k("usage:starts"), {r.ledger_key: to_ms(r.started_at) for r in records})
+        running = [r.ledger_key for r in records if r.ended_at is None]
+        ended = [r for r in records if r.ended_at is not None]
+        if running:
+            pipe.sadd(self._k("usage:running"), *running)
+        if ended:
+            pipe.srem(self._k("usage:running"), *[r.ledger_key for r in ended])
+            longest = max(to_ms(r.ended_at) - to_ms(r.started_at) for r in ended if r.ended_at is not None)
+            pipe.zadd(self._k("usage:longest"), {"ms": longest}, gt=True)
+
+    async def ensure_usage_index(self) -> int:
+        """Index a ledger written before the time index (once, at start-up); how many records were indexed."""
+        count, indexed = await self.redis.hlen(self._k("usage")), await self.redis.zcard(self._k("usage:starts"))
+        if count <= indexed:
+            return 0
+        records = [UsageRecord.model_validate_json(v) for v in (await self.redis.hgetall(self._k("usage"))).values()]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            self._index_usage(pipe, records)
+            await pipe.execute()
+        return len(records)
+
+    async def usage_records(self, start: datetime, end: datetime) -> list[UsageRecord]:
+        """The records (one per attempt, per part of a gang) whose allocation overlaps [start, end): read by
+        the time index, so a report costs what its window holds, not the whole history."""
+        lo, hi = to_ms(start), to_ms(end)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zscore(self._k("usage:longest"), "ms")
+            pipe.smembers(self._k("usage:running"))
+            longest, running = await pipe.execute()
+        back = int(longest or 0)
+        found = await self.redis.zrangebyscore(self._k("usage:starts"), lo - back, f"({hi}")
+        keys = {_s(k) for k in found if isinstance(k, (bytes, str))}
+        keys.update(_s(k) for k in running)
+        if not keys:
+            return []
+        raw = await self.redis.hmget(self._k("usage"), sorted(keys))
+        records = [UsageRecord.model_validate_json(v) for v in raw if v is not None]
+        return [r for r in records if r.started_at < end and (r.ended_at is None or r.ended_at > start)]
+
+    async def all_usage_records(self) -> list[UsageRecord]:
+        """Every record of the ledger (tests and tools; reports read by window)."""
         raw = await self.redis.hgetall(self._k("usage"))
         return [UsageRecord.model_validate_json(v) for v in raw.values()]
 
     async def job_usage(self, job_id: str) -> list[UsageRecord]:
-        """The records of one job's attempts (every part of a gang)."""
-        raw = _strs(await self.redis.hgetall(self._k("usage")))
-        return [UsageRecord.model_validate_json(v) for k, v in raw.items() if k.rsplit(":", 1)[0] == job_id]
+        """The records of one job's attempts (every part of a gang), found without reading the others."""
+        pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in job_id) + ":*"
+        out = []
+        async for key, value in self.redis.hscan_iter(self._k("usage"), match=pattern, count=1000):
+            if _s(key).rsplit(":", 1)[0] == job_id:
+                out.append(UsageRecord.model_validate_json(value))
+        return out
 
     async def holders(self, gpus: Sequence[str]) -> list[Holder | None]:
         """The part of an attempt holding each GPU (the shared GPU-holder fold), or None."""

@@ -1,15 +1,20 @@
 """Settings common to every WhaleFlux process; each service subclasses them.
 
 Values come from the environment (`WHALEFLUX_*`, plus the conventional
-`NATS_URL` / `REDIS_URL`). Outside development a missing or weak secret stops
-the process at start-up instead of running with a default.
+`NATS_URL` / `REDIS_URL`). A secret can come from a file instead:
+`WHALEFLUX_<NAME>_FILE` (e.g. WHALEFLUX_NATS_PASSWORD_FILE=/run/secrets/nats), so
+it is never on a command line nor in the process's environment. Outside
+development a missing or weak secret stops the process at start-up instead of
+running with a default.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
-from typing import Any, ClassVar, Literal
+from pathlib import Path
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,6 +40,23 @@ class CommonSettings(BaseSettings):
     http_port: int = Field(8700, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     instance: str = Field(default_factory=lambda: secrets.token_hex(3))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secret_files(cls, data: Any) -> Any:
+        """A secret not set directly is read from the file WHALEFLUX_<NAME>_FILE names, if it is set."""
+        if not isinstance(data, dict):
+            return data
+        for name, info in cls.model_fields.items():
+            if SecretStr not in (info.annotation, *get_args(info.annotation)) or data.get(name) is not None:
+                continue
+            variable = f"WHALEFLUX_{name.upper()}_FILE"
+            if path := os.environ.get(variable):
+                try:
+                    data[name] = Path(path).read_text().strip()
+                except OSError as exc:
+                    raise ValueError(f"{variable}: cannot read {path} ({exc.strerror})") from None
+        return data
 
     @field_validator("http_port")
     @classmethod

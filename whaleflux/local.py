@@ -9,7 +9,9 @@ SIGTERM, leaving no process behind.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -23,10 +25,12 @@ from rich.console import Console
 from rich.table import Table
 
 from whaleflux.shared import localconfig
+from whaleflux.shared.catalog import load_fleet
 from whaleflux.shared.localconfig import SERVICES, LocalConfig
+from whaleflux.shared.permissions import OPERATOR, Identity, stack_identities
 
 from .client import DEFAULT_PORTS
-from .servers import LocalServers
+from .servers import LocalServers, write_private
 
 console = Console()
 READY_TIMEOUT_S = 60.0
@@ -74,6 +78,23 @@ def listen(preferred: int) -> socket.socket:
     return sock
 
 
+def issue_identities(secrets_dir: Path, identities: list[Identity],
+                     operator_password: str) -> list[tuple[Identity, str]]:
+    """A password for each NATS identity, kept across runs in `secrets_dir`/nats-users.json, and each also in
+    `secrets_dir`/<user>.nats for the one process that uses it (all mode 0600). The operator's is the CLI's,
+    from the config file."""
+    store = secrets_dir / "nats-users.json"
+    known: dict[str, str] = json.loads(store.read_text()) if store.exists() else {}
+    issued = []
+    for identity in identities:
+        password = operator_password if identity.user == OPERATOR else known.get(identity.user)
+        issued.append((identity, password or secrets.token_urlsafe(24)))
+    write_private(store, json.dumps({identity.user: password for identity, password in issued}, indent=2))
+    for identity, password in issued:
+        write_private(secrets_dir / f"{identity.user}.nats", password)
+    return issued
+
+
 @dataclass
 class Stack:
     cfg: LocalConfig
@@ -83,6 +104,8 @@ class Stack:
     children: list[Child] = field(default_factory=list)
     servers: LocalServers | None = None
     stopping: bool = False
+    # The NATS user each child connects as (its name: a service, "console", "agent"), when `up` runs the servers.
+    nats_users: set[str] = field(default_factory=set)
 
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WHALEFLUX_")}
@@ -102,6 +125,15 @@ class Stack:
         env.update({k: v for k, v in os.environ.items() if k.startswith("WHALEFLUX_") and k not in env})
         return env
 
+    def identity_env(self, env: dict[str, str], user: str) -> dict[str, str]:
+        """`env` for the child that connects as NATS user `user`: its own password, read from its file."""
+        if user not in self.nats_users:
+            return env  # servers from the environment: one user for all
+        child = {k: v for k, v in env.items() if k != "WHALEFLUX_NATS_PASSWORD"}
+        child.update({"WHALEFLUX_NATS_USER": user,
+                      "WHALEFLUX_NATS_PASSWORD_FILE": str(self.state_dir / "secrets" / f"{user}.nats")})
+        return child
+
     def start_servers(self) -> None:
         if os.environ.get("NATS_URL") and os.environ.get("REDIS_URL"):
             self.cfg.nats_url, self.cfg.redis_url = os.environ["NATS_URL"], os.environ["REDIS_URL"]
@@ -112,8 +144,14 @@ class Stack:
             return
         console.print("starting nats-server (JetStream) and redis-server…")
         began = time.monotonic()
+        # One NATS user per component, each allowed only what its part of the contract says (docs/security.md).
+        nodes = [(node.cluster, node.name) for node in load_fleet(self.fleet).nodes()]
+        identities = issue_identities(self.state_dir / "secrets", stack_identities(nodes), self.cfg.nats_password)
+        self.nats_users = {identity.user for identity, _ in identities}
+        self.cfg.nats_user = OPERATOR  # the CLI's, from the config file
         self.servers = LocalServers(
-            self.state_dir / "servers", self.cfg.nats_user, self.cfg.nats_password, self.cfg.redis_password
+            self.state_dir / "servers", self.cfg.nats_user, self.cfg.nats_password, self.cfg.redis_password,
+            identities=identities,
         ).start(nats_port=14222, redis_port=16379)
         self.cfg.nats_url, self.cfg.redis_url = self.servers.nats_url, self.servers.redis_url
         console.print(f"  NATS at {self.cfg.nats_url}, Redis at {self.cfg.redis_url} "
@@ -126,7 +164,7 @@ class Stack:
             listener = listen(DEFAULT_PORTS[name])
             port = listener.getsockname()[1]
             self.cfg.services[name] = f"http://127.0.0.1:{port}"
-            child_env = {**env, "WHALEFLUX_HTTP_PORT": str(port)}
+            child_env = {**self.identity_env(env, name), "WHALEFLUX_HTTP_PORT": str(port)}
             if name == "alerting":
                 child_env["WHALEFLUX_EXTERNAL_URL"] = self.cfg.services[name]
             if name == "inventory" and self.assets:
@@ -146,7 +184,7 @@ class Stack:
         self.cfg.services["console"] = f"http://127.0.0.1:{console_port}"
         self.children.append(
             Child("console", [sys.executable, "-m", "whaleflux", "service", "console"],
-                  {**env, "WHALEFLUX_HTTP_PORT": str(console_port),
+                  {**self.identity_env(env, "console"), "WHALEFLUX_HTTP_PORT": str(console_port),
                    **{f"WHALEFLUX_{name.upper()}_URL": self.cfg.services[name] for name in SERVICES}},
                   logs / "console.log", listener=console_listener)
         )
@@ -156,7 +194,8 @@ class Stack:
         self.cfg.services["agent"] = f"http://127.0.0.1:{agent_port}"
         self.children.append(
             Child("agent", [sys.executable, "-m", "whaleflux", "agent", "--simulate", str(self.fleet)],
-                  {**env, "WHALEFLUX_HTTP_PORT": str(agent_port)}, logs / "agent.log", listener=agent_listener)
+                  {**self.identity_env(env, "agent"), "WHALEFLUX_HTTP_PORT": str(agent_port)}, logs / "agent.log",
+                  listener=agent_listener)
         )
         self.cfg.save()
         console.print(f"starting {', '.join(SERVICES)} and the simulated fleet ({self.fleet.name}); "

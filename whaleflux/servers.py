@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from whaleflux.shared.permissions import Identity, nats_authorization
+
 
 def free_port(preferred: int | None = None) -> int:
     """`preferred` if nothing listens there, else a free ephemeral port."""
@@ -54,8 +56,9 @@ def redis_server_binary() -> str:
         return found
 
 
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by this user only (0600, in a folder made 0700)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
@@ -126,12 +129,16 @@ def _start_owned(start, owned, what: str, log: Path, preferred: int | None, trie
 
 @dataclass
 class LocalServers:
-    """A nats-server and a redis-server owned by this process."""
+    """A nats-server and a redis-server owned by this process.
+
+    Without `identities`, NATS has one user (`nats_user`) allowed everything (the test run's servers);
+    with them, one user per (identity, password), each allowed only its permissions (`whaleflux up`)."""
 
     state_dir: Path
     nats_user: str
     nats_password: str
     redis_password: str
+    identities: list[tuple[Identity, str]] = field(default_factory=list)
     nats_port: int = 0
     redis_port: int = 0
     procs: list[subprocess.Popen] = field(default_factory=list)
@@ -162,11 +169,11 @@ class LocalServers:
         name = f"whaleflux-{secrets.token_hex(6)}"
 
         def start(port: int) -> subprocess.Popen:
-            _write_private(
+            write_private(
                 conf,
                 f"server_name: {name}\nlisten: 127.0.0.1:{port}\n"
                 f"jetstream {{ store_dir: {str(store)!r} }}\n"
-                f"authorization {{ user: {self.nats_user!r}, password: {self.nats_password!r} }}\n",
+                + self._authorization(),
             )
             proc = subprocess.Popen(
                 [nats_server_binary(), "-c", str(conf), "-l", str(log)],
@@ -181,6 +188,11 @@ class LocalServers:
             start, lambda port: _answers_as_ours(port, b"", f'"server_name":"{name}"'.encode(), first_line=True),
             "nats-server", log, preferred)
 
+    def _authorization(self) -> str:
+        if self.identities:
+            return nats_authorization(self.identities)
+        return f"authorization {{ user: {self.nats_user!r}, password: {self.nats_password!r} }}\n"
+
     def _start_redis(self, preferred: int | None) -> None:
         data = self.state_dir / "redis"
         data.mkdir(parents=True, exist_ok=True)
@@ -188,7 +200,7 @@ class LocalServers:
         log = self.state_dir / "redis-server.log"
 
         def start(port: int) -> subprocess.Popen:
-            _write_private(
+            write_private(
                 conf,
                 f"port {port}\nbind 127.0.0.1\nprotected-mode yes\nrequirepass {self.redis_password}\n"
                 f'dir "{data}"\nappendonly yes\nappendfsync everysec\nlogfile "{log}"\ndaemonize no\n',

@@ -79,9 +79,11 @@ class LeaseRow(_Response):
     provider: str
     state: Literal["pending", "active", "renewed", "expired"]
     start: date
-    ends_at: datetime  # the end of the term in force (an auto-renewing lease rolls forward)
+    ends_at: datetime  # the end of the term in force (an auto-renewing lease rolls forward), exclusive
+    covered_through: date | None = None  # the term's last day covered, as declared (inclusive)
     days_left: float
     notice_deadline: datetime | None
+    notice_by: date | None = None  # the last day to give notice (the deadline is the end of it, UTC)
     notice_days_left: float | None
     auto_renew: bool
     minimum_term_months: int

@@ -257,6 +257,20 @@ def test_exposition_uses_dcgm_exporter_types_and_labels():
     assert {lab["modelName"] for lab in util.values()} == {"NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090"}
 
 
+def test_geforce_cards_before_blackwell_export_no_profiling_metrics():
+    states = _states()
+    with_tensor = [dcgm.GpuState(st.cluster, st.node, st.sample.model_copy(update={"tensor_active": 0.4,
+                                                                                  "pcie_tx_bytes_per_s": 1e9}),
+                                 st.identity, st.job) for st in states]
+    families = {f.name: f for f in text_string_to_metric_families(dcgm.render(with_tensor))}
+    hosts = {s.labels["Hostname"] for s in families["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"].samples}
+    assert hosts == {"h100-01"}  # the RTX 4090's profiling values are left out
+    assert {s.labels["Hostname"] for s in families["DCGM_FI_PROF_PCIE_TX_BYTES"].samples} == {"h100-01"}
+    assert {s.labels["Hostname"] for s in families["DCGM_FI_DEV_GPU_UTIL"].samples} == {"h100-01", "r4090-01"}
+    blackwell = dcgm.GpuState("c", "n", with_tensor[0].sample.model_copy(update={"model": "RTX5090"}))
+    assert dcgm.has_profiling(blackwell)
+
+
 def test_unsupported_metrics_are_left_out_not_zero():
     text = dcgm.render(_states())
     families = {f.name: f for f in text_string_to_metric_families(text)}

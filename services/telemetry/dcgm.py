@@ -16,6 +16,7 @@ report is left out, never written as 0.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -131,6 +132,18 @@ def labels(st: GpuState) -> dict[str, str]:
     return out
 
 
+# GeForce cards before Blackwell (RTX 50) have no DCGM profiling metrics: DCGM_FI_PROF_* is left out for them
+# whatever the agent reports. A GeForce is named so by the device, or has a catalogue id such as RTX4090.
+_GEFORCE_ID = re.compile(r"RTX ?(\d{4})(TI|SUPER)?", re.IGNORECASE)
+
+
+def has_profiling(st: GpuState) -> bool:
+    """Whether the GPU can have DCGM profiling metrics (DCGM_FI_PROF_*): not a GeForce before Blackwell."""
+    name = st.identity.name if st.identity else ""
+    geforce = _GEFORCE_ID.fullmatch(st.sample.model) or (_GEFORCE_ID.search(name) if "GeForce" in name else None)
+    return geforce is None or geforce.group(1).startswith("50")
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -140,10 +153,12 @@ def render(states: Iterable[GpuState]) -> str:
     states = list(states)
     label_text = [",".join(f'{k}="{_escape(v)}"' for k, v in labels(st).items()) for st in states]
     out: list[str] = []
+    profiling = [has_profiling(st) for st in states]
     for fam in FAMILIES:
         lines = []
-        for st, lt in zip(states, label_text, strict=True):
-            value = fam.value(st)
+        prof = fam.name.startswith("DCGM_FI_PROF_")
+        for st, lt, can in zip(states, label_text, profiling, strict=True):
+            value = fam.value(st) if can or not prof else None
             if value is not None:
                 lines.append(f"{fam.name}{{{lt}}} {_go_float(value)}\n")
         if lines:

@@ -147,3 +147,48 @@ def test_the_fleets_node_table_shows_one_page_of_a_large_fleet_with_links_to_the
     assert "201–300 of 1000" in table and 'href="/fleet?nodes=2"' in table and 'href="/fleet?nodes=4"' in table
     small = dict(fleet_frames(FleetView(None, nodes[:4], {}, [])))["fleet"]
     assert "of 4" not in small and "n-0003" in small  # one page: no pager
+
+
+def _telemetry(node: str, at: datetime, util: float, **extra: object) -> bytes:
+    from whaleflux.shared.events import GpuTelemetry, encode, make_envelope
+
+    gpus = [{"uuid": f"GPU-{node}-{i}", "index": i, "model": "H100", "utilization_gpu_pct": util,
+             "memory_used_mib": 1024, "memory_total_mib": 81559, "temperature_c": 87 if i else 40,
+             "slowdown_temperature_c": 90, **(extra if i == 1 else {})} for i in range(2)]
+    data = GpuTelemetry.model_validate({"cluster": "c", "node": node, "seq": 1, "sample_time": at, "gpus": gpus})
+    return encode(make_envelope(data, source="test"))
+
+
+def test_the_fleet_state_keeps_each_gpus_newest_sample_from_the_bus_and_flags_it_as_telemetry_does():
+    import time as clock
+
+    from whaleflux.console.fleetstate import FleetState, node_summaries, summary
+    from whaleflux.console.upstream import Upstream
+
+    # Nothing is read from telemetry here: the details were "just read" (empty).
+    state = FleetState(Upstream({"telemetry": "http://127.0.0.1:9"}, ""), details_every_s=3600, stale_after_s=15)
+    state.details_at = clock.monotonic()
+    now = datetime.now(UTC)
+    state.on_telemetry(_telemetry("b", now, 70, ecc_uncorrected=1))
+    state.on_telemetry(_telemetry("a", now, 10, xid_errors=[79]))
+    state.on_telemetry(_telemetry("b", now.replace(year=now.year - 1), 5))  # older: ignored
+    state.on_telemetry(b'{"not": "an event"}')
+    assert state.ignored == 1
+
+    rows, errors = asyncio.run(state.rows())
+    assert errors == []
+    assert [(r.node, r.gpu.index, r.gpu.utilization_gpu_pct) for r in rows] == [
+        ("a", 0, 10), ("a", 1, 10), ("b", 0, 70), ("b", 1, 70)]
+    assert [r.flags for r in rows] == [[], ["hot", "xid"], [], ["hot", "ecc"]]
+    one, _ = asyncio.run(state.rows("b"))
+    assert [r.gpu.uuid for r in one] == ["GPU-b-0", "GPU-b-1"]
+
+    fleet = summary(rows)
+    assert (fleet.gpus, fleet.nodes, fleet.hot, fleet.erroring, fleet.stale) == (4, 2, 2, 2, 0)
+    nodes = node_summaries(rows)
+    assert [(n.node, n.gpus, n.util_mean_pct, n.flagged_gpus) for n in nodes] == [("a", 2, 10, 1), ("b", 2, 70, 1)]
+
+    # A GPU silent longer than stale_after_s is stale, and its node too once all its GPUs are.
+    state.on_telemetry(_telemetry("old", now.replace(year=now.year - 1), 0))
+    rows, _ = asyncio.run(state.rows("old"))
+    assert all("stale" in r.flags and r.stale for r in rows) and node_summaries(rows)[0].stale

@@ -16,6 +16,7 @@ from whaleflux.shared.apidocs import mount_api_docs
 from whaleflux.shared.logs import configure_logging
 
 from .auth import Signer
+from .fleetstate import FleetState
 from .formatting import FILTERS
 from .live import LiveHub
 from .pages import alerts, costs, fleet, inventory, jobs, login, sizing
@@ -32,7 +33,9 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     upstream = Upstream(settings.service_urls(), settings.secret("admin_token") or "", settings.upstream_timeout_s)
     app = FastAPI(title="WhaleFlux console", version="0.1.0", lifespan=_lifespan(settings, hub, upstream),
                   docs_url=None, redoc_url=None)
-    app.state.console = Console(settings, upstream, hub, Signer(settings.secret("admin_token") or ""))
+    fleet_state = FleetState(upstream, stale_after_s=settings.stale_after_s)
+    hub.taps.update({"gpu.telemetry.": fleet_state.on_telemetry, "job.": lambda _: fleet_state.on_job_event()})
+    app.state.console = Console(settings, upstream, hub, Signer(settings.secret("admin_token") or ""), fleet_state)
     mount_api_docs(app)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     for module in (login, fleet, jobs, alerts, costs, inventory, sizing):

@@ -48,6 +48,8 @@ class LiveHub:
         self.views: dict[str, View] = {}
         self.renders = 0  # how many view builds ran: what the control plane paid (bench, tests)
         self.nc: nats.NATS | None = None
+        # Subject prefix -> what else hears its messages' bytes (the fleet state folds gpu.telemetry).
+        self.taps: dict[str, Callable[[bytes], None]] = {}
 
     # ----------------------------------------------------------------- events in
 
@@ -61,6 +63,9 @@ class LiveHub:
         """Listen to the bus (plain subscriptions: the console only needs to hear that something happened)."""
 
         async def on_msg(msg) -> None:
+            for prefix, tap in self.taps.items():
+                if msg.subject.startswith(prefix):
+                    tap(msg.data)
             for prefix, topic in TOPICS.items():
                 if msg.subject.startswith(prefix):
                     self.mark(topic)

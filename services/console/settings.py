@@ -27,6 +27,8 @@ class ConsoleSettings(CommonSettings):
     # Job logs live under <home>/jobs on the agent's machine: readable here for `whaleflux up` only.
     home: str | None = None
     upstream_timeout_s: float = Field(5.0, gt=0, le=60)
+    # A GPU with no newer sample is stale: the same setting (and default) as telemetry's.
+    stale_after_s: float = Field(15.0, gt=0)
 
     def service_urls(self) -> dict[str, str]:
         return {

@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
 from .auth import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, Session, Signer
+from .fleetstate import FleetState
 from .live import LiveHub
 from .settings import ConsoleSettings
 from .upstream import Upstream
@@ -30,6 +31,7 @@ class Console:
     upstream: Upstream
     hub: LiveHub
     signer: Signer
+    fleet: FleetState
 
 
 class NotLoggedIn(Exception):

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from .. import fleetstate
 from ..charts import WINDOWS_S, series
 from ..heatmap import QUARANTINED, heat_json
 from ..live import Frames
@@ -38,15 +39,15 @@ class FleetView:
 
 
 async def fleet_view(c: Console, node: str | None = None) -> FleetView:
-    up = c.upstream
+    """GPUs from the console's own fold of the bus (`fleetstate.py`), node states from the scheduler."""
     values, errors = await fetch_all({
-        "summary": up.get_as(FleetSummary, "telemetry", "/v1/fleet"),
-        "nodes": up.get_as(list[NodeTelemetry], "telemetry", "/v1/nodes"),
-        "statuses": up.get_as(list[NodeStatus], "scheduler", "/v1/nodes"),
-        "gpus": up.get_as(list[GpuRow], "telemetry", "/v1/gpus", node=node),
+        "statuses": c.upstream.get_as(list[NodeStatus], "scheduler", "/v1/nodes"),
+        "gpus": c.fleet.rows(node),
     })
+    rows, unread = values["gpus"]
     statuses = {s.node: s for s in values["statuses"] or []}
-    return FleetView(values["summary"], values["nodes"] or [], statuses, values["gpus"] or [], errors)
+    summary = fleetstate.summary(rows) if rows or not unread else None
+    return FleetView(summary, fleetstate.node_summaries(rows), statuses, rows, unread + errors)
 
 
 def fleet_frames(view: FleetView, page: int = 1) -> Frames:

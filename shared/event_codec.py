@@ -14,7 +14,7 @@ from pydantic import Field, TypeAdapter, ValidationError, create_model
 
 from .envelope import Envelope, InvalidEvent
 from .event_data import EventData
-from .fleet_events import GpuTelemetry, NodeDrainRequested, NodeHeartbeat, NodeRegistered
+from .fleet_events import GpuTelemetry, GpuValidated, NodeDrainRequested, NodeHeartbeat, NodeRegistered
 from .job_events import (
     JobCancelled,
     JobFailed,
@@ -33,6 +33,7 @@ EVENT_MODELS: tuple[type[EventData], ...] = (
     NodeRegistered,
     NodeHeartbeat,
     NodeDrainRequested,
+    GpuValidated,
     JobSubmitted,
     JobPlaced,
     JobStarted,

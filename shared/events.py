@@ -16,10 +16,13 @@ from .event_codec import EVENT_MODELS, REGISTRY, decode, decode_typed
 from .event_data import TYPE_PREFIX, EventData, JobId, Name, NonNeg, Percent, Token
 from .fleet_events import (
     AttemptReport,
+    GpuCheck,
     GpuIdentity,
     GpuProcess,
+    GpuReportCard,
     GpuSample,
     GpuTelemetry,
+    GpuValidated,
     NodeDrainRequested,
     NodeHeartbeat,
     NodeRegistered,
@@ -39,8 +42,9 @@ from .lease_alert_events import AlertRaised, AlertResolved, LeaseExpired, LeaseE
 
 __all__ = [
     "EVENT_MODELS", "REGISTRY", "TYPE_PREFIX", "AlertRaised", "AlertResolved", "AttemptReport", "Envelope",
-    "EventData", "GpuIdentity", "GpuProcess", "GpuSample", "GpuTelemetry", "InvalidEvent", "JobCancelled",
-    "JobFailed", "JobFinished", "JobId", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobStarted",
-    "JobSubmitted", "LeaseExpired", "LeaseExpiring", "Name", "NodeDrainRequested", "NodeHeartbeat", "NodeRegistered",
-    "NonNeg", "Percent", "Token", "decode", "decode_typed", "encode", "make_envelope", "new_event_id", "utcnow",
+    "EventData", "GpuCheck", "GpuIdentity", "GpuProcess", "GpuReportCard", "GpuSample", "GpuTelemetry",
+    "GpuValidated", "InvalidEvent", "JobCancelled", "JobFailed", "JobFinished", "JobId", "JobPlaced",
+    "JobPreempted", "JobRejected", "JobRequeued", "JobStarted", "JobSubmitted", "LeaseExpired", "LeaseExpiring",
+    "Name", "NodeDrainRequested", "NodeHeartbeat", "NodeRegistered", "NonNeg", "Percent", "Token", "decode",
+    "decode_typed", "encode", "make_envelope", "new_event_id", "utcnow",
 ]

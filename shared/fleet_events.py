@@ -125,6 +125,49 @@ class NodeHeartbeat(EventData):
     attempts: list[AttemptReport] | None = None
 
 
+Verdict = Literal["pass", "warn", "fail"]
+
+
+class GpuCheck(BaseModel):
+    """One check of a GPU's burn-in: its verdict, why, and what it measured (units in each figure's name)."""
+
+    model_config = MODEL_CONFIG
+    check: Literal["compute", "memory", "bandwidth", "thermal", "health"]
+    verdict: Verdict
+    reasons: list[str] = Field(default_factory=list)
+    figures: dict[str, float] = Field(default_factory=dict)
+
+
+class GpuReportCard(BaseModel):
+    """One GPU's burn-in: the worst verdict of its checks, every reason, every check."""
+
+    model_config = MODEL_CONFIG
+    uuid: str = Field(min_length=1, max_length=96)
+    index: int = Field(ge=0, le=255)
+    model: str
+    verdict: Verdict
+    reasons: list[str] = Field(default_factory=list)
+    checks: list[GpuCheck] = Field(default_factory=list)
+
+
+class GpuValidated(EventData):
+    """A node's GPUs were burnt in (the agent's validation gate): a report card per GPU. A GPU that failed is
+    quarantined: the node registers without it."""
+
+    event_name: ClassVar[str] = "gpu.validated"
+    cluster: Token
+    node: Token
+    reason: str = Field(description="why the node was burnt in: first registration, a GPU fault, ...")
+    started_at: AwareDatetime
+    finished_at: AwareDatetime
+    duration_s: NonNeg = Field(description="the compute and thermal stress")
+    intensity: Literal["low", "normal", "max"]
+    checks: list[Literal["compute", "memory", "bandwidth", "thermal"]]
+    verdict: Verdict
+    gpus: list[GpuReportCard]
+    quarantined: list[str] = Field(default_factory=list, description="UUIDs of the GPUs left out of registration")
+
+
 class NodeDrainRequested(EventData):
     """Take no new work on the node and move its jobs elsewhere (alerting, an operator)."""
 

@@ -45,6 +45,8 @@ STREAMS: dict[str, StreamSpec] = {
     for spec in (
         StreamSpec("WHALEFLUX_TELEMETRY", [f"{s.GPU_TELEMETRY}.>"], max_age_s=3600, max_bytes=2 * 1024**3),
         StreamSpec("WHALEFLUX_NODES", ["node.>"], max_age_s=7 * DAY),
+        # Burn-in reports (gpu.validated): how and when each GPU was last validated, kept like the jobs.
+        StreamSpec("WHALEFLUX_VALIDATIONS", [f"{s.GPU_VALIDATED}.>"], max_age_s=400 * DAY),
         # Jobs, leases and alerts are the history services rebuild from: keep them long.
         # Every node agent has its own durable consumer of its placements here, besides the services'.
         StreamSpec("WHALEFLUX_JOBS", ["job.>"], max_age_s=400 * DAY, max_consumers=100_000),

@@ -11,6 +11,7 @@ import re
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
 GPU_TELEMETRY = "gpu.telemetry"
+GPU_VALIDATED = "gpu.validated"
 NODE_REGISTERED = "node.registered"
 NODE_HEARTBEAT = "node.heartbeat"
 NODE_DRAIN_REQUESTED = "node.drain_requested"
@@ -39,6 +40,10 @@ def token(value: str) -> str:
 
 def gpu_telemetry(cluster: str, node: str) -> str:
     return f"{GPU_TELEMETRY}.{token(cluster)}.{token(node)}"
+
+
+def gpu_validated(cluster: str, node: str) -> str:
+    return f"{GPU_VALIDATED}.{token(cluster)}.{token(node)}"
 
 
 def node_registered(cluster: str, node: str) -> str:

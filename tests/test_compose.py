@@ -75,20 +75,76 @@ def test_whaleflux_containers_get_core_environment(services):
         assert "build" in svc, f"{name} must be built from the Dockerfile"
 
 
-def test_secrets_have_no_literal_values(services):
+def _secret_files(compose: dict) -> dict[str, str]:
+    """Top-level secret name -> its file (relative to the repository root)."""
+    return {name: spec["file"] for name, spec in (compose.get("secrets") or {}).items()}
+
+
+def test_secrets_have_no_literal_values_and_none_is_on_a_command_line(compose, services):
     checked = 0
     for name, svc in services.items():
+        mounted = set(svc.get("secrets") or [])
         for key, value in _environment(svc).items():
-            if SECRET_NAME.search(key):
-                checked += 1
+            if not SECRET_NAME.search(key):
+                continue
+            checked += 1
+            if key.endswith("_FILE"):
+                # A file the container mounts (docker secrets land in /run/secrets/<name>), or none at all.
+                assert value == "" or (value.startswith("/run/secrets/") and value.split("/")[-1] in mounted), \
+                    f"{name}: {key}={value!r} is not one of its secrets {sorted(mounted)}"
+            else:
                 assert SECRET_REF.match(value), f"{name}: {key}={value!r} is not a required ${{VAR}} reference"
-        # Secrets passed as flags (nats --pass, redis --requirepass) too.
         cmd = _command(svc)
-        for flag, value in zip(cmd, cmd[1:], strict=False):
-            if flag in ("--pass", "--password", "--requirepass", "--auth"):
-                checked += 1
-                assert SECRET_REF.match(value), f"{name}: {flag} {value!r} is not a required ${{VAR}} reference"
+        assert not {"--pass", "--password", "--requirepass", "--auth", "--user", "-a"} & set(cmd), f"{name}: {cmd}"
+        assert mounted <= set(_secret_files(compose)), f"{name}: undeclared secrets"
     assert checked > 0
+
+
+def test_each_whaleflux_container_has_its_own_nats_identity(compose, services):
+    files = _secret_files(compose)
+    users = {}
+    for name, svc in _whaleflux_containers(services).items():
+        env = _environment(svc)
+        user, path = env["WHALEFLUX_NATS_USER"], env["WHALEFLUX_NATS_PASSWORD_FILE"]
+        assert "WHALEFLUX_NATS_PASSWORD" not in env, name
+        assert files[path.removeprefix("/run/secrets/")] == f"./deploy/secrets/{user}.nats", name
+        users[name] = user
+    assert len(set(users.values())) == len(users)  # nobody shares one
+    assert {users[name] for name in SERVICES} == set(SERVICES)
+
+
+def test_issued_secrets_match_the_compose_file_and_are_private(compose, services, tmp_path):
+    """deploy/issue_secrets.py: a NATS user for every container's identity, each only its permissions; mode 0600;
+    passwords kept when issued again."""
+    import importlib.util
+    import json
+    import stat
+
+    spec = importlib.util.spec_from_file_location("issue_secrets", ROOT / "deploy" / "issue_secrets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "secrets"
+    users = module.issue(out, compose, ROOT)
+    wanted = {_environment(svc)["WHALEFLUX_NATS_USER"] for svc in _whaleflux_containers(services).values()}
+    assert wanted <= set(users)
+    for path in out.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for name in _secret_files(compose).values():
+        assert (ROOT / name).parent == ROOT / "deploy" / "secrets" and (out / Path(name).name).exists(), name
+    conf = (out / "nats.conf").read_text()
+    granted = {json.loads(line.strip().rstrip(","))["user"]: json.loads(line.strip().rstrip(","))["permissions"]
+               for line in conf.splitlines() if line.strip().startswith('{"user"')}
+    assert set(granted) == set(users)
+    assert "gpu.telemetry.onprem.a100-01" in granted["agent-a"]["publish"]["allow"]
+    assert "gpu.telemetry.onprem.h100-01" not in granted["agent-a"]["publish"]["allow"]
+    assert "jetstream" in conf and "http_port: 8222" in conf
+    redis = (out / "redis.password").read_text()
+    assert f'requirepass "{redis}"' in (out / "redis.conf").read_text()
+    before = {p.name: p.read_text() for p in out.iterdir()}
+    module.issue(out, compose, ROOT)
+    assert {p.name: p.read_text() for p in out.iterdir()} == before
+    assert redis not in COMPOSE.read_text()
 
 
 def test_agents_cover_every_fleet_node(services):

@@ -117,6 +117,23 @@ def test_a_cloud_gpus_declared_start_reaches_billings_view_and_a_leased_one_is_r
     assert error.startswith("assets.yaml:") and "assets[0].since: a leased asset starts with its contract" in error
 
 
+def test_lease_dates_are_shown_as_declared_and_the_notice_deadline_as_the_last_day_to_give_notice():
+    from whaleflux.inventory.views import lease_row
+
+    text = GOOD.replace("end: 2026-03-31", "end: 2027-04-30")
+    decl = parse_declarations(text)
+    now = datetime(2027, 3, 15, tzinfo=UTC)
+    rec = reconcile(decl, _gpus("a100-01", "A100", 8), now)
+    [lease] = leases(decl, rec.assets, now)
+    row = lease_row(lease, now)
+    assert row.covered_through == datetime(2027, 4, 30).date() and row.ends_at == datetime(2027, 5, 1, tzinfo=UTC)
+    assert row.notice_by == datetime(2027, 3, 31).date()  # 30 days' notice: the deadline is 1 April 00:00
+    [notice] = due_notices([lease], (30,), now, set())[0]
+    summary = notice_event(notice, now).summary
+    assert "2027-05-01" not in summary and "2027-04-30" in summary, summary
+    assert "last day to give notice 2027-03-31" in summary or "give notice by 2027-03-31" in summary, summary
+
+
 def _notices(decl, discovered, now, fired, horizons=(30, 7, 1)):
     rec = reconcile(decl, discovered, now)
     return due_notices(leases(decl, rec.assets, now), horizons, now, fired)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Literal
 
@@ -27,6 +27,11 @@ from .assets import Contract, Declarations, add_months, day_start
 from .reconcile import GpuAsset
 
 DEFAULT_HORIZONS_DAYS = (30, 7, 1)
+
+
+def last_day(exclusive_end: datetime) -> date:
+    """The last whole day before an exclusive end at midnight UTC."""
+    return (exclusive_end - timedelta(microseconds=1)).date()
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,16 @@ class Lease:
     @property
     def monthly_cost(self) -> Decimal:
         return self.contract.monthly_price_per_gpu * self.gpu_count
+
+    @property
+    def covered_through(self) -> date:
+        """The last day the current term covers (as declared: `end`, inclusive)."""
+        return last_day(self.term_end)
+
+    @property
+    def notice_by(self) -> date | None:
+        """The last day to give notice (the deadline is the end of this day, UTC)."""
+        return None if self.notice_deadline is None else last_day(self.notice_deadline)
 
     def state(self, now: datetime) -> str:
         """pending, active, renewed (a successor follows), or expired."""
@@ -164,21 +179,25 @@ def notice_event(notice: Notice, now: datetime) -> LeaseExpiring | LeaseExpired:
         return LeaseExpired(
             contract_id=c.id, provider=c.provider, ended_at=lease.term_end, gpu_count=lease.gpu_count,
             nodes=list(lease.nodes), gpu_models=list(lease.models), monthly_cost_usd=cost,
-            summary=f"{describe(lease)} expired on {lease.term_end:%Y-%m-%d}; ${cost}/month no longer covered",
+            summary=f"{describe(lease)} expired after {lease.covered_through:%Y-%m-%d} (its last day covered); "
+                    f"${cost}/month no longer covered",
         )
     passed = lease.notice_deadline is not None and now >= lease.notice_deadline
     if notice.deadline == "end":
         tail = (
             "notice deadline passed — renew or release?" if passed
-            else f"give notice by {lease.notice_deadline:%Y-%m-%d} — renew or release?" if lease.notice_deadline
+            else f"give notice by {lease.notice_by:%Y-%m-%d} (the last day) — renew or release?"
+            if lease.notice_by
             else "renew or release?"
         )
-        summary = f"{describe(lease)} expire in {_span(lease.term_end - now)} ({lease.term_end:%Y-%m-%d}); {tail}"
+        summary = (f"{describe(lease)} expire in {_span(lease.term_end - now)} (last day covered "
+                   f"{lease.covered_through:%Y-%m-%d}); {tail}")
     else:
         renew = f" and auto-renews for {c.minimum_term_months} month(s)" if c.auto_renew else ""
         summary = (
-            f"{describe(lease)}: notice deadline in {_span(notice.deadline_at - now)} "
-            f"({notice.deadline_at:%Y-%m-%d}); the lease ends {lease.term_end:%Y-%m-%d}{renew} — renew or release?"
+            f"{describe(lease)}: notice deadline in {_span(notice.deadline_at - now)} (last day to give notice "
+            f"{last_day(notice.deadline_at):%Y-%m-%d}); the lease covers through "
+            f"{lease.covered_through:%Y-%m-%d}{renew} — renew or release?"
         )
     if c.auto_renew and notice.deadline == "end":
         summary += f" (auto-renews for {c.minimum_term_months} month(s) at ${cost}/month)"

@@ -38,6 +38,7 @@ def lease_row(lease: Lease, now: datetime) -> contracts.LeaseRow:
     c, notice = lease.contract, lease.notice_deadline
     return contracts.LeaseRow(
         contract_id=c.id, provider=c.provider, state=lease.state(now), start=c.start, ends_at=lease.term_end,
+        covered_through=lease.covered_through, notice_by=lease.notice_by,
         days_left=round((lease.term_end - now).total_seconds() / 86400, 2), notice_deadline=notice,
         notice_days_left=round((notice - now).total_seconds() / 86400, 2) if notice else None,
         auto_renew=c.auto_renew, minimum_term_months=c.minimum_term_months, renewed_by=lease.renewed_by,

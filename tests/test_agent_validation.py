@@ -19,7 +19,7 @@ from whaleflux.agent.node import NodeAgent
 from whaleflux.agent.simulated import SimulatedNode
 from whaleflux.shared import subjects
 from whaleflux.shared.catalog import FleetNode, gpu_models
-from whaleflux.shared.events import GpuSample, NodeRegistered, decode
+from whaleflux.shared.events import GpuSample, GpuValidated, NodeRegistered, decode
 
 from .processes import connect_bus, until
 
@@ -113,6 +113,13 @@ async def _registered(bus) -> NodeRegistered:
     return data
 
 
+async def _validated(bus) -> GpuValidated:
+    msg = await bus.js.get_last_msg("WHALEFLUX_VALIDATIONS", subjects.gpu_validated(CLUSTER, NODE))
+    data = decode(msg.data)[1]
+    assert isinstance(data, GpuValidated)
+    return data
+
+
 async def _start(bus, tmp_path, backend: SimulatedNode, policy: str = "first") -> NodeAgent:
     node = FleetNode(name=NODE, group="h100", cluster=CLUSTER, rack="r1", pool="default", ownership="owned",
                      gpu_model="H100", gpus=backend.gpu_count, interconnect="nvlink")
@@ -130,6 +137,11 @@ async def test_a_new_node_registers_only_the_gpus_that_passed_and_a_repaired_one
         agent = await _start(bus, tmp_path, sim(4, "cooling:1"))
         registered = await _registered(bus)
         assert [g.index for g in registered.gpus] == [0, 2, 3]
+        validated = await _validated(bus)
+        assert validated.reason == "first registration: no burn-in on record" and validated.verdict == "fail"
+        assert validated.quarantined == [validated.gpus[1].uuid] and validated.gpus[1].index == 1
+        assert validated.gpus[1].reasons[0].startswith("compute: ")  # throttled, so slow
+        assert [c.check for c in validated.gpus[0].checks] == ["compute", "memory", "bandwidth", "thermal", "health"]
         [shown] = TestClient(create_app([agent], AgentSettings())).get("/v1/nodes").json()
         assert shown["validation"]["state"] == "fail" and shown["validation"]["quarantined"] == [1]
         assert shown["validation"]["policy"] == "first" and shown["validation"]["fault"] is None
@@ -140,6 +152,9 @@ async def test_a_new_node_registers_only_the_gpus_that_passed_and_a_repaired_one
         # The GPU was repaired (a node without the fault): its failure asks for another burn-in, which it passes.
         agent = await _start(bus, tmp_path, sim(4))
         assert [g.index for g in (await _registered(bus)).gpus] == [0, 1, 2, 3]
+        again = await _validated(bus)
+        assert again.reason == "GPU(s) 1 failed the last burn-in"
+        assert again.verdict == "pass" and again.quarantined == []
         second = load(tmp_path / "validation" / f"{NODE}.json")
         assert second is not None and second.report.finished_at > first.report.finished_at
         await agent.stop()

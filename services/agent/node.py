@@ -35,7 +35,6 @@ from whaleflux.shared.version import __version__
 from . import attempts, recovery, runner, virtual
 from .backend import GpuBackend
 from .burnin.gate import NodeGate
-from .burnin.run import BurnInReport
 
 log = structlog.get_logger("whaleflux.agent")
 
@@ -127,9 +126,11 @@ class NodeAgent:
         gpus = self.backend.identities()
         if self.gate is not None:
             # Held back (unregistered, so nothing is placed here) while a burn-in runs; failing GPUs stay out.
-            gpus, report = await self.gate.admit(self.backend, running_attempts=len(self.jobs))
-            if report is not None:
-                await self._publish_validated(report)
+            gpus, validated = await self.gate.admit(self.backend, running_attempts=len(self.jobs))
+            if validated is not None:
+                # Before the registration, so that whoever reads both knows why GPUs are missing from it.
+                # A random id, fixed across its retries: two burn-ins are two events, however close.
+                await self._publish(subjects.gpu_validated(self.node.cluster, self.node.name), validated)
         await self._publish(
             subjects.node_registered(self.node.cluster, self.node.name),
             NodeRegistered(cluster=self.node.cluster, node=self.node.name, rack=self.node.rack, pool=self.node.pool,
@@ -142,10 +143,6 @@ class NodeAgent:
         self._tasks.append(asyncio.create_task(self._telemetry_loop(), name=f"telemetry-{self.node.name}"))
         log.info("agent.node_started", node=self.node.name, gpus=len(self.backend.identities()),
                  adopted=sorted(k[0] for k in self.jobs))
-
-    async def _publish_validated(self, report: BurnInReport) -> None:
-        """The burn-in's report cards, for the scheduler and inventory (gpu.validated)."""
-        log.info("agent.validation_report", node=self.node.name, verdict=report.verdict)
 
     def _adopt(self, attempt_dir: Path, placed: JobPlaced, running: attempts.Running) -> None:
         """Hold an attempt whose supervisor outlived the earlier agent as if this agent had launched it."""

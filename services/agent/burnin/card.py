@@ -11,40 +11,16 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from whaleflux.shared.events import GpuSample
+from whaleflux.shared.events import GpuCheck, GpuReportCard, GpuSample
 
 from .spec import GpuSpec
 
-Verdict = Literal["pass", "warn", "fail"]
+Verdict = Literal["pass", "warn", "fail"]  # as GpuCheck and GpuReportCard (shared/fleet_events.py)
 _RANK: dict[str, int] = {"pass": 0, "warn": 1, "fail": 2}
 GB = 1e9
 THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 HW_REASONS = ("hw_slowdown", "hw_power_brake_slowdown")
 CRITICAL_XIDS = frozenset({31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120})
-
-
-class GpuCheck(BaseModel):
-    """One check of one GPU: its verdict, why, and what it measured (units in the figure's name)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    check: Literal["compute", "memory", "bandwidth", "thermal", "health"]
-    verdict: Verdict
-    reasons: list[str] = Field(default_factory=list)
-    figures: dict[str, float] = Field(default_factory=dict)
-
-
-class GpuReportCard(BaseModel):
-    """One GPU's burn-in: the worst verdict of its checks, every reason, every check."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    uuid: str = Field(min_length=1, max_length=96)
-    index: int = Field(ge=0, le=255)
-    model: str
-    verdict: Verdict
-    reasons: list[str] = Field(default_factory=list)
-    checks: list[GpuCheck] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Literal
 import structlog
 from pydantic import AwareDatetime, BaseModel, ConfigDict, ValidationError
 
-from whaleflux.shared.events import GpuIdentity, GpuSample
+from whaleflux.shared.events import GpuIdentity, GpuSample, GpuValidated
 
 from ..backend import GpuBackend
 from .card import CRITICAL_XIDS
@@ -134,12 +134,12 @@ class NodeGate:
     _before: dict[str, GpuSample] = field(default_factory=dict)
     _expected: set[str] = field(default_factory=set)
 
-    async def admit(self, backend: GpuBackend, running_attempts: int) -> tuple[list[GpuIdentity], BurnInReport | None]:
-        """The GPUs to register, and the burn-in's report if one ran (in a thread: it blocks for its duration)."""
+    async def admit(self, backend: GpuBackend, running_attempts: int) -> tuple[list[GpuIdentity], GpuValidated | None]:
+        """The GPUs to register, and the burn-in's gpu.validated if one ran (in a thread: it blocks for its time)."""
         self.record = load(self.path)
         gpus = backend.identities()
         reason = needs_validation(self.policy, self.record, gpus, running_attempts)
-        report = None
+        validated = None
         if reason is not None:
             log.warning("agent.validating", node=self.node, reason=reason, duration_s=self.plan.duration_s)
             report = await self._burn_in(backend, gpus)
@@ -147,9 +147,10 @@ class NodeGate:
             save(self.path, self.record)
             log.warning("agent.validated", node=self.node, verdict=report.verdict,
                         failed=[c.index for c in report.gpus if c.verdict == "fail"])
+            validated = report.validated(self.cluster, self.node, reason)
         admitted = usable(gpus, self.record, self.policy)
         self._expected = {g.uuid for g in admitted}
-        return admitted, report
+        return admitted, validated
 
     async def _burn_in(self, backend: GpuBackend, gpus: list[GpuIdentity]) -> BurnInReport:
         try:

@@ -17,22 +17,21 @@ from typing import Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from whaleflux.shared.events import GpuIdentity, GpuSample
+from whaleflux.shared.events import GpuCheck, GpuIdentity, GpuReportCard, GpuSample, GpuValidated
 
 from ..backend import GpuBackend
 from .card import (
     DEFAULT_THRESHOLDS,
     BandwidthRun,
     ComputeRun,
-    GpuCheck,
-    GpuReportCard,
     Measurements,
     MemoryRun,
     Thresholds,
+    Verdict,
     report_card,
     worst,
 )
-from .plan import BurnInPlan, PlanError
+from .plan import BurnInPlan, Check, Intensity, PlanError
 from .ptx import PATTERNS
 from .spec import gpu_spec
 
@@ -66,11 +65,16 @@ class BurnInReport(BaseModel):
     started_at: AwareDatetime
     finished_at: AwareDatetime
     duration_s: float = Field(ge=0, description="the stress asked for")
-    intensity: str
-    checks: list[str]
-    verdict: str
+    intensity: Intensity
+    checks: list[Check]
+    verdict: Verdict
     gpus: list[GpuReportCard]
     sample_cpu_ms_per_gpu: float | None = Field(None, description="CPU time of one backend sample, per GPU")
+
+    def validated(self, cluster: str, node: str, reason: str) -> GpuValidated:
+        """The gpu.validated event of this burn-in; GPUs that failed are the quarantined ones."""
+        return GpuValidated(cluster=cluster, node=node, reason=reason, quarantined=[c.uuid for c in self.gpus
+                            if c.verdict == "fail"], **self.model_dump(exclude={"sample_cpu_ms_per_gpu"}))
 
 
 def select_gpus(identities: list[GpuIdentity], selector: str) -> list[GpuIdentity]:

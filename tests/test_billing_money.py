@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import random
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from whaleflux.billing import costing
 from whaleflux.billing.allocation import Interval
+from whaleflux.billing.budgets import Budget, evaluate, week_forecast
 from whaleflux.billing.costing import Inputs
 from whaleflux.billing.energy import Series
 from whaleflux.billing.metering import Overlap, UsageRecord, without_overlaps
@@ -48,3 +50,64 @@ def test_two_allocations_of_one_cloud_gpu_at_once_are_charged_once_and_idle_neve
                                    "from": (t + timedelta(hours=5)).isoformat(),
                                    "to": (t + timedelta(hours=10)).isoformat()}]
     assert any("GPU G was allocated to both a:1 and b:1" in n and "5.00 h" in n for n in report["pricing"]["notes"])
+
+
+# --------------------------------------------------------------------------- forecasts
+
+
+def _weeks(*totals: float, start: date = date(2026, 2, 2)) -> dict[date, Decimal]:
+    """Daily spend: each week's total spread evenly over its seven days, from the Monday `start`."""
+    daily: dict[date, Decimal] = {}
+    for w, total in enumerate(totals):
+        for d in range(7):
+            daily[start + timedelta(weeks=w, days=d)] = Decimal(str(total)) / 7
+    return daily
+
+
+CLUSTER = Budget(scope="cluster", amount_usd=Decimal(10**9))
+
+
+def test_the_weekly_forecast_is_the_mean_of_all_four_weeks_before():
+    # The oldest week had the most spend: a 3-week mean would call a week 3% above the 4-week mean +20%.
+    daily = _weeks(1000, 600, 600, 600, 721)
+    assert week_forecast(daily, date(2026, 3, 2)) == Decimal(700)
+    now = datetime(2026, 3, 9, 1, tzinfo=UTC)  # the Monday after
+    assert [a for a in evaluate(CLUSTER, daily, now).alerts if a.rule == "SpendAboveForecast"] == []
+    # A first week with spend that began mid-week is partial: left out.
+    partial = {**_weeks(0, 700, 700, 700), date(2026, 2, 6): Decimal(50)}
+    assert week_forecast(partial, date(2026, 3, 2)) == Decimal(700)
+
+
+def test_the_current_weeks_overrun_is_raised_during_the_week():
+    daily = _weeks(700, 700, 700, 700)
+    monday = date(2026, 3, 2)
+    for d in range(3):  # Monday to Wednesday: $300 a day, already above 115% of the $700 forecast
+        daily[monday + timedelta(days=d)] = Decimal(300)
+    status = evaluate(CLUSTER, daily, datetime(2026, 3, 4, 18, tzinfo=UTC))
+    [alert] = [a for a in status.alerts if a.rule == "SpendAboveForecast"]
+    assert alert.event_id == "raised-cost-week-cluster-all-20260302"  # the same id the Monday after would use
+    assert "so far in the week of 2026-03-02" in alert.summary and "$900.00 against $700.00" in alert.summary
+
+
+def test_backtest_on_seasonal_spend_no_false_alarm_in_normal_weeks_and_an_overrun_caught_midweek():
+    rng = random.Random(5)
+    start = date(2026, 1, 5)
+    daily: dict[date, Decimal] = {}
+    overrun_week = 20
+    for day in range(7 * 30):
+        d = start + timedelta(days=day)
+        weekday = 1.0 if d.weekday() < 5 else 0.4  # weekends quieter
+        growth = 1 + 0.004 * (day / 7)  # slow growth, 0.4% a week
+        noise = rng.uniform(0.95, 1.05)
+        boost = 1.35 if day // 7 == overrun_week else 1.0
+        daily[d] = Decimal(str(round(100 * weekday * growth * noise * boost, 2)))
+    fired: dict[str, date] = {}
+    for day in range(7 * 5, 7 * 30):
+        now = datetime.combine(start + timedelta(days=day), datetime.min.time(), UTC) + timedelta(hours=23)
+        seen = {d: v for d, v in daily.items() if d <= now.date()}
+        for a in evaluate(CLUSTER, seen, now).alerts:
+            if a.rule == "SpendAboveForecast":
+                fired.setdefault(a.labels["week"], now.date())
+    week = (start + timedelta(weeks=overrun_week)).isoformat()
+    assert list(fired) == [week]  # no other week raised
+    assert fired[week] < start + timedelta(weeks=overrun_week + 1)  # during the week itself

@@ -14,10 +14,14 @@ cluster. For a monthly budget at time `now`:
 Alerts, each once (its event id is fixed by content):
 - `raised-cost-budget-<scope>-<name>-<YYYYMM>-<pct>` when the projection
   reaches pct% of the budget (each threshold of each period once);
-- `raised-cost-week-<scope>-<name>-<YYYYMMDD>` when a complete week's
-  (Monday to Sunday) spend exceeds its forecast, the mean of the four weeks
-  before it (leaving out weeks before the first spend and the first week
-  with spend, which may be partial), by `week_overrun_pct` (15) or more.
+- `raised-cost-week-<scope>-<name>-<YYYYMMDD>` when a week's (Monday to
+  Sunday) spend exceeds its forecast by `week_overrun_pct` (15) or more: the
+  current week as soon as its spend so far does (during the week, not the
+  Monday after), or the last complete week if that was missed. The forecast
+  is the mean of the four complete weeks before the week, leaving out weeks
+  before the first day with spend and the first week with spend when that
+  began after its Monday (partial). Backtested on synthetic seasonal spend
+  in `tests/test_billing_money.py`.
 """
 
 from __future__ import annotations
@@ -90,6 +94,33 @@ def history_start(now: datetime) -> date:
     return min(month_start(now).date(), week)
 
 
+def week_forecast(daily: dict[date, Decimal], monday: date) -> Decimal | None:
+    """The forecast of the week from `monday`: the mean of the four complete weeks before it, leaving out
+    weeks before the first day with spend and the first week with spend if it began after its Monday."""
+    spent = [d for d, v in daily.items() if v and d < monday]
+    if not spent:
+        return None
+    first = min(spent)
+    weeks = [monday - timedelta(weeks=k) for k in range(4, 0, -1)]
+    used = [w for w in weeks if w >= first]  # weeks wholly after spend began (a week it began in mid-week: partial)
+    if not used:
+        return None
+    return sum((_sum(daily, w, w + timedelta(weeks=1)) for w in used), Decimal(0)) / len(used)
+
+
+def _week_alert(budget: Budget, labels: dict[str, str], monday: date, spent: Decimal, forecast: Decimal,
+                done: bool) -> BudgetAlert:
+    over = float((spent / forecast - 1) * 100)
+    fp = f"cost-week-{budget.ident}-{monday:%Y%m%d}"
+    when = f"in the week of {monday}" if done else f"so far in the week of {monday}"
+    return BudgetAlert(
+        event_id=f"raised-{fp}", fingerprint=fp, rule="SpendAboveForecast", severity="warning",
+        summary=(f"{budget.label} spend exceeded forecast by {over:.0f}% {when} "
+                 f"(${to_cents(spent):,} against ${to_cents(forecast):,} forecast for the week)"),
+        value=round(over, 2), labels={**labels, "week": monday.isoformat()},
+    )
+
+
 def evaluate(budget: Budget, daily: dict[date, Decimal], now: datetime) -> BudgetStatus:
     """Spend, projections and the alerts due at `now` for one budget."""
     start, end = month_start(now), next_month(now)
@@ -116,23 +147,16 @@ def evaluate(budget: Budget, daily: dict[date, Decimal], now: datetime) -> Budge
                      f"${to_cents(spend):,} spent so far)"),
             value=round(pct, 2), labels={**labels, "threshold_pct": str(t)},
         ))
-    week_start = today - timedelta(days=today.weekday()) - timedelta(weeks=1)  # last complete week
-    last = _sum(daily, week_start, week_start + timedelta(weeks=1))
-    prior = [_sum(daily, week_start - timedelta(weeks=k), week_start - timedelta(weeks=k - 1)) for k in range(4, 0, -1)]
-    # Weeks before any spend say nothing, and the first week with spend may be partial: skip both.
-    while prior and prior[0] == 0:
-        prior.pop(0)
-    seen = prior[1:]
-    forecast = sum(seen, Decimal(0)) / len(seen) if seen else None
-    if forecast and last >= forecast * (1 + budget.week_overrun_pct / 100):
-        over = float((last / forecast - 1) * 100)
-        fp = f"cost-week-{budget.ident}-{week_start:%Y%m%d}"
-        alerts.append(BudgetAlert(
-            event_id=f"raised-{fp}", fingerprint=fp, rule="SpendAboveForecast", severity="warning",
-            summary=(f"{budget.label} spend exceeded forecast by {over:.0f}% in the week of {week_start} "
-                     f"(${to_cents(last):,} against ${to_cents(forecast):,})"),
-            value=round(over, 2), labels={**labels, "week": week_start.isoformat()},
-        ))
+    this_week = today - timedelta(days=today.weekday())
+    week_start = this_week - timedelta(weeks=1)  # the last complete week
+    last = _sum(daily, week_start, this_week)
+    forecast = week_forecast(daily, week_start)
+    so_far = _sum(daily, this_week, today + DAY)
+    current = week_forecast(daily, this_week)
+    for monday, spent, expected, done in ((this_week, so_far, current, False), (week_start, last, forecast, True)):
+        if expected and spent >= expected * (1 + budget.week_overrun_pct / 100):
+            alerts.append(_week_alert(budget, labels, monday, spent, expected, done))
+            break  # one week at a time: the current one first
     return BudgetStatus(budget, start, end, spend, burn, trend, round(pct, 2), week_start, last,
                         forecast, tuple(alerts))
 

@@ -129,8 +129,8 @@ def agent_user(cluster: str, node: str) -> str:
 
 
 def agent_identity(nodes: Sequence[tuple[str, str]], user: str | None = None) -> Identity:
-    """An agent of these (cluster, node)s: publishes their telemetry, heartbeats, registrations and their jobs'
-    starts and ends, consumes their own placements and stop orders, and nothing of any other node.
+    """An agent of these (cluster, node)s: publishes their telemetry, heartbeats, registrations, burn-in reports
+    and their jobs' starts and ends, consumes their own placements and stop orders, and nothing of any other node.
 
     `user`: the name for an agent of several nodes (a simulated fleet); one node's agent is `agent-<cluster>-<node>`.
     """
@@ -142,7 +142,8 @@ def agent_identity(nodes: Sequence[tuple[str, str]], user: str | None = None) ->
         user = agent_user(*nodes[0])
     publish = [s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, *stream_api(update=False)]
     for cluster, node in nodes:
-        publish += [s.gpu_telemetry(cluster, node), s.node_heartbeat(cluster, node), s.node_registered(cluster, node)]
+        publish += [s.gpu_telemetry(cluster, node), s.node_heartbeat(cluster, node), s.node_registered(cluster, node),
+                    s.gpu_validated(cluster, node)]  # its burn-in's report cards
         publish += _consuming([agent_consumer(cluster, node)])
     return Identity(user, _unique(publish), (INBOX,), f"the agent of {', '.join(f'{c}/{n}' for c, n in nodes)}")
 

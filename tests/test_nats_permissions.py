@@ -225,8 +225,8 @@ def test_the_server_refuses_what_an_identity_may_not_publish(guarded):
 
 
 def test_services_and_the_agent_do_all_they_do_with_their_own_identities(guarded, tmp_path):
-    """Each connects as itself (password from a 0600 file) and gets ready: streams declared, every consumer bound;
-    a submitted job is placed on the agent's node, started and finished there."""
+    """Each connects as itself (password from a 0600 file) and gets ready: streams declared, every consumer bound,
+    the console listening; a job the operator submits is placed on the agent's node, started and finished there."""
     secrets_dir = tmp_path / "secrets"
     local = guarded.servers
     cluster = make_cluster(Servers(local.nats_url, local.redis_url, redis_password=local.redis_password), tmp_path)
@@ -242,13 +242,16 @@ def test_services_and_the_agent_do_all_they_do_with_their_own_identities(guarded
         agent = as_user(AGENT)
         cluster.agent(NODE[1], interval_s=0.5, WHALEFLUX_NATS_USER=agent["WHALEFLUX_NATS_USER"],
                       WHALEFLUX_NATS_PASSWORD_FILE=agent["WHALEFLUX_NATS_PASSWORD_FILE"])
+        urls = {f"WHALEFLUX_{name.upper()}_URL": proc.url for name, proc in zip(SERVICES, procs, strict=True)}
+        procs.append(cluster.service("console", **as_user("console"), **urls))  # it only subscribes
         for proc in procs:
             proc.wait_ready()
         cluster.base_env.update(WHALEFLUX_NATS_USER="operator", WHALEFLUX_NATS_PASSWORD=guarded.passwords["operator"])
         done = cluster.cli("submit", "--wait", "--", "python", "-c", "print('hi')", timeout=120)
         assert done.returncode == 0 and "succeeded" in done.stdout, done.stdout + done.stderr
         logs = "".join(p.log_path.read_text() for p in cluster.procs.values())
-        assert "nats.error" not in logs  # a refused publish or subscription reaches the error callback
+        # A refused publish or subscription reaches the bus's error callback (or nats-py's default logger).
+        assert "nats.error" not in logs and "permissions violation" not in logs.lower()
     finally:
         cluster.stop()
 

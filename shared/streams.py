@@ -149,6 +149,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
         _c("inventory-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_REJECTED, f"{s.JOB_PLACED}.>",
            s.JOB_FINISHED, s.JOB_FAILED),
+        _c("inventory-validations", "WHALEFLUX_VALIDATIONS", f"{s.GPU_VALIDATED}.>"),
         _c("inventory-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
            dedup=False),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -13,7 +13,8 @@ from typing import Literal
 from .reconcile import GpuAsset, Reconciliation
 from .rollups import HourRow
 
-Kind = Literal["idle-allocated", "reserved-idle", "consolidation", "capacity", "undeclared", "never-seen", "mismatch"]
+Kind = Literal["idle-allocated", "reserved-idle", "consolidation", "capacity", "undeclared", "never-seen", "mismatch",
+               "quarantined"]
 
 
 @dataclass(frozen=True)
@@ -210,4 +211,32 @@ def reconciliation_findings(rec: Reconciliation, assets: dict[str, GpuAsset]) ->
         )
     out += [Finding("never-seen", "warning", text) for text in rec.never_seen]
     out += [Finding("mismatch", "warning", text) for text in rec.mismatches]
+    return out
+
+
+@dataclass(frozen=True)
+class Validation:
+    """A GPU's last burn-in, as the agent's gpu.validated reported it."""
+
+    uuid: str
+    cluster: str
+    node: str
+    index: int
+    verdict: Literal["pass", "warn", "fail"]
+    at: datetime
+    reasons: tuple[str, ...] = ()
+
+
+def quarantined(validations: Iterable[Validation], now: datetime) -> list[Finding]:
+    """GPUs whose last burn-in failed: left out of their node's registration until a burn-in passes."""
+    out = []
+    for v in sorted(validations, key=lambda v: (v.cluster, v.node, v.index)):
+        if v.verdict != "fail":
+            continue
+        hours = max((now - v.at).total_seconds(), 0.0) / 3600
+        why = v.reasons[0] if v.reasons else "no reason given"
+        summary = f"GPU {v.index} of {v.node} failed its burn-in {hours:.1f} h ago: {why}"
+        out.append(Finding("quarantined", "warning", summary, gpus=(v.uuid,),
+                           detail={"cluster": v.cluster, "node": v.node, "validated_at": v.at.isoformat(),
+                                   "age_h": f"{hours:.1f}", "reasons": "; ".join(v.reasons)}))
     return out

@@ -14,7 +14,15 @@ from typing import Literal
 from whaleflux.shared import subjects
 from whaleflux.shared.contracts import fold_holders, gpus_involved
 from whaleflux.shared.contracts.holders import JOB_EVENTS as HOLDER_EVENTS
-from whaleflux.shared.events import Envelope, EventData, GpuTelemetry, LeaseExpired, NodeHeartbeat, NodeRegistered
+from whaleflux.shared.events import (
+    Envelope,
+    EventData,
+    GpuTelemetry,
+    GpuValidated,
+    LeaseExpired,
+    NodeHeartbeat,
+    NodeRegistered,
+)
 from whaleflux.shared.runtime import Runtime
 
 from . import findings as fnd
@@ -60,6 +68,14 @@ class Inventory:
             await self.store.open_allocation(change.opened)
         if change.closed is not None:
             await self.store.close_allocation(*change.closed)
+
+    async def on_validated(self, env: Envelope, data: EventData) -> None:
+        """A node's burn-in: each GPU's verdict and reasons (a failed GPU is a `quarantined` finding)."""
+        if not isinstance(data, GpuValidated):
+            return
+        for card in data.gpus:
+            await self.store.save_validation(fnd.Validation(card.uuid, data.cluster, data.node, card.index,
+                                                            card.verdict, data.finished_at, tuple(card.reasons)))
 
     async def on_telemetry(self, env: Envelope, data: EventData) -> None:
         if not isinstance(data, GpuTelemetry) or not data.gpus:
@@ -115,6 +131,7 @@ class Inventory:
         out += fnd.consolidation(pool_rows, rec.assets, s.consolidation_threshold, s.consolidation_days)
         out.append(fnd.capacity_finding(fnd.capacity(rec.assets, set(holders)), await self.store.queued()))
         out += fnd.reconciliation_findings(rec, by_uuid)
+        out += fnd.quarantined(await self.store.validations(), now)
         return out
 
     # ------------------------------------------------------------------ declarations and lease notices

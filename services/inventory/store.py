@@ -23,7 +23,7 @@ from whaleflux.shared.outbox import Outbox
 
 from .assets import Declarations, parse_declarations
 from .discovery import NodeRecord
-from .findings import QueuedJob
+from .findings import QueuedJob, Validation
 from .rollups import HOUR, Allocation, UtilSums, hour_floor
 
 
@@ -72,6 +72,32 @@ class InventoryStore:
 
     async def node_count(self) -> int:
         return int(await self.redis.hlen(self.key("nodes")))
+
+    # ------------------------------------------------------------------ burn-ins (gpu.validated)
+
+    async def save_validation(self, v: Validation) -> None:
+        """A GPU's burn-in, unless the one stored is newer (a replayed event never goes back in time)."""
+        old = await self.validations([v.uuid])
+        if old and old[0].at >= v.at:
+            return
+        doc = {"cluster": v.cluster, "node": v.node, "index": v.index, "verdict": v.verdict, "at": v.at.isoformat(),
+               "reasons": list(v.reasons)}
+        await self.redis.hset(self.key("validation"), v.uuid, json.dumps(doc))
+
+    async def validations(self, uuids: Iterable[str] | None = None) -> list[Validation]:
+        """The last burn-in of these GPUs (all when None) that have one."""
+        if uuids is None:
+            raw = _map(await self.redis.hgetall(self.key("validation")))
+        else:
+            wanted = list(uuids)
+            values = await self.redis.hmget(self.key("validation"), wanted) if wanted else []
+            raw = {u: cast(str, v) for u, v in zip(wanted, values, strict=True) if v is not None}
+        out = []
+        for uuid, text in raw.items():
+            d = json.loads(text)
+            out.append(Validation(uuid, d["cluster"], d["node"], d["index"], d["verdict"],
+                                  datetime.fromisoformat(d["at"]), tuple(d["reasons"])))
+        return out
 
     # ------------------------------------------------------------------ queued jobs
 

@@ -21,7 +21,7 @@ def _plain(value: Decimal) -> str:
 Money = Annotated[Decimal, PlainSerializer(_plain, return_type=str, when_used="json")]
 Ownership = Literal["owned", "leased", "cloud", "owned-unknown"]  # owned-unknown: seen, never declared
 FindingKind = Literal["idle-allocated", "reserved-idle", "consolidation", "capacity", "undeclared", "never-seen",
-                      "mismatch"]
+                      "mismatch", "quarantined"]
 
 
 class _Response(BaseModel):

@@ -35,6 +35,7 @@ from whaleflux.shared.logs import configure_logging
 from whaleflux.shared.service import system_clock
 from whaleflux.shared.settings import CommonSettings
 
+from . import jobuser
 from .burnin.gate import NodeGate, Policy, record_path
 from .burnin.plan import CHECKS, BurnInPlan, Intensity, PlanError, make_plan, parse_checks, parse_duration
 from .burnin.run import Exerciser
@@ -70,6 +71,9 @@ class AgentSettings(CommonSettings):
     validation_duration: str = "10m"
     validation_intensity: Intensity = "normal"
     validation_checks: str = ",".join(CHECKS)
+    # Who jobs run as (jobuser.py): a user name or uid, switched to by a root agent; root only when allowed.
+    job_user: str | None = None
+    allow_root_jobs: bool = False
 
     @field_validator("validation_duration", "validation_checks")
     @classmethod
@@ -92,6 +96,7 @@ class AgentSettings(CommonSettings):
         # Supervisors judge the agent by its heartbeats: a gap shorter than two of them would stop healthy jobs.
         if self.fence_after_s <= 2 * self.interval_s:
             raise ValueError("WHALEFLUX_FENCE_AFTER_S must be more than twice WHALEFLUX_INTERVAL_S")
+        jobuser.resolve(self.job_user, self.allow_root_jobs)  # a user that cannot be used stops the start
         return self
 
 
@@ -110,7 +115,8 @@ def select_nodes(fleet_path: Path, node_names: list[str] | None) -> list[FleetNo
 def _job_settings(settings: AgentSettings) -> dict:
     """Where jobs keep their logs and attempt folders, and how they are stopped."""
     return dict(interval_s=settings.interval_s, log_dir=home() / "jobs", attempts_dir=home() / "attempts",
-                stop_grace_s=settings.stop_grace_s, fence_after_s=settings.fence_after_s)
+                stop_grace_s=settings.stop_grace_s, fence_after_s=settings.fence_after_s,
+                run_as=jobuser.resolve(settings.job_user, settings.allow_root_jobs))
 
 
 ExerciserFactory = Callable[[list[GpuIdentity]], Exerciser]

@@ -37,6 +37,7 @@ class Spec:
     alive: str  # the agent's liveness file
     grace_s: float  # SIGTERM to SIGKILL when it stops the job itself
     fence_after_s: float  # agent silence after which it does
+    user: str | None = None  # the user the job runs as (None: the supervisor's own); set only by a root agent
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class NodeAgent:
         clock: Clock = system_clock,
         virtual_jobs: bool = False,
         gate: NodeGate | None = None,
+        run_as: str | None = None,
     ):
         self.bus = bus
         self.node = node
@@ -94,6 +95,7 @@ class NodeAgent:
         self.virtual_jobs = virtual_jobs
         # The validation gate (burnin/gate.py): a burn-in before the node registers, when its policy asks.
         self.gate = gate
+        self.run_as = run_as  # the user its jobs run as (jobuser.py; None: the agent's own)
         self.jobs: dict[tuple[str, int], runner.RunningJob | virtual.VirtualJob] = {}
         self.ended: dict[tuple[str, int], EndedAttempt] = {}
         self._stopping = False
@@ -298,7 +300,7 @@ class NodeAgent:
             return
         try:
             job = await runner.launch(placed, self.log_dir, self.node_dir, grace_s=self.stop_grace_s,
-                                      fence_after_s=self.fence_after_s)
+                                      fence_after_s=self.fence_after_s, run_as=self.run_as)
         except runner.CannotStart as exc:
             attempt_dir = self.node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
             await self._report_failed(attempt_dir, placed, str(exc), self.clock())

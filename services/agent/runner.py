@@ -12,7 +12,7 @@ from pathlib import Path
 
 from whaleflux.shared.events import JobPlaced
 
-from . import attempts
+from . import attempts, jobuser
 
 # The agent's own connection secrets must never leak into a job's environment.
 _PRIVATE_ENV = ("WHALEFLUX_", "NATS_", "REDIS_")
@@ -93,27 +93,29 @@ def _supervisor_env() -> dict[str, str]:
 
 
 def _prepare(placed: JobPlaced, log_dir: Path, node_dir: Path, grace_s: float,
-             fence_after_s: float) -> tuple[Path, Path]:
+             fence_after_s: float, run_as: str | None = None) -> tuple[Path, Path]:
     """The attempt's folder with its placement and spec, and the job's log path (local files, fsynced)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     # Logs live in <home>/jobs, default checkpoints in <home>/checkpoints.
-    env = job_environment(placed, home=log_dir.parent)
+    env = {**job_environment(placed, home=log_dir.parent), **jobuser.environment(run_as)}
     Path(env["WHALEFLUX_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
+    jobuser.give(Path(env["WHALEFLUX_CHECKPOINT_DIR"]), run_as)
     attempt_dir = node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
     attempt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     attempts.write_text(attempt_dir / attempts.PLACED, placed.model_dump_json())
     # The job's environment may hold its secrets: they go in a 0600 file, never on a command line.
     spec = attempts.Spec(argv=placed.command, env=env, cwd=placed.workdir, alive=str(node_dir / attempts.ALIVE),
-                         grace_s=grace_s, fence_after_s=fence_after_s)
+                         grace_s=grace_s, fence_after_s=fence_after_s, user=run_as)
     attempts.write_spec(attempt_dir, spec)
     return attempt_dir, log_dir / log_name(placed.job_id, placed.attempt, placed.part)
 
 
 async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, *, grace_s: float,
-                 fence_after_s: float) -> RunningJob:
+                 fence_after_s: float, run_as: str | None = None) -> RunningJob:
     """Start the command under a supervisor (supervise.py) and wait until it runs; raise CannotStart if it cannot."""
     # The files are fsynced: off the event loop, which carries every other job's events meanwhile.
-    attempt_dir, log_path = await asyncio.to_thread(_prepare, placed, log_dir, node_dir, grace_s, fence_after_s)
+    attempt_dir, log_path = await asyncio.to_thread(_prepare, placed, log_dir, node_dir, grace_s, fence_after_s,
+                                                    run_as)
     log = await asyncio.to_thread(log_path.open, "ab")
     with log:
         try:

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import attempts
+from . import attempts, jobuser
 
 CHECK_S = 0.5  # how often it looks at the agent's liveness file
 SIGTERM_REASON = "supervisor got SIGTERM: the node is stopping"
@@ -62,7 +62,8 @@ def supervise(attempt_dir: Path) -> None:
     spec = attempts.read_spec(attempt_dir)
     begun = time.time()
     try:
-        job = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL, start_new_session=True)
+        job = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL, start_new_session=True,
+                               **jobuser.popen_args(spec.user))
     except OSError as exc:
         reason = f"cannot start command: {exc.strerror or exc}"
         attempts.write_exit(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), error=reason))

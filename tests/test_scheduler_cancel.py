@@ -13,8 +13,32 @@ import time
 import httpx
 import redis
 
+from whaleflux.scheduler.history import fold
+from whaleflux.scheduler.transitions import cancel
+from whaleflux.shared.events import JobCancelled, JobPreempted
+
 from .lifecycle import AUTH, assert_billed_what_ran, runs, start_stack, submit
 from .processes import wait_until
+from .test_job_history import at, ev, finished, placed, started, submitted
+
+
+def test_the_history_folds_a_cancel_and_nothing_after_it_revives_the_job():
+    cancelled = JobCancelled(job_id="j1", attempt=1, reason="not needed", cancelled_by="api")
+    jobs = fold([ev(0, submitted()), ev(1, placed()), ev(2, started()), ev(3, cancelled),
+                 ev(4, finished(code=143, t0=2, t1=4)), ev(5, placed(attempt=2))], hold_s=15, max_restarts=3)
+    job = jobs["j1"]
+    assert (job.state, job.reason, job.attempt, job.finished_at) == ("cancelled", "cancelled: not needed", 1, at(3))
+    # The same job cancelled while pending, and live: the same record, and what it announces.
+    [pending] = fold([ev(0, submitted())], hold_s=15, max_restarts=3).values()
+    [announced] = cancel(pending, "not needed", "api", 5.0, at(3))
+    assert pending.state == "cancelled" and announced.subject == "job.cancelled"
+    assert announced.event_id == "cancelled-j1" and cancel(pending, "again", "api", 5.0, at(4)) == []
+    [running] = fold([ev(0, submitted()), ev(1, placed()), ev(2, started())], hold_s=15, max_restarts=3).values()
+    stop, done = cancel(running, "not needed", "api", 5.0, at(3))
+    assert (stop.subject, stop.event_id) == ("job.preempted.c.n1", "cancel-j1-1")
+    assert stop.data == JobPreempted(job_id="j1", attempt=1, cluster="c", node="n1", reason="cancelled: not needed",
+                                     grace_s=5.0)
+    assert done.data == JobCancelled(job_id="j1", attempt=1, reason="not needed", cancelled_by="api")
 
 
 def _job(url: str, job_id: str) -> dict:

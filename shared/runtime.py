@@ -42,7 +42,7 @@ from .errors import BadRequest, StateUnavailable
 from .events import Envelope, EventData, make_envelope
 from .logs import configure_logging
 from .outbox_store import Outbox
-from .runtime_http import BodyGuard, add_error_handlers, add_ops_routes, refuse_before_connected
+from .runtime_http import add_error_handlers, add_ops_routes, guard_input, refuse_before_connected
 from .settings import CommonSettings
 from .state_guard import StateGuard
 from .state_store import EpochStore
@@ -201,7 +201,7 @@ class Runtime:
         app.state.runtime = self
         for key, value in parts.state.items():
             setattr(app.state, key, value)
-        app.add_middleware(BodyGuard)
+        guard_input(app)
         refuse_before_connected(app, self)
         add_ops_routes(app, self)
         add_error_handlers(app, self)

@@ -1,4 +1,4 @@
-"""The HTTP side every service shares: ops endpoints, the admin bearer check, errors mapped to 503/400.
+"""The HTTP side every service shares: ops endpoints, the admin bearer check, errors mapped to 503/400, the input guard.
 
 Used by `shared.runtime.Runtime.app`; services use the dependencies through `shared.deps`.
 """
@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import nats.errors
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -122,12 +124,16 @@ def _json_problem(body: bytes) -> tuple[int, str] | None:
     """(status, detail) for a JSON body no route may be given; None when it is fine or not JSON at all (the
     route's own validation says what is wrong then)."""
     try:
-        json.loads(body, parse_constant=_refuse_constant, parse_float=_finite)
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return 400, f"body: JSON must be UTF-8 (byte {exc.start} is not)"
+    try:
+        json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
     except _NotJsonNumber as exc:
         return 422, str(exc)
     except RecursionError:
         return 400, "body: JSON nested too deeply"
-    except ValueError:  # not JSON, or not UTF-8: FastAPI answers it with the location
+    except ValueError:  # not JSON: FastAPI answers it with the location
         return None
     return None
 
@@ -211,3 +217,17 @@ def add_error_handlers(app: FastAPI, runtime: Runtime) -> None:
     app.add_exception_handler(RedisError, store_error)
     app.add_exception_handler(nats.errors.Error, bus_error)
     app.add_exception_handler(BadRequest, bad_request)
+
+
+def guard_input(app: FastAPI) -> None:
+    """What every WhaleFlux app puts at its edge (the services through the runtime; the agent and the console
+    call it): the body guard, and 422s that render any input."""
+    app.add_middleware(BodyGuard)
+    app.add_exception_handler(RequestValidationError, request_invalid)
+
+
+async def request_invalid(request: Request, exc: Exception) -> Response:
+    """FastAPI's 422, safe for any input: bytes that are not UTF-8 are shown replaced, never a 500."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    safe = jsonable_encoder(errors, custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")[:200]})
+    return JSONResponse({"detail": safe}, status_code=422)

@@ -148,6 +148,8 @@ def parse(text: str, filename: str, error: type[ConfigFileError] = ConfigFileErr
         raise error([f"{filename}:1: (yaml): {' '.join(str(exc).split())}"]) from None
     except _TooBig as exc:
         raise error([f"{filename}:1: (yaml): {exc}"]) from None
+    except (ValueError, OverflowError) as exc:  # a scalar PyYAML cannot build, e.g. 2026-13-45 as a date
+        raise error([f"{filename}:1: (yaml): a value that cannot be read: {exc}"]) from None
     finally:
         loader.dispose()
     doc = {} if doc is None else doc

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import httpx
+
 from whaleflux.agent.burnin.plan import make_plan
 from whaleflux.agent.burnin.run import run_burnin
 from whaleflux.agent.burnin.simulated import SimulatedExerciser
@@ -14,7 +16,7 @@ from whaleflux.inventory.app import InventorySettings, build
 from whaleflux.inventory.findings import Validation, quarantined
 from whaleflux.shared import subjects
 from whaleflux.shared.catalog import gpu_models
-from whaleflux.shared.events import GpuValidated
+from whaleflux.shared.events import GpuValidated, NodeRegistered
 
 from .processes import Clock, connect_bus, until
 
@@ -38,11 +40,13 @@ async def test_inventory_finds_the_quarantined_gpu_and_forgets_it_once_it_passes
     monkeypatch.setenv("WHALEFLUX_CHECK_INTERVAL_S", "3600")
     clock = Clock(T0 + timedelta(hours=2))
     bus = await connect_bus(env)
-    _, inv = build(InventorySettings(), clock=clock)
+    app, inv = build(InventorySettings(), clock=clock)
     await inv.runtime.start()
     try:
         broken = SimulatedNode("h100-09", gpu_models()["H100"], 2)
         broken.inject(Fault(kind="cooling", node="h100-09", gpu=1))
+        registered = NodeRegistered(cluster="onprem", node="h100-09", agent_version="test", gpus=broken.identities())
+        await bus.publish(subjects.node_registered("onprem", "h100-09"), registered)
         await bus.publish(subjects.gpu_validated("onprem", "h100-09"), _validated(broken, T0))
 
         async def quarantine():
@@ -50,6 +54,9 @@ async def test_inventory_finds_the_quarantined_gpu_and_forgets_it_once_it_passes
         [found] = await until(quarantine, what="the quarantined GPU found")
         assert found.gpus == (broken.identities()[1].uuid,)
         assert found.summary.startswith("GPU 1 of h100-09 failed its burn-in 2.0 h ago: ")
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://inventory") as http:
+            [row] = await until(lambda: _rows(http), what="the node in /v1/inventory")
+        assert (row["key"], row["gpus"], row["validated"], row["quarantined"]) == ("H100", 2, 1, 1)
 
         repaired = SimulatedNode("h100-09", gpu_models()["H100"], 2)
         await bus.publish(subjects.gpu_validated("onprem", "h100-09"), _validated(repaired, T0 + timedelta(hours=1)))
@@ -57,6 +64,10 @@ async def test_inventory_finds_the_quarantined_gpu_and_forgets_it_once_it_passes
     finally:
         await inv.runtime.stop()
         await bus.close()
+
+
+async def _rows(http: httpx.AsyncClient) -> list[dict]:
+    return (await http.get("/v1/inventory", params={"by": "model"})).json()
 
 
 async def _none_left(inv, clock) -> bool:

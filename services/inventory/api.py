@@ -50,10 +50,11 @@ async def inventory(
     by: Literal["model", "pool", "ownership"] = "model",
     hours: float = Query(24, gt=0, le=24 * 40, description="window of the mean utilization"),
 ) -> list[dict[str, Any]]:
-    """Per model, pool or ownership: GPUs, active, missing, allocated now, mean utilization while allocated."""
+    """Per model, pool or ownership: GPUs, active, missing, allocated now, mean utilization while allocated,
+    validated and quarantined by their last burn-in."""
     rec = await inv.reconciliation(now)
     rows = await inv.rollups("gpu", now - timedelta(hours=hours), now, now, rec)
-    return views.grouped(rec.assets, by, set(await inv.holders()), rows)
+    return views.grouped(rec.assets, by, set(await inv.holders()), rows, await inv.verdicts())
 
 
 @router.get("/v1/assets")

@@ -117,6 +117,10 @@ class Inventory:
         """GPU uuid -> the job holding it now."""
         return {u: h.job_id for u, h in (await self.store.holders()).items()}
 
+    async def verdicts(self) -> dict[str, str]:
+        """GPU uuid -> the verdict of its last burn-in (gpu.validated)."""
+        return {v.uuid: v.verdict for v in await self.store.validations()}
+
     async def all_findings(self, now: datetime) -> list[fnd.Finding]:
         s = self.settings
         rec = await self.reconciliation(now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -68,8 +69,11 @@ def capacity_row(r: CapacityRow) -> contracts.CapacityRow:
     return contracts.CapacityRow(model=r.model, pool=r.pool, gpus=r.gpus, free=r.free, free_nodes=r.free_nodes)
 
 
-def grouped(assets: list[GpuAsset], by: str, allocated: set[str], hours: list[HourRow]) -> list[dict[str, Any]]:
-    """Count, allocated now and mean utilization while allocated, per model / pool / ownership."""
+def grouped(assets: list[GpuAsset], by: str, allocated: set[str], hours: list[HourRow],
+            verdicts: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Count, allocated now, mean utilization while allocated, and how many passed or failed their last burn-in
+    (`verdicts`: uuid -> the last gpu.validated verdict), per model / pool / ownership."""
+    verdicts = verdicts or {}
     field = {"model": "model", "pool": "pool", "ownership": "ownership"}[by]
     util: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # uuid -> [util x allocated s, allocated s]
     for r in hours:
@@ -79,8 +83,11 @@ def grouped(assets: list[GpuAsset], by: str, allocated: set[str], hours: list[Ho
     rows: dict[str, dict[str, Any]] = {}
     for a in assets:
         key = getattr(a, field)
-        row = rows.setdefault(key, {"key": key, "gpus": 0, "active": 0, "missing": 0, "allocated": 0, "_u": [0.0, 0.0]})
+        row = rows.setdefault(key, {"key": key, "gpus": 0, "active": 0, "missing": 0, "allocated": 0,
+                                    "validated": 0, "quarantined": 0, "_u": [0.0, 0.0]})
         row["gpus"] += 1
+        row["validated"] += verdicts.get(a.uuid) in ("pass", "warn")
+        row["quarantined"] += verdicts.get(a.uuid) == "fail"
         row["active" if a.status == "active" else "missing"] += 1
         row["allocated"] += a.uuid in allocated
         row["_u"][0] += util[a.uuid][0]

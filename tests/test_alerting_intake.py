@@ -101,6 +101,21 @@ def test_a_critical_alert_escalates_an_incident_that_had_only_warnings():
     assert page.escalation
 
 
+def test_a_gpu_that_only_warned_escalates_when_it_turns_critical_even_if_another_gpu_is_critical():
+    intake = Intake(CONFIG, "whaleflux/alerting/test")
+
+    def on(fp: str, uuid: str, rule: str = "Hot", severity: Severity = "critical", t: float = 0) -> AlertRaised:
+        a = raised(fp, rule=rule, severity=severity, t=t)
+        return a.model_copy(update={"labels": {**a.labels, "UUID": uuid}})
+
+    intake.receive(on("a", "GPU-0"), at(0))  # GPU 0 critical: the incident pages
+    intake.receive(on("w", "GPU-1", "Warm", "warning", t=1), at(1))  # GPU 1 warns: an update
+    [page] = intake.receive(on("b", "GPU-1", t=2), at(2)).notifications  # GPU 1 critical now: a page
+    assert page.escalation
+    # Another critical symptom of a GPU already critical here is an update, not another page.
+    assert intake.receive(on("c", "GPU-1", "Warm", t=3), at(3)).notifications == []
+
+
 def test_notifications_are_titled_with_their_incident_and_an_ack_sends_acknowledge():
     intake = Intake(CONFIG, "whaleflux/alerting/test")
     [n] = intake.receive(raised("a"), at(0)).notifications

@@ -16,9 +16,10 @@ correlation too). An incident joined at a wider level than its own takes that
 level's key and title, so two nodes of one pool in different racks overheating
 together are one incident, titled for the pool.
 
-Escalation: a critical alert that joins an existing incident escalates it when
-its GPU is new to the incident or nothing there was critical yet; the caller
-pages at once for it and asks for its remediation.
+Escalation: a critical alert that joins an existing incident escalates it
+unless its GPU already has a critical alert firing there (a new GPU, or a GPU
+that so far only warned); the caller pages at once for it and asks for its
+remediation.
 """
 
 from __future__ import annotations
@@ -100,14 +101,12 @@ def _key(correlation: str, by: dict[str, str]) -> str:
 
 
 def _escalates(incident: Incident, fingerprint: str, labels: dict[str, str], gpu: str) -> bool:
-    """A critical alert escalates an incident when its GPU is new to the firing members or none was critical."""
+    """A critical alert escalates an incident unless its GPU already has a critical alert firing there: a new
+    GPU, or a GPU that so far only warned (a higher severity), pages."""
     if labels.get("severity") != "critical":
         return False
-    firing = [(fp, m) for fp, m in incident.members.items() if m.firing and fp != fingerprint]
-    if not firing:
-        return True
-    top = max(SEVERITY_RANK.get(m.severity, 1) for _, m in firing)
-    return top < SEVERITY_RANK["critical"] or gpu not in {m.gpu(fp) for fp, m in firing}
+    same_gpu = [m for fp, m in incident.members.items() if m.firing and fp != fingerprint and m.gpu(fp) == gpu]
+    return all(SEVERITY_RANK.get(m.severity, 1) < SEVERITY_RANK["critical"] for m in same_gpu)
 
 
 class _Missing(dict[str, Any]):

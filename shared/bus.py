@@ -200,6 +200,10 @@ class Bus:
         consumer = Consumer(self, spec, handler, seen, gate)
         self._tasks.append(asyncio.create_task(consumer.run(), name=spec.durable))
 
+    def ended_consumers(self) -> list[str]:
+        """Consumers whose delivery loop has ended (none should, before `close`: the loop never dies)."""
+        return [task.get_name() for task in self._tasks if task.done()]
+
     async def close(self) -> None:
         self._stopping.set()
         for task in self._tasks:

@@ -30,8 +30,8 @@ def build_service(name: str) -> tuple[Any, Any]:
 
 
 @asynccontextmanager
-async def running(name: str) -> AsyncIterator[httpx.AsyncClient]:
-    """One service started on the test's servers, and a client talking to its app in-process."""
+async def running(name: str) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
+    """One service started on the test's servers: a client talking to its app in-process, and its runtime."""
     app, _ = build_service(name)
     runtime = app.state.runtime
     await runtime.start()
@@ -45,7 +45,7 @@ async def running(name: str) -> AsyncIterator[httpx.AsyncClient]:
             async def leading() -> bool:
                 return (await client.get("/v1/leader")).json()["role"] == "leader"
             await until(leading, timeout=60, what="scheduler leading")
-        yield client
+        yield client, runtime
     finally:
         await client.aclose()
         await runtime.stop()
@@ -68,7 +68,7 @@ async def fuzz_service(name: str, client: httpx.AsyncClient, per_route: int, see
 async def test_every_route_of_every_service_answers_malformed_input_without_a_5xx(env):
     tally = Tally()
     for name in SERVICES:
-        async with running(name) as client:
+        async with running(name) as (client, _):
             await fuzz_service(name, client, PER_ROUTE, SEED, tally)
     routes = len(tally.by_route)
     assert routes >= 60, f"only {routes} routes fuzzed"

@@ -69,7 +69,7 @@ def test_a_utf8_bom_and_anchors_within_the_limits_are_fine():
 async def test_every_hostile_document_uploaded_gets_a_422_listing_the_problem(env, service, path):
     uploads = [text.encode("utf-8", "surrogatepass") for text, _ in HOSTILE.values()]
     uploads += [b"\xff\xfe\x00\x00" + "a: 1".encode("utf-32-le"), b"\xff\xfe" + "a: 1".encode("utf-16-le")]
-    async with running(service) as client:
+    async with running(service) as (client, _):
         for body in uploads:
             r = await client.put(path, content=body, headers={"Authorization": f"Bearer {TOKEN}"})
             assert r.status_code == 422, (body[:40], r.status_code, r.text[:300])

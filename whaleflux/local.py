@@ -137,7 +137,8 @@ class Stack:
     def start_servers(self) -> None:
         if os.environ.get("NATS_URL") and os.environ.get("REDIS_URL"):
             self.cfg.nats_url, self.cfg.redis_url = os.environ["NATS_URL"], os.environ["REDIS_URL"]
-            self.cfg.nats_user = os.environ.get("WHALEFLUX_NATS_USER", self.cfg.nats_user)
+            # Their one user (not the `operator` of servers `up` ran before).
+            self.cfg.nats_user = os.environ.get("WHALEFLUX_NATS_USER", LocalConfig().nats_user)
             self.cfg.nats_password = os.environ.get("WHALEFLUX_NATS_PASSWORD", "")
             self.cfg.redis_password = os.environ.get("WHALEFLUX_REDIS_PASSWORD", "")
             console.print(f"Using NATS at {self.cfg.nats_url} and Redis at {self.cfg.redis_url} from the environment")
@@ -255,6 +256,8 @@ class Stack:
         if self.assets:
             table.add_row("declared assets", str(self.assets))
         table.add_row("config (0600)", str(localconfig.config_path()))
+        if self.nats_users:
+            table.add_row("NATS identities (0600)", f"{self.state_dir / 'secrets'}  (see docs/security.md)")
         table.add_row("logs", str(self.state_dir / "logs"))
         console.print(table)
         console.print("Try:  whaleflux submit --gpus 1 -- python -c \"print('hi')\"   (Ctrl-C here stops everything)")

@@ -15,9 +15,9 @@ from .terminal import console
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from whaleflux.agent.burnin.card import GpuReportCard
     from whaleflux.agent.burnin.plan import BurnInPlan
     from whaleflux.agent.burnin.run import BurnInReport
+    from whaleflux.shared.events import GpuReportCard
 
 # Exit codes: 0 every GPU passed or only warned, 1 a GPU failed, 2 the options are wrong or there is no GPU to test.
 FAILED, UNUSABLE = 1, 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,11 @@ def test_issued_secrets_match_the_compose_file_and_are_private(compose, services
     assert "gpu.telemetry.onprem.a100-01" in granted["agent-a"]["publish"]["allow"]
     assert "gpu.telemetry.onprem.h100-01" not in granted["agent-a"]["publish"]["allow"]
     assert "jetstream" in conf and "http_port: 8222" in conf
+    from whaleflux.servers import nats_server_binary
+
+    checked = subprocess.run([nats_server_binary(), "-t", "-c", str(out / "nats.conf")], capture_output=True,
+                             text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # nats-server accepts the config
     redis = (out / "redis.password").read_text()
     assert f'requirepass "{redis}"' in (out / "redis.conf").read_text()
     before = {p.name: p.read_text() for p in out.iterdir()}

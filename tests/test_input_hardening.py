@@ -135,3 +135,18 @@ async def test_a_422_shows_bytes_that_are_not_utf8_instead_of_failing_with_500()
     assert r.status_code == 422, r.text
     [error] = r.json()["detail"]
     assert error["loc"] == ["body"] and error["input"] == "\ufffd\ufffd\x00"
+
+
+async def test_the_agents_fault_endpoint_answers_a_body_that_is_not_utf8_with_4xx():
+    from whaleflux.agent.app import AgentSettings
+    from whaleflux.agent.app import create_app as agent_app
+
+    app = agent_app([], AgentSettings(admin_token=TOKEN, nats_password="p"))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent") as client:
+        as_text = await client.post("/admin/faults", content=b"\xff\xfe\x00", headers={**auth,
+                                                                                       "Content-Type": "text/plain"})
+        as_json = await client.post("/admin/faults", content=b"\xff\xfe\x00", headers={
+            **auth, "Content-Type": "application/json"})
+    assert as_text.status_code == 422 and as_text.json()["detail"][0]["loc"] == ["body"]
+    assert as_json.status_code == 400 and as_json.json()["detail"].startswith("body: JSON must be UTF-8")

@@ -85,6 +85,20 @@ async def test_every_service_serves_a_valid_openapi_document(name):
     assert docs.status_code == 200 and "/openapi.json" in docs.text
 
 
+def test_the_agent_and_the_console_serve_valid_openapi_documents():
+    from whaleflux.agent.app import AgentSettings
+    from whaleflux.agent.app import create_app as agent_app
+    from whaleflux.console.app import create_app as console_app
+    from whaleflux.console.settings import ConsoleSettings
+
+    agent = agent_app([], AgentSettings(admin_token="t" * 32, nats_password="p"))
+    console = console_app(ConsoleSettings())
+    for app in (agent, console):
+        spec = app.openapi()
+        assert problems(spec) == [], app.title
+    assert "/admin/faults" in agent.openapi()["paths"]
+
+
 def test_the_validator_finds_what_is_wrong():
     bad = {"openapi": "2.0", "info": {}, "paths": {
         "/a/{x}": {"get": {"operationId": "a", "parameters": [], "responses": {}}},

@@ -32,6 +32,7 @@ from whaleflux.shared.datafiles import DEFAULT_FLEET
 from whaleflux.shared.events import GpuIdentity
 from whaleflux.shared.localconfig import home
 from whaleflux.shared.logs import configure_logging
+from whaleflux.shared.runtime_http import guard_input
 from whaleflux.shared.service import system_clock
 from whaleflux.shared.settings import CommonSettings
 
@@ -176,6 +177,7 @@ def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
     # /docs and /redoc from vendored assets, like the services: FastAPI's defaults need a CDN.
     app = FastAPI(title="WhaleFlux agent", docs_url=None, redoc_url=None)
     mount_api_docs(app)
+    guard_input(app)  # body limit, NaN/Infinity refused, 422s that render any bytes (no 500)
     by_name = {a.node.name: a for a in agents}
     expected = (settings.secret("admin_token") or secrets.token_urlsafe(32)).encode()
 

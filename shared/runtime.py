@@ -11,7 +11,8 @@ The runtime owns NATS and Redis (connected with retries), stream and consumer
 declarations, the state-epoch guard (rebuild from JetStream when the store lost
 the service's state, consumers paused meanwhile), the outbox, `/healthz`,
 `/readyz`, `/metrics`, `/admin/status`, vendored `/docs`, and the errors that
-map to 503 (store or bus unreachable) and 400 (`BadRequest` only). See
+map to 503 (store or bus unreachable) and 400 (`BadRequest` only), and the
+input guard before every route (body limit, JSON numbers, safe 422s). See
 docs/architecture.md.
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -19,6 +20,7 @@ from whaleflux.billing.report import costs_report
 MAR = datetime(2026, 3, 1, tzinfo=UTC)
 APR = datetime(2026, 4, 1, tzinfo=UTC)
 BOOK = parse_pricebook("prices: []\n")
+BOOK_LEASE = BOOK
 H = 3_600_000
 
 
@@ -111,3 +113,60 @@ def test_backtest_on_seasonal_spend_no_false_alarm_in_normal_weeks_and_an_overru
     week = (start + timedelta(weeks=overrun_week)).isoformat()
     assert list(fired) == [week]  # no other week raised
     assert fired[week] < start + timedelta(weeks=overrun_week + 1)  # during the week itself
+
+
+# --------------------------------------------------------------------------- FOCUS 1.3
+
+
+def _spec13(dataset: str) -> dict[str, dict]:
+    import csv
+    from pathlib import Path
+
+    with open(Path(__file__).parent / "data" / "focus" / "focus-1.3-columns.csv") as fh:
+        return {r["ColumnID"]: r for r in csv.DictReader(fh) if r["Dataset"] == dataset}
+
+
+def test_focus_13_leases_are_commitments_with_used_and_unused_time_and_a_partial_window_bills_its_part():
+    import csv
+    import io
+
+    from whaleflux.billing.commitments import COMMITMENT_COLUMNS, commitment_rows
+    from whaleflux.billing.exports import focus_csv, focus_rows
+    from whaleflux.billing.ownership import gpu_cost, to_ms
+
+    terms = [GpuTerms(uuid=f"L{i}", model="H200", ownership="leased", pool="cloud", lease_contract="CW-1",
+                      lease_provider="coreweave", lease_monthly=Decimal("2150.00"), lease_start=date(2026, 1, 1),
+                      lease_end=date(2026, 12, 31)) for i in range(2)]
+    lo, hi = MAR + timedelta(days=10), MAR + timedelta(days=20)  # a third of March, 31 days
+    gpus = {t.uuid: gpu_cost(t, BOOK_LEASE, lo, hi) for t in terms}
+    t0 = to_ms(lo) + H
+    ivs = [Interval("L0", t0, t0 + 10 * H, "a:1")]
+    from whaleflux.billing.allocation import JobInfo
+
+    rows = list(csv.DictReader(io.StringIO(focus_csv(focus_rows(ivs, {"a:1": JobInfo("a", 1, "nlp", "p", "H200")},
+                                                                gpus, to_ms(lo), to_ms(hi))))))
+    spec = _spec13("CostAndUsage")
+    assert {c for c, r in spec.items() if r["FeatureLevel"] == "Mandatory"} <= set(rows[0])
+    used = [r for r in rows if r["x_JobId"] == "a"]
+    unused = [r for r in rows if r["ChargeCategory"] == "Usage" and r["x_Idle"] == "true"]
+    fees = [r for r in rows if r["ChargeCategory"] == "Purchase"]
+    assert {r["CommitmentDiscountId"] for r in rows} == {"CW-1"}
+    assert [r["CommitmentDiscountStatus"] for r in used] == ["Used"]
+    assert {r["CommitmentDiscountStatus"] for r in unused} == {"Unused"} and len(unused) == 2
+    applied = json.loads(used[0]["ContractApplied"])["Elements"][0]
+    assert applied["ContractCommitmentId"] == "CW-1" and applied["ContractCommitmentAppliedUnit"] == "GPU-Hours"
+    # The window holds 10 of March's 31 days: each GPU's fee row bills that part, not the whole month.
+    assert {Decimal(r["BilledCost"]) for r in fees} == {(Decimal("2150") * 10 / 31).quantize(Decimal("0.000001"))}
+    effective = sum(Decimal(r["EffectiveCost"]) for r in rows)
+    assert abs(effective - Decimal("2150") * 2 * 10 / 31) < Decimal("0.0001")
+
+    [commitment] = list(csv.DictReader(io.StringIO(focus_csv(commitment_rows(gpus), COMMITMENT_COLUMNS))))
+    cc = _spec13("ContractCommitment")
+    assert set(cc) <= set(commitment)
+    assert all(commitment[c] for c, r in cc.items() if r["AllowsNulls"] == "False")
+    assert commitment["ContractCommitmentId"] == commitment["ContractId"] == "CW-1"
+    assert commitment["ContractCommitmentQuantity"] == "24.000000"  # 2 GPUs x 12 months
+    assert commitment["ContractCommitmentCost"] == "51600.000000"
+    assert commitment["ContractCommitmentUnit"] == "GPU-Months"
+    assert commitment["ContractCommitmentPeriodStart"] == "2026-01-01T00:00:00Z"
+    assert commitment["ContractCommitmentPeriodEnd"] == "2027-01-01T00:00:00Z"

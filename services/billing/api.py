@@ -14,8 +14,9 @@ from whaleflux.shared.deps import AdminDep, NowDep
 from whaleflux.shared.errors import BadRequest
 
 from .budgets import Budget
+from .commitments import COMMITMENT_COLUMNS, commitment_rows
 from .costing import kwh_prices
-from .exports import FocusContext, focus_csv, focus_rows, jobs_csv
+from .exports import FOCUS_VERSION, FocusContext, focus_csv, focus_rows, jobs_csv
 from .ownership import month_start, to_ms
 from .pricebook import PriceBookError, entry_json
 from .report import costs_report, plain
@@ -76,21 +77,27 @@ async def job_cost(job_id: str, billing: BillingDep) -> JSONResponse:
 
 @costs.get("/v1/costs/export", response_model=None)
 async def export(
-    billing: BillingDep, now: NowDep, fmt: Annotated[Literal["focus", "csv", "json"], Query(alias="format")] = "focus",
+    billing: BillingDep, now: NowDep,
+    fmt: Annotated[Literal["focus", "focus-commitments", "csv", "json"], Query(alias="format")] = "focus",
     start: Annotated[datetime | None, Query(alias="from")] = None,
     end: Annotated[datetime | None, Query(alias="to")] = None, by: GroupBy = "job",
 ) -> JSONResponse | PlainTextResponse:
-    """FOCUS 1.2 CSV, a CSV of job attempts and idle lines, or the JSON report."""
+    """FOCUS 1.3 cost and usage CSV, the FOCUS 1.3 contract commitment CSV (the leases), a CSV of job attempts
+    and idle lines, or the JSON report; FOCUS answers declare their version (`X-FOCUS-Version`)."""
     lo, hi = window(start, end, now)
     c = await billing.compute(lo, hi, now)
     if fmt == "json":
         return JSONResponse(costs_report(c, by, False))
     if fmt == "csv":
         return PlainTextResponse(jobs_csv(c.cb), media_type="text/csv")
+    version = {"X-FOCUS-Version": FOCUS_VERSION}
+    if fmt == "focus-commitments":
+        text = focus_csv(commitment_rows(c.gpus), COMMITMENT_COLUMNS)
+        return PlainTextResponse(text, media_type="text/csv", headers=version)
     ctx = FocusContext(billing.settings.billing_account_id, billing.settings.billing_account_name)
     rows = focus_rows(c.intervals, c.jobs, c.gpus, to_ms(lo), to_ms(hi), c.energy,
                       kwh_prices(c.energy, c.gpus, c.book), ctx)
-    return PlainTextResponse(focus_csv(rows), media_type="text/csv")
+    return PlainTextResponse(focus_csv(rows), media_type="text/csv", headers=version)
 
 
 @costs.get("/v1/tco")

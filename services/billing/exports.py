@@ -1,7 +1,13 @@
-"""Exports of a window's costs: CSV and FOCUS 1.2 rows. Pure, no I/O.
+"""Exports of a window's costs: CSV, FOCUS 1.3 cost and usage rows, FOCUS 1.3 contract commitments. Pure, no I/O.
 
-FOCUS (FinOps Open Cost and Usage Specification) 1.2, columns from
-`tests/data/focus/focus-1.2-columns.csv`. Rows:
+FOCUS (FinOps Open Cost and Usage Specification) 1.3 (`FOCUS_VERSION`), columns
+from `tests/data/focus/focus-1.3-columns.csv` (the 1.2 columns stay, ProviderName
+and PublisherName beside their 1.3 replacements ServiceProviderName and
+HostProviderName). A lease is a contract commitment: its usage, idle and fee
+rows carry `CommitmentDiscountId` (the contract id), `CommitmentDiscountStatus`
+(`Used` for job rows, `Unused` for the lease's idle time) and `ContractApplied`;
+`commitment_rows` is the contract commitment dataset, one row per lease
+contract. Cost and usage rows:
 
 - Usage, one per job attempt, GPU and rate segment (a calendar month, a price
   period): `EffectiveCost` = its share of the GPU's cost, `ConsumedQuantity`
@@ -11,7 +17,8 @@ FOCUS (FinOps Open Cost and Usage Specification) 1.2, columns from
 - Usage, idle: one per GPU and segment for the time no job held it, and one
   per owned GPU and month for power drawn while idle (`x_Idle` = true);
 - Purchase, Recurring: one per leased GPU and month of its term overlapping
-  the window, `BilledCost` = the monthly fee (owed whatever the use),
+  the window, `BilledCost` = the monthly fee for the part of that month inside
+  the window and the term (owed whatever the use),
   `EffectiveCost` 0: that fee reaches usage and idle rows as their
   `EffectiveCost`.
 
@@ -41,6 +48,7 @@ from .pricing import MICRO
 MS_PER_HOUR = Decimal(3_600_000)
 J_PER_KWH = Decimal(3_600_000)
 _PRICING_CATEGORY = {"cloud": "Standard", "leased": "Committed", "unknown": "Standard"}
+FOCUS_VERSION = "1.3"
 
 FOCUS_COLUMNS = [
     "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency", "BillingPeriodEnd",
@@ -49,6 +57,8 @@ FOCUS_COLUMNS = [
     "ContractedUnitPrice", "EffectiveCost", "InvoiceIssuerName", "ListCost", "ListUnitPrice", "PricingCategory",
     "PricingQuantity", "PricingUnit", "ProviderName", "PublisherName", "RegionId", "RegionName", "ResourceId",
     "ResourceName", "ResourceType", "ServiceCategory", "ServiceName", "SkuId", "Tags",
+    "ServiceProviderName", "HostProviderName", "CommitmentDiscountCategory", "CommitmentDiscountId",
+    "CommitmentDiscountName", "CommitmentDiscountStatus", "CommitmentDiscountType", "ContractApplied",
     "x_Team", "x_Project", "x_JobId", "x_Attempt", "x_GpuUuid", "x_GpuModel", "x_Ownership", "x_Pool", "x_Idle",
 ]
 
@@ -57,7 +67,7 @@ def _q(x: Decimal) -> Decimal:
     return x.quantize(MICRO, rounding=ROUND_HALF_EVEN)
 
 
-def _t(ms: int, up: bool = False) -> str:
+def focus_time(ms: int, up: bool = False) -> str:
     """FOCUS date-time: whole seconds, UTC, `Z`."""
     secs = -(-ms // 1000) if up else ms // 1000
     return from_ms(secs * 1000).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -93,15 +103,42 @@ def _base(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int) -> Row:
     period = month_start(from_ms(start_ms))
     return {
         "BillingAccountId": ctx.account_id, "BillingAccountName": ctx.account_name, "BillingCurrency": "USD",
-        "BillingPeriodStart": _t(to_ms(period)), "BillingPeriodEnd": _t(to_ms(next_month(period))),
-        "ChargeClass": None, "ChargePeriodStart": _t(start_ms), "ChargePeriodEnd": _t(end_ms, up=True),
+        "BillingPeriodStart": focus_time(to_ms(period)), "BillingPeriodEnd": focus_time(to_ms(next_month(period))),
+        "ChargeClass": None, "ChargePeriodStart": focus_time(start_ms), "ChargePeriodEnd": focus_time(end_ms, up=True),
         "InvoiceIssuerName": ctx.issuer(gc), "ProviderName": ctx.issuer(gc), "PublisherName": ctx.issuer(gc),
         "PricingCategory": _PRICING_CATEGORY.get(t.ownership, "Other"),
         "RegionId": t.site, "RegionName": t.site, "ResourceId": t.uuid,
         "ResourceName": f"{t.node}/{t.uuid}" if t.node else t.uuid, "ResourceType": "GPU",
         "ServiceCategory": "Compute", "ServiceName": "GPU compute", "SkuId": f"{t.model}-{t.ownership}",
         "x_GpuUuid": t.uuid, "x_GpuModel": t.model, "x_Ownership": t.ownership, "x_Pool": t.pool,
+        "ServiceProviderName": ctx.issuer(gc), "HostProviderName": ctx.issuer(gc), **_commitment(gc),
     }
+
+
+def commitment_id(gc: GpuCost) -> str | None:
+    """The contract commitment a leased GPU's charges count towards: its lease contract."""
+    t = gc.terms
+    return None if t.ownership != "leased" else (t.lease_contract or f"lease-{t.uuid}")
+
+
+def _commitment(gc: GpuCost) -> Row:
+    cid = commitment_id(gc)
+    if cid is None:
+        return {"CommitmentDiscountCategory": None, "CommitmentDiscountId": None, "CommitmentDiscountName": None,
+                "CommitmentDiscountStatus": None, "CommitmentDiscountType": None, "ContractApplied": None}
+    return {"CommitmentDiscountCategory": "Usage", "CommitmentDiscountId": cid,
+            "CommitmentDiscountName": f"{gc.terms.lease_provider or 'lessor'} {cid}",
+            "CommitmentDiscountStatus": None, "CommitmentDiscountType": "GPU lease", "ContractApplied": None}
+
+
+def _applied(gc: GpuCost, cost: Decimal, quantity: Decimal | None, unit: str | None) -> Row:
+    """The commitment fields of a leased GPU's row: status set by the caller, the contract applied."""
+    cid = commitment_id(gc)
+    if cid is None:
+        return {}
+    return {"ContractApplied": {"Elements": [{"ContractCommitmentId": cid, "ContractCommitmentAppliedCost": cost,
+                                              "ContractCommitmentAppliedQuantity": quantity,
+                                              "ContractCommitmentAppliedUnit": unit}]}}
 
 
 def _usage(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int, ms: int, rate: Decimal,
@@ -118,6 +155,8 @@ def _usage(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int, ms: int, 
         "PricingQuantity": hours, "PricingUnit": "GPU-Hours", "ConsumedQuantity": hours, "ConsumedUnit": "GPU-Hours",
         "Tags": tags, "x_Team": job.team if job else None, "x_Project": job.project if job else None,
         "x_JobId": job.job_id if job else None, "x_Attempt": job.attempt if job else None, "x_Idle": job is None,
+        **({"CommitmentDiscountStatus": "Used" if job else "Unused", **_applied(gc, cost, hours, "GPU-Hours")}
+           if commitment_id(gc) else {}),
     }
 
 
@@ -150,19 +189,20 @@ def _lease_purchases(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int)
     rows = []
     m = month_start(from_ms(max(start_ms, term_start)))
     while to_ms(m) < min(end_ms, term_end):
-        lo, hi = max(to_ms(m), term_start), min(to_ms(next_month(m)), term_end)
+        lo = max(to_ms(m), term_start, start_ms)
+        hi = min(to_ms(next_month(m)), term_end, end_ms)
         month_ms = to_ms(next_month(m)) - to_ms(m)
         fee = gc.segments[0].usd_per_ms * month_ms  # the lease's monthly price
         fee = next((s.usd_per_ms * month_ms for s in gc.segments if s.start_ms <= lo < s.end_ms), fee)
         qty = _q(Decimal(hi - lo) / Decimal(month_ms))
-        billed = _q(fee * qty)
+        billed = _q(fee * Decimal(hi - lo) / Decimal(month_ms))  # exact, not the rounded quantity
         rows.append({
             **_base(ctx, gc, lo, hi), "ChargeCategory": "Purchase", "ChargeFrequency": "Recurring",
             "ChargeDescription": f"lease {t.lease_contract or ''} {t.model} GPU, {m:%B %Y}".replace("  ", " "),
             "BilledCost": billed, "EffectiveCost": Decimal(0), "ContractedUnitPrice": _q(fee), "ContractedCost": billed,
             "ListUnitPrice": _q(fee), "ListCost": billed, "PricingQuantity": qty, "PricingUnit": "GPU-Months",
             "ConsumedQuantity": None, "ConsumedUnit": None, "Tags": {}, "x_Team": None, "x_Project": None,
-            "x_JobId": None, "x_Attempt": None, "x_Idle": False,
+            "x_JobId": None, "x_Attempt": None, "x_Idle": False, **_applied(gc, billed, qty, "GPU-Months"),
         })
         m = next_month(m)
     return rows
@@ -252,7 +292,7 @@ def focus_rows(
     energy: Iterable[EnergyUse] = (), kwh_price: dict[tuple[str, int], Decimal] | None = None,
     ctx: FocusContext | None = None,
 ) -> list[Row]:
-    """FOCUS 1.2 rows for [start_ms, end_ms); values are Decimals, strings, dicts (Tags) or None."""
+    """FOCUS 1.3 cost and usage rows for [start_ms, end_ms); values are Decimals, strings, dicts (JSON) or None."""
     ctx = ctx or FocusContext()
     rows, used, used_ms = _job_usage_rows(ctx, intervals, jobs, gpus, start_ms, end_ms)
     rows += _idle_rows(ctx, gpus, start_ms, end_ms, used, used_ms)
@@ -260,13 +300,14 @@ def focus_rows(
     return rows
 
 
-def focus_csv(rows: list[Row]) -> str:
-    """FOCUS rows as CSV: Decimals plain, Tags as a JSON object, nulls empty."""
+def focus_csv(rows: list[Row], columns: list[str] | None = None) -> str:
+    """FOCUS rows as CSV: Decimals plain, JSON columns as JSON objects, nulls empty."""
+    columns = columns or FOCUS_COLUMNS
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=FOCUS_COLUMNS, extrasaction="raise", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="raise", lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: _cell(r.get(k)) for k in FOCUS_COLUMNS})
+        w.writerow({k: _cell(r.get(k)) for k in columns})
     return buf.getvalue()
 
 
@@ -278,7 +319,7 @@ def _cell(v: object) -> str:
     if isinstance(v, Decimal):
         return format(v, "f")
     if isinstance(v, dict):
-        return json.dumps(v, sort_keys=True)
+        return json.dumps(v, sort_keys=True, default=lambda d: float(d) if isinstance(d, Decimal) else str(d))
     return str(v)
 
 

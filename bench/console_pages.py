@@ -9,6 +9,7 @@ One command per figure; each prints the figure and its reference (issue 19):
     python bench/console_pages.py cpu [--fleet large] [--streams 50] [--seconds 30]
                                                      control-plane CPU (console, telemetry, scheduler) with 0, 1 and
                                                      N open fleet streams
+    python bench/console_pages.py shots              the screenshots under docs/console/ (not a figure)
 
 Times are the browser's own (Navigation Timing, performance.now()); CPU is user + system from /proc/<pid>/stat.
 Every run starts its own nats-server and redis-server, the services it needs, a simulated agent and the console.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -32,8 +32,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 
 import httpx  # noqa: E402
-
 from telemetry_harness import CpuMeter, server_env, start_servers  # noqa: E402
+
 from whaleflux.servers import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ class Stack:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         """Start everything and wait for the fleet in telemetry; on failure, stop what did start."""
         self.servers = start_servers()
         try:
@@ -66,7 +66,7 @@ class Stack:
             self.stop()
             raise
 
-    def _start(self) -> "Stack":
+    def _start(self) -> Stack:
         home = Path(tempfile.mkdtemp(prefix="wf-bench-console-"))
         self.logs = home / "logs"
         self.logs.mkdir()
@@ -87,7 +87,7 @@ class Stack:
         for name in (*self.services, "console"):
             self._ready(name)
         want = GPUS[self.fleet]
-        self._until(lambda: len(httpx.get(self.urls["telemetry"] + "/v1/gpus", timeout=30).json()) >= want, 300,
+        self._until(lambda: len(httpx.get(self.urls["telemetry"] + "/v1/gpus", timeout=30).json()) >= want, 900,
                     f"{want} GPUs in telemetry")
         return self
 
@@ -181,12 +181,14 @@ def pages(args) -> None:
                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
         job.raise_for_status()
         job_id = job.json()["job_id"]
-        stack._until(lambda: httpx.get(f"{sch}/v1/jobs/{job_id}").json().get("state") == "succeeded", 60, "the job done")
+        stack._until(lambda: httpx.get(f"{sch}/v1/jobs/{job_id}").json().get("state") == "succeeded", 60,
+                     "the job done")
         # Path, and what else must be drawn before the page is done (beyond the load event).
         paths = [("/fleet", None), ("/fleet/nodes/h100-01", None),
                  (f"/fleet/gpus/{uuid}", "document.querySelectorAll('#charts .uplot').length === 4"),
                  ("/jobs", None), ("/jobs/new", None), (f"/jobs/{job_id}", None), ("/alerts", None), ("/costs", None),
-                 ("/costs/tco?model=H100&gpus=8&utilization=0.7&months=36&purchase_price=30000&usd_per_kwh=0.12&overhead=150", None),
+                 ("/costs/tco?model=H100&gpus=8&utilization=0.7&months=36&purchase_price=30000&usd_per_kwh=0.12"
+                  "&overhead=150", None),
                  ("/inventory", None), ("/sizing?model=llama-3-8b&task=lora", None)]
         with sync_playwright() as p:
             browser = launch(p)
@@ -204,8 +206,10 @@ def pages(args) -> None:
                     context.close()
                 rows.append((path, cold, warm))
             browser.close()
-        print(f"# console first load per page, demo fleet (28 GPUs), {args.repeat} fresh browser contexts each; {machine()}")
-        print("| page | first load (empty cache): load event, median / max | server (TTFB) median | cached: load median | done* |")
+        print(f"# console first load per page, demo fleet (28 GPUs), {args.repeat} fresh browser contexts each; "
+              f"{machine()}")
+        print("| page | first load (empty cache): load event, median / max | server (TTFB) median "
+              "| cached: load median | done* |")
         print("|---|---|---|---|---|")
         worst = 0.0
         for path, cold, warm in rows:
@@ -246,7 +250,8 @@ def large(args) -> None:
     stack = Stack("large", ("telemetry", "scheduler"), args.interval, args.upstream_timeout).start()
     try:
         con, sch = stack.urls["console"], stack.urls["scheduler"]
-        stack._until(lambda: len(httpx.get(sch + "/v1/nodes", timeout=30).json()) >= 1000, 300, "1,000 nodes in the scheduler")
+        stack._until(lambda: len(httpx.get(sch + "/v1/nodes", timeout=30).json()) >= 1000, 900,
+                     "1,000 nodes in the scheduler")
         with sync_playwright() as p:
             browser = launch(p)
             cookie = session_cookie(browser, con)
@@ -274,33 +279,38 @@ def large(args) -> None:
             browser.close()
         heat = [e for e in live if e["type"] == "heat"]
         frag = [e for e in live if e["type"] == "fleet"]
-        gaps = [b["at"] - a["at"] for a, b in zip(heat, heat[1:])]
+        gaps = [b["at"] - a["at"] for a, b in zip(heat, heat[1:], strict=False)]
         wall = used.pop("_wall")
         print(f"# console /fleet with 1,000 nodes x 8 GPUs ({cells} GPUs in the heat map), one agent process at a "
               f"{args.interval:g} s interval, telemetry + scheduler + console; {machine()}")
-        print(f"first load, empty cache ({args.repeat} runs): load event median {med(loads, 'load')} ms, max {mx(loads, 'load')} ms; "
+        print(f"first load, empty cache ({args.repeat} runs): load event median {med(loads, 'load')} ms, "
+              f"max {mx(loads, 'load')} ms; "
               f"heat map drawn median {med(loads, 'done')} ms; server (TTFB) median {med(loads, 'ttfb')} ms; "
               f"{loads[0]['bytes'] / 1e6:.2f} MB   (reference: renders in <= 2,000 ms) -> "
               f"{'met' if max(t['done'] for t in loads) <= 2000 else 'NOT met'}")
         rate = len(heat) / args.seconds
         print(f"live, {args.seconds:g} s on one open page: {len(heat)} heat-map and {len(frag)} table updates "
               f"({rate:.2f}/s; the console built the view {built} times); gap between updates median "
-              f"{statistics.median(gaps) if gaps else float('nan'):.0f} ms, max {max(gaps) if gaps else float('nan'):.0f} ms; "
-              f"in the browser per update: table swap median {statistics.median(e['cost'] for e in frag) if frag else 0:.0f} ms "
-              f"({statistics.mean(e['bytes'] for e in frag) / 1e3 if frag else 0:.0f} kB), heat map swap + redraw median "
-              f"{statistics.median(e['cost'] for e in heat) if heat else 0:.0f} ms ({statistics.mean(e['bytes'] for e in heat) / 1e3 if heat else 0:.0f} kB); "
+              f"{statistics.median(gaps) if gaps else float('nan'):.0f} ms, "
+              f"max {max(gaps) if gaps else float('nan'):.0f} ms; in the browser per update: table swap median "
+              f"{statistics.median(e['cost'] for e in frag) if frag else 0:.0f} ms "
+              f"({statistics.mean(e['bytes'] for e in frag) / 1e3 if frag else 0:.0f} kB), heat map swap + redraw "
+              f"median {statistics.median(e['cost'] for e in heat) if heat else 0:.0f} ms "
+              f"({statistics.mean(e['bytes'] for e in heat) / 1e3 if heat else 0:.0f} kB); "
               f"{gpus_now} GPUs shown at the end   (reference: keeps up with 1 Hz updates) -> "
               f"{'met' if rate >= 0.9 else 'NOT met'}")
         if problems:
             print("the page said: " + " / ".join(p.strip() for p in problems)[:500])
-        print("CPU over that window: " + ", ".join(f"{n} {100 * s / wall:.0f} %" for n, s in used.items()) + " of one core")
+        shares = ", ".join(f"{n} {100 * s / wall:.0f} %" for n, s in used.items())
+        print(f"CPU over that window: {shares} of one core")
     finally:
         stack.stop()
 
 
 def builds(console: str) -> int:
     text = httpx.get(console + "/metrics", timeout=30).text
-    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("whaleflux_console_view_builds_total ")))
+    name = "whaleflux_console_view_builds_total "
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith(name)))
 
 
 # --------------------------------------------------------------------------- CPU with N open pages
@@ -330,15 +340,16 @@ class Streams:
 
     async def _main(self) -> None:
         limits = httpx.Limits(max_connections=self.n + 1, max_keepalive_connections=self.n + 1)
-        async with httpx.AsyncClient(cookies={"wf_session": self.cookie}, timeout=None, limits=limits) as client:
+        # No read timeout: a stream is quiet between updates.
+        timeout = httpx.Timeout(30.0, read=None)
+        async with httpx.AsyncClient(cookies={"wf_session": self.cookie}, timeout=timeout, limits=limits) as client:
             tasks = [asyncio.create_task(self._one(client, i)) for i in range(self.n)]
-            while not self.stop.is_set():
-                await asyncio.sleep(0.2)
+            await asyncio.to_thread(self.stop.wait)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def __enter__(self) -> "Streams":
+    def __enter__(self) -> Streams:
         self.thread.start()
         if not self.opened.wait(60):
             raise SystemExit(f"only {self._open} of {self.n} streams opened")
@@ -372,23 +383,64 @@ def cpu(args) -> None:
                 got0 = list(streams.events) if streams else []
                 time.sleep(args.seconds)
                 used, built = meter.stop(), builds(con) - b0
-                got = [b - a for a, b in zip(got0, streams.events)] if streams else []
+                got = [b - a for a, b in zip(got0, streams.events, strict=True)] if streams else []
             finally:
                 if streams:
                     streams.__exit__()
             wall = used.pop("_wall")
             rows.append((n, {k: 100 * v / wall for k, v in used.items()}, built / wall, got))
         print(f"# control-plane CPU with open fleet pages (plain SSE clients on /live/fleet, as the page opens), "
-              f"{args.fleet} fleet ({GPUS[args.fleet]} GPUs, agent interval {args.interval:g} s), {args.seconds:g} s each; {machine()}")
-        print("| open pages | " + " | ".join(f"{w} CPU" for w in watched) + " | sum | view builds/s | updates per page (min-max) |")
+              f"{args.fleet} fleet ({GPUS[args.fleet]} GPUs, agent interval {args.interval:g} s), "
+              f"{args.seconds:g} s each; {machine()}")
+        print("| open pages | " + " | ".join(f"{w} CPU" for w in watched)
+              + " | sum | view builds/s | updates per page (min-max) |")
         print("|---|" + "---|" * (len(watched) + 3))
         for n, pct, rate, got in rows:
-            print(f"| {n} | " + " | ".join(f"{pct[w]:.1f} %" for w in watched) + f" | {sum(pct.values()):.1f} % | {rate:.2f} | "
-                  + (f"{min(got)}-{max(got)}" if got else "—") + " |")
+            cells = " | ".join(f"{pct[w]:.1f} %" for w in watched)
+            spread = f"{min(got)}-{max(got)}" if got else "—"
+            print(f"| {n} | {cells} | {sum(pct.values()):.1f} % | {rate:.2f} | {spread} |")
         one, many = sum(rows[1][1].values()), sum(rows[2][1].values())
         print(f"\n{args.streams} pages vs 1: {many:.1f} % vs {one:.1f} % of one core "
               f"({many - one:+.1f} points; no pages: {sum(rows[0][1].values()):.1f} %)   "
               "(reference: 50 open browsers cost almost nothing more than one)")
+    finally:
+        stack.stop()
+
+
+def shots(args) -> None:
+    """The screenshots under docs/console/ (shown in the README): each page on the demo fleet at 1280 x 800,
+    the fleet at a phone's width, a job page with a job running (its cancel button)."""
+    from playwright.sync_api import sync_playwright
+
+    out = ROOT / "docs" / "console"
+    stack = Stack("demo", ALL_SERVICES, 1.0).start()
+    try:
+        tel, sch, con = stack.urls["telemetry"], stack.urls["scheduler"], stack.urls["console"]
+        uuid = next(g["gpu"]["uuid"] for g in httpx.get(tel + "/v1/gpus", params={"node": "h100-01"}).json())
+        body = {"name": "train-demo", "team": "research", "command": ["sh", "-c", "echo step 1; sleep 600"]}
+        job_id = httpx.post(sch + "/v1/jobs", json=body, headers={"Authorization": f"Bearer {TOKEN}"},
+                            timeout=30).json()["job_id"]
+        stack._until(lambda: httpx.get(f"{sch}/v1/jobs/{job_id}").json().get("state") == "running", 60,
+                     "the job running")
+        shots = [("fleet", "/fleet", 1280), ("fleet-phone", "/fleet", 390), ("gpu", f"/fleet/gpus/{uuid}", 1280),
+                 ("jobs", "/jobs", 1280), ("submit", "/jobs/new", 1280), ("job", f"/jobs/{job_id}", 1280),
+                 ("alerts", "/alerts", 1280), ("costs", "/costs", 1280), ("inventory", "/inventory", 1280),
+                 ("sizing", "/sizing?model=llama-3-8b&task=lora", 1280)]
+        with sync_playwright() as p:
+            browser = launch(p)
+            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            page = context.new_page()
+            page.goto(con + "/login")
+            page.screenshot(path=str(out / "login.png"))
+            context.add_cookies([session_cookie(browser, con)])
+            for name, path, width in shots:
+                page.set_viewport_size({"width": width, "height": 844 if width < 800 else 800})
+                page.goto(con + path, wait_until="load")
+                page.wait_for_timeout(args.settle * 1000)  # live updates and charts drawn: a picture, not a figure
+                page.screenshot(path=str(out / f"{name}.png"))
+            browser.close()
+        httpx.post(f"{sch}/v1/jobs/{job_id}/cancel", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        print(f"wrote {len(shots) + 1} screenshots to {out}")
     finally:
         stack.stop()
 
@@ -399,7 +451,8 @@ def main() -> None:
     a = sub.add_parser("pages", help="first load of each page on the demo fleet")
     a.add_argument("--repeat", type=int, default=3)
     a = sub.add_parser("large", help="/fleet with 1,000 nodes x 8 GPUs")
-    a.add_argument("--interval", type=float, default=5.0, help="the agent's sampling interval (1 = 8,000 GPU samples/s)")
+    a.add_argument("--interval", type=float, default=5.0,
+                   help="the agent's sampling interval (1 = 8,000 GPU samples/s)")
     a.add_argument("--seconds", type=float, default=30)
     a.add_argument("--repeat", type=int, default=3)
     # 8,000 GPUs are 8 MB from telemetry's /v1/gpus: on a busy 2-core machine that takes longer than the console's
@@ -411,8 +464,10 @@ def main() -> None:
     a.add_argument("--streams", type=int, default=50)
     a.add_argument("--upstream-timeout", type=float, default=30.0, help="the console's WHALEFLUX_UPSTREAM_TIMEOUT_S")
     a.add_argument("--seconds", type=float, default=30)
+    a = sub.add_parser("shots", help="the screenshots under docs/console/")
+    a.add_argument("--settle", type=float, default=2.0, help="seconds each page is left to draw before its picture")
     args = ap.parse_args()
-    {"pages": pages, "large": large, "cpu": cpu}[args.figure](args)
+    {"pages": pages, "large": large, "cpu": cpu, "shots": shots}[args.figure](args)
 
 
 if __name__ == "__main__":

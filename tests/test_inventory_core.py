@@ -134,6 +134,18 @@ def test_lease_dates_are_shown_as_declared_and_the_notice_deadline_as_the_last_d
     assert "last day to give notice 2027-03-31" in summary or "give notice by 2027-03-31" in summary, summary
 
 
+def test_findings_say_owned_gpus_are_valued_at_amortization_only_and_name_the_fully_depreciated():
+    text = GOOD.replace('date: 2025-01-01, depreciation_months: 36', 'date: 2022-01-01, depreciation_months: 36')
+    now = T0 + timedelta(days=10)
+    rec = reconcile(parse_declarations(text), _gpus("h100-01", "H100", 2), now)
+    note = fnd.valuation(list(rec.assets))
+    assert note == " (owned: amortization only; billing adds overhead and power; 2 fully depreciated at $0)"
+    fresh = reconcile(parse_declarations(GOOD), _gpus("h100-01", "H100", 2), now)
+    assert fnd.valuation(list(fresh.assets)) == " (owned: amortization only; billing adds overhead and power)"
+    leased = reconcile(parse_declarations(GOOD), _gpus("a100-01", "A100", 8), now)
+    assert fnd.valuation([a for a in leased.assets if a.node == "a100-01"]) == ""
+
+
 def _notices(decl, discovered, now, fired, horizons=(30, 7, 1)):
     rec = reconcile(decl, discovered, now)
     return due_notices(leases(decl, rec.assets, now), horizons, now, fired)

@@ -31,6 +31,17 @@ def money(value: Decimal | None) -> str:
     return "cost unknown" if value is None else f"${value:,.2f}/month"
 
 
+def valuation(gpus: list[GpuAsset]) -> str:
+    """What a finding's money counts for owned GPUs: inventory knows their amortization only (billing prices
+    overhead and power from its price book), and says so, also for fully depreciated ones."""
+    owned = [g for g in gpus if g.ownership == "owned"]
+    if not owned:
+        return ""
+    spent = sum(1 for g in owned if g.purchase is not None and g.monthly_cost == 0)
+    note = "owned: amortization only; billing adds overhead and power"
+    return f" ({note}; {spent} fully depreciated at $0)" if spent else f" ({note})"
+
+
 def _cost(gpus: list[GpuAsset]) -> Decimal | None:
     """Sum of monthly costs; None if any GPU's cost is unknown."""
     costs = [g.monthly_cost for g in gpus]
@@ -57,7 +68,7 @@ def idle_allocated(
             Finding(
                 "idle-allocated", "warning",
                 f"{node}: {len(gpus)}x {gpus[0].model} ({gpus[0].ownership}) allocated but under {threshold_pct:g}% "
-                f"utilized for the last hour (jobs {', '.join(jobs) or '?'}) — {money(cost)}",
+                f"utilized for the last hour (jobs {', '.join(jobs) or '?'}) — {money(cost)}{valuation(gpus)}",
                 cost, tuple(g.uuid for g in gpus), {"node": node, "jobs": ",".join(jobs)},
             )
         )
@@ -84,7 +95,7 @@ def reserved_idle(
         out.append(
             Finding(
                 "reserved-idle", "warning",
-                f"{len(gpus)}x {model} ({ownership}, pool {pool}) idle {hours} h — {money(cost)}",
+                f"{len(gpus)}x {model} ({ownership}, pool {pool}) idle {hours} h — {money(cost)}{valuation(gpus)}",
                 cost, tuple(a.uuid for a in gpus),
                 {"idle_hours": str(hours), "model": model, "pool": pool, "ownership": ownership},
             )
@@ -128,7 +139,8 @@ def consolidation(
         out.append(
             Finding(
                 "consolidation", "info",
-                f"pool {pool}: {total} GPUs {mean:.0%} allocated over the last {days:g} days; {advice} — {money(cost)}",
+                f"pool {pool}: {total} GPUs {mean:.0%} allocated over the last {days:g} days; {advice} — {money(cost)}"
+                f"{valuation(pool_gpus)}",
                 cost, tuple(g.uuid for g in pool_gpus),
                 {"pool": pool, "mean_allocated": f"{mean:.4f}", "peak_gpus": str(peak), "gpus_freeable": str(free)},
             )

@@ -50,8 +50,9 @@ class BodyGuard:
     """ASGI middleware at every service's edge, before any route reads the body:
 
     - a body over `limit` bytes: 413 (by its Content-Length, or as it streams); a bad Content-Length: 400;
-    - a JSON body with NaN, Infinity or a number beyond a double (1e999): 422 naming the number,
-      nested deeper than Python's parser goes: 400 (JSON itself has neither).
+    - a JSON body with NaN, Infinity or a number beyond a double (1e999): 422 naming where it is
+      (`body.a.0.b`; JSON itself has none of them); one nested deeper than Python's parser goes, or not
+      UTF-8: 400.
     The body is read once here and handed on unchanged.
     """
 
@@ -105,19 +106,28 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-def _refuse_constant(token: str) -> Any:
-    raise _NotJsonNumber(f"body: {token} is not a JSON number")
+class _NotANumber:
+    """Where the body had NaN, Infinity or a number beyond a double (the JSON text it was)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text[:40]
 
 
-def _finite(text: str) -> float:
+def _number(text: str) -> float | _NotANumber:
     value = float(text)
-    if math.isinf(value):
-        raise _NotJsonNumber(f"body: {text[:40]} is beyond a double's range")
-    return value
+    return _NotANumber(text) if math.isinf(value) else value
 
 
-class _NotJsonNumber(ValueError):
-    pass
+def _first_not_a_number(doc: Any) -> tuple[str, _NotANumber] | None:
+    """The location (`body.a.0.b`) and value of the first NaN/Infinity in `doc` (walked without recursion)."""
+    stack: list[tuple[str, Any]] = [("body", doc)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, _NotANumber):
+            return where, node
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        stack.extend(reversed([(f"{where}.{key}", value) for key, value in items]))
+    return None
 
 
 def _json_problem(body: bytes) -> tuple[int, str] | None:
@@ -128,14 +138,16 @@ def _json_problem(body: bytes) -> tuple[int, str] | None:
     except UnicodeDecodeError as exc:
         return 400, f"body: JSON must be UTF-8 (byte {exc.start} is not)"
     try:
-        json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
-    except _NotJsonNumber as exc:
-        return 422, str(exc)
+        doc = json.loads(text, parse_constant=_NotANumber, parse_float=_number)
     except RecursionError:
         return 400, "body: JSON nested too deeply"
     except ValueError:  # not JSON: FastAPI answers it with the location
         return None
-    return None
+    found = _first_not_a_number(doc)
+    if found is None:
+        return None
+    where, number = found
+    return 422, f"{where}: {number.text} is not a finite number (JSON has no NaN or Infinity)"
 
 
 async def _answer(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:

@@ -89,7 +89,15 @@ JOB = b'{"name": "x", "command": ["true"], "gpus": %s}'
 async def test_json_bodies_with_nan_or_infinity_are_refused_before_any_route(number):
     async with _scheduler() as client:
         r = await client.post("/v1/jobs", content=JOB % number, headers={"Content-Type": "application/json"})
-    assert r.status_code == 422 and r.json()["detail"].startswith(f"body: {number.decode()}")
+    assert r.status_code == 422
+    assert r.json()["detail"] == f"body.gpus: {number.decode()} is not a finite number (JSON has no NaN or Infinity)"
+
+
+async def test_the_422_for_a_nan_names_where_it_is():
+    async with _scheduler() as client:
+        r = await client.post("/v1/size", content=b'{"a": [1, {"b": [2.5, Infinity]}], "c": NaN}',
+                              headers={"Content-Type": "application/json; charset=utf-8"})
+    assert r.status_code == 422 and r.json()["detail"].startswith("body.a.1.b.1: Infinity is not a finite number")
 
 
 async def test_bodies_over_the_limit_are_refused_by_length_or_as_they_stream():

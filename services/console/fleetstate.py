@@ -24,15 +24,17 @@ from pydantic import TypeAdapter, ValidationError
 
 from whaleflux.shared.events import GpuSample, GpuTelemetry, InvalidEvent, decode
 
-from .models import FleetSummary, GpuJob, GpuRow, NodeTelemetry
+from .models import FleetSummary, GpuJob, GpuRow, NodeStatus, NodeTelemetry
 from .upstream import Upstream, UpstreamError
 
 STALE_AFTER_S = 15.0  # telemetry's default `stale_after_s`
 DETAILS_EVERY_S = 5.0
 DETAILS_MIN_GAP_S = 1.0  # job events ask for a fresh read, at most this often
+STATUSES_TTL_S = 2.0  # the scheduler's node states are read at most this often (a build every second)
 HOT_MARGIN_C = 5.0
 THERMAL_REASONS = {"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown", "hw_power_brake_slowdown"}
 _ROWS = TypeAdapter(list[GpuRow])
+_STATUSES = TypeAdapter(list[NodeStatus])
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,9 @@ class FleetState:
         self.details_due = False
         self.ignored = 0  # messages on gpu.telemetry that are not valid telemetry (telemetry dead-letters them)
         self._refresh: asyncio.Task[None] | None = None
+        # Each GPU's row as last built, and what it was built from: most GPUs did not change since the last build.
+        self._built: dict[str, tuple[tuple[object, ...], GpuRow]] = {}
+        self._statuses: tuple[float, list[NodeStatus]] | None = None
 
     # ----------------------------------------------------------------- in
 
@@ -153,9 +158,22 @@ class FleetState:
         age = (now - heard.sample_time).total_seconds()
         stale = age > self.stale_after_s
         job: GpuJob | None = known.job if known else None
-        return GpuRow.model_construct(cluster=heard.cluster, node=heard.node, sample_time=heard.sample_time,
-                                      gpu=heard.gpu, age_s=round(age, 3), stale=stale,
-                                      flags=flags(heard.gpu, last_xid, stale), last_xid=last_xid, job=job)
+        key = (heard.sample_time, heard.node, stale, last_xid, job)
+        built = self._built.get(uuid)
+        if built is not None and built[0] == key:
+            return built[1]  # its age as of when it last changed (no page shows it)
+        row = GpuRow.model_construct(cluster=heard.cluster, node=heard.node, sample_time=heard.sample_time,
+                                     gpu=heard.gpu, age_s=round(age, 3), stale=stale,
+                                     flags=flags(heard.gpu, last_xid, stale), last_xid=last_xid, job=job)
+        self._built[uuid] = (key, row)
+        return row
+
+    async def node_statuses(self) -> list[NodeStatus]:
+        """The scheduler's `/v1/nodes` (state, free GPUs), at most `STATUSES_TTL_S` old."""
+        now = time.monotonic()
+        if self._statuses is None or now - self._statuses[0] >= STATUSES_TTL_S:
+            self._statuses = (now, _STATUSES.validate_python(await self.upstream.get("scheduler", "/v1/nodes")))
+        return self._statuses[1]
 
     async def _details(self) -> None:
         if not self.samples and not self.details_at:

@@ -41,7 +41,7 @@ class FleetView:
 async def fleet_view(c: Console, node: str | None = None) -> FleetView:
     """GPUs from the console's own fold of the bus (`fleetstate.py`), node states from the scheduler."""
     values, errors = await fetch_all({
-        "statuses": c.upstream.get_as(list[NodeStatus], "scheduler", "/v1/nodes"),
+        "statuses": c.fleet.node_statuses(),
         "gpus": c.fleet.rows(node),
     })
     rows, unread = values["gpus"]

@@ -75,6 +75,8 @@ async def test_every_hostile_document_uploaded_gets_a_422_listing_the_problem(en
             assert r.status_code == 422, (body[:40], r.status_code, r.text[:300])
             [problem] = r.json()["detail"]["errors"]
             assert problem.startswith("upload:1: (")
+        r = await client.put(path, content=uploads[-1], headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.json()["detail"]["errors"] == ["upload:1: (file): UTF-16 text (byte order mark); send UTF-8"]
 
 
 def _scheduler() -> httpx.AsyncClient:

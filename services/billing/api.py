@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import TypeAdapter, ValidationError
 
+from whaleflux.shared import yamlconfig
 from whaleflux.shared.deps import AdminDep, NowDep
 from whaleflux.shared.errors import BadRequest
 
@@ -139,8 +140,8 @@ async def pricebook_view(billing: BillingDep) -> JSONResponse:
 @pricebook.put("/admin/pricebook", tags=["admin"], dependencies=[AdminDep])
 async def pricebook_upload(request: Request, billing: BillingDep) -> dict[str, Any]:
     """Replace the price book with the YAML body; 422 lists every problem (line, key), nothing changes."""
-    body = (await request.body()).decode("utf-8", errors="replace")
     try:
+        body = yamlconfig.decode_text(await request.body(), "upload", PriceBookError)
         book = await billing.apply_pricebook(body, "upload")
     except PriceBookError as exc:
         raise HTTPException(422, detail={"errors": exc.errors}) from None

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
-from whaleflux.shared import contracts
+from whaleflux.shared import contracts, yamlconfig
 from whaleflux.shared.deps import AdminDep, NowDep
 from whaleflux.shared.runtime import BadRequest
 
@@ -79,8 +79,8 @@ async def declared(inv: InventoryDep, now: NowDep) -> contracts.Declarations:
 @admin.put("/admin/assets")
 async def upload(request: Request, inv: InventoryDep) -> dict[str, Any]:
     """Replace the declarations with the YAML body; 422 lists every problem (line, key), nothing changes."""
-    body = (await request.body()).decode("utf-8", errors="replace")
     try:
+        body = yamlconfig.decode_text(await request.body(), "upload", AssetsError)
         decl = await inv.apply_declarations(body, "upload")
     except AssetsError as exc:
         raise HTTPException(status_code=422, detail={"errors": exc.errors}) from None

@@ -22,7 +22,10 @@ UPLOADS = {"inventory": ("PUT", "/admin/assets"), "billing": ("PUT", "/admin/pri
 NASTY_STRINGS = ["", " ", "\x00", "a\x00b", "%00", "../../etc/passwd", "..%2f..%2f", "NaN", "Infinity", "-1",
                  "1e999", "99999999999999999999999999", "null", "true", "[]", "{}", "'; DROP TABLE x; --",
                  "<script>", "💥" * 3, "\ud7ff", "\u202e", "a" * 5000, "*", ">", "a.b", "a b", "\n", "\\",
-                 "2026-13-45T99:99:99Z", "0x10", "+1", "٣", "\ufeff", "$(id)", "`id`"]
+                 "2026-13-45T99:99:99Z", "0x10", "+1", "٣", "\ufeff", "$(id)", "`id`",
+                 # regular expressions Python's re cannot compile without RecursionError / OverflowError
+                 "(" * 1000 + ")" * 1000, "a{4294967296}", 'alertname=~"' + "(" * 1000 + ")" * 1000 + '"',
+                 'alertname=~"a{4294967296}"']
 NASTY_NUMBERS: list[Any] = [-1, 0, 2**31, 2**53 + 1, 2**64, 2**70, -(2**70), 1e308, -1e308, 1e-320, 0.5, -0.0]
 NASTY_VALUES: list[Any] = [None, True, False, [], {}, [[[]]], {"a": {"b": {}}}, "x", 1, 1.5, [1, "a", None]]
 # Raw JSON texts Python's json module would write for no value: JSON has no NaN or Infinity.

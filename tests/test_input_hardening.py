@@ -160,3 +160,15 @@ async def test_the_agents_fault_endpoint_answers_a_body_that_is_not_utf8_with_4x
             **auth, "Content-Type": "application/json"})
     assert as_text.status_code == 422 and as_text.json()["detail"][0]["loc"] == ["body"]
     assert as_json.status_code == 400 and as_json.json()["detail"].startswith("body: JSON must be UTF-8")
+
+
+async def test_regular_expressions_re_cannot_compile_are_a_400_not_a_500(env):
+    deep, huge = "(" * 1000 + ")" * 1000, "a{4294967296}"
+    async with running("alerting") as (client, _):
+        answers = [await client.get("/api/v2/alerts", params={"receiver": deep}),
+                   await client.get("/api/v2/alerts/groups", params={"receiver": huge}),
+                   await client.get("/api/v2/alerts", params={"filter": f'alertname=~"{deep}"'}),
+                   await client.get("/api/v2/silences", params={"filter": f'alertname=~"{huge}"'})]
+    assert [r.status_code for r in answers] == [400, 400, 400, 400], [r.text[:200] for r in answers]
+    assert answers[0].json()["detail"].startswith("receiver: bad regex")
+    assert answers[2].json()["detail"].startswith("filter: matcher")

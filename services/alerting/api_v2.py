@@ -31,7 +31,7 @@ def _filters(filters: list[str], receiver: str | None) -> tuple[list[Matcher], r
         raise HTTPException(400, f"filter: {exc}") from None
     try:
         return matchers, re.compile(receiver) if receiver else None
-    except re.error as exc:
+    except (re.error, RecursionError, OverflowError) as exc:  # "((((...": RecursionError; a{4294967296}: Overflow
         raise HTTPException(400, f"receiver: bad regex: {exc}") from None
 
 

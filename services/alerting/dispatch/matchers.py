@@ -29,7 +29,7 @@ class Matcher:
             try:
                 # Anchored like Alertmanager: the regex must match the whole value.
                 regex = re.compile(f"^(?:{value})$")
-            except re.error as exc:
+            except (re.error, RecursionError, OverflowError) as exc:  # nested too deep, a repeat too large
                 raise ValueError(f"matcher {text!r}: bad regex: {exc}") from None
         return cls(name, op, value, regex)
 

@@ -134,16 +134,32 @@ def test_lease_dates_are_shown_as_declared_and_the_notice_deadline_as_the_last_d
     assert "last day to give notice 2027-03-31" in summary or "give notice by 2027-03-31" in summary, summary
 
 
-def test_findings_say_owned_gpus_are_valued_at_amortization_only_and_name_the_fully_depreciated():
-    text = GOOD.replace('date: 2025-01-01, depreciation_months: 36', 'date: 2022-01-01, depreciation_months: 36')
+def test_owned_gpus_are_valued_as_billing_charges_them_and_depreciated_ones_say_so():
+    from whaleflux.inventory.valuation import revalue, valuation
+    from whaleflux.shared.contracts.billing import PriceBookView
+
+    book = PriceBookView.model_validate({"entries": [
+        {"model": "H100", "ownership": "owned", "effective_from": "2026-01-01", "usd_per_kwh": "0.20",
+         "overhead_per_gpu_month": "600"}]})
     now = T0 + timedelta(days=10)
-    rec = reconcile(parse_declarations(text), _gpus("h100-01", "H100", 2), now)
-    note = fnd.valuation(list(rec.assets))
-    assert note == " (owned: amortization only; billing adds overhead and power; 2 fully depreciated at $0)"
     fresh = reconcile(parse_declarations(GOOD), _gpus("h100-01", "H100", 2), now)
-    assert fnd.valuation(list(fresh.assets)) == " (owned: amortization only; billing adds overhead and power)"
+    # Without billing's prices: amortization only ($36,000 / 36 = $1,000), and said so.
+    assert [a.monthly_cost for a in fresh.assets] == [Decimal("1000.00")] * 2
+    assert valuation(fresh.assets) == " (owned: amortization only; billing's price book not known to inventory)"
+    # With them: + $600 overhead + idle power (the catalogue's H100 idle draw x 730 h x $0.20/kWh).
+    from whaleflux.shared.catalog import gpu_models
+
+    power = Decimal(str(gpu_models()["H100"].idle_power_w)) * 730 / 1000 * Decimal("0.20")
+    valued = revalue(fresh.assets, book, now)
+    assert [a.monthly_cost for a in valued] == [(Decimal(1600) + power).quantize(Decimal("0.01"))] * 2
+    assert valuation(valued) == " (owned: amortization + overhead + idle power, as billing prices them)"
+    # Fully depreciated: overhead and power still at stake, and the summary says why the amortization is 0.
+    old = GOOD.replace("date: 2025-01-01, depreciation_months: 36", "date: 2022-01-01, depreciation_months: 36")
+    spent = revalue(reconcile(parse_declarations(old), _gpus("h100-01", "H100", 2), now).assets, book, now)
+    assert [a.monthly_cost for a in spent] == [(Decimal(600) + power).quantize(Decimal("0.01"))] * 2
+    assert valuation(spent).endswith("; 2 fully depreciated: overhead and power only)")
     leased = reconcile(parse_declarations(GOOD), _gpus("a100-01", "A100", 8), now)
-    assert fnd.valuation([a for a in leased.assets if a.node == "a100-01"]) == ""
+    assert revalue(leased.assets, book, now)[0].monthly_cost == Decimal("1890.00") and valuation(leased.assets) == ""
 
 
 def _notices(decl, discovered, now, fired, horizons=(30, 7, 1)):

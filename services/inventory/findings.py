@@ -12,6 +12,7 @@ from typing import Literal
 
 from .reconcile import GpuAsset, Reconciliation
 from .rollups import HourRow
+from .valuation import valuation
 
 Kind = Literal["idle-allocated", "reserved-idle", "consolidation", "capacity", "undeclared", "never-seen", "mismatch",
                "quarantined"]
@@ -29,17 +30,6 @@ class Finding:
 
 def money(value: Decimal | None) -> str:
     return "cost unknown" if value is None else f"${value:,.2f}/month"
-
-
-def valuation(gpus: list[GpuAsset]) -> str:
-    """What a finding's money counts for owned GPUs: inventory knows their amortization only (billing prices
-    overhead and power from its price book), and says so, also for fully depreciated ones."""
-    owned = [g for g in gpus if g.ownership == "owned"]
-    if not owned:
-        return ""
-    spent = sum(1 for g in owned if g.purchase is not None and g.monthly_cost == 0)
-    note = "owned: amortization only; billing adds overhead and power"
-    return f" ({note}; {spent} fully depreciated at $0)" if spent else f" ({note})"
 
 
 def _cost(gpus: list[GpuAsset]) -> Decimal | None:

@@ -51,6 +51,8 @@ class GpuAsset:
     hourly_price_per_gpu: Decimal | None = None
     since: date | None = None  # declared start (cloud; owned without a purchase)
     monthly_cost: Decimal | None = None  # what the GPU costs per month whether used or not; None if unknown
+    depreciated: bool = False  # owned and fully depreciated at reconciliation time (amortization 0)
+    valued: str = ""  # owned: "billing" once valued with billing's price book (valuation.py), else amortization only
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ def reconcile(decl: Declarations, discovered: list[DiscoveredGpu], now: datetime
                 contract=contract, contracts=tuple(a.leases), purchase=a.purchase,
                 hourly_price_per_gpu=a.hourly_price_per_gpu, since=a.since,
                 monthly_cost=monthly_cost(a, contract, now),
+                depreciated=a.ownership == "owned" and a.purchase is not None and a.purchase.monthly_cost(now) == 0,
             )
         )
     never_seen = [

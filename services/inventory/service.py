@@ -8,11 +8,16 @@ and writes their outcomes back.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Literal
 
+import httpx
+from pydantic import ValidationError
+
 from whaleflux.shared import subjects
 from whaleflux.shared.contracts import fold_holders, gpus_involved
+from whaleflux.shared.contracts.billing import PriceBookView
 from whaleflux.shared.contracts.holders import JOB_EVENTS as HOLDER_EVENTS
 from whaleflux.shared.events import (
     Envelope,
@@ -34,6 +39,7 @@ from .reconcile import Reconciliation, reconcile
 from .rollups import HOUR, HourRow, hour_floor, last_active, rollup, sample_sums
 from .settings import InventorySettings
 from .store import InventoryStore
+from .valuation import revalue
 
 
 class Inventory:
@@ -43,6 +49,7 @@ class Inventory:
         self.clock = runtime.clock
         self.log = runtime.log
         self.store = InventoryStore(runtime, runtime.clock, runtime.log)
+        self.prices: PriceBookView | None = None  # billing's price book, last good fetch (valuation.py)
 
     # ------------------------------------------------------------------ events
 
@@ -124,6 +131,7 @@ class Inventory:
     async def all_findings(self, now: datetime) -> list[fnd.Finding]:
         s = self.settings
         rec = await self.reconciliation(now)
+        rec = replace(rec, assets=revalue(rec.assets, self.prices, now))  # owned GPUs as billing charges them
         by_uuid = {a.uuid: a for a in rec.assets}
         this_hour = hour_floor(now)
         gpu_rows_ = await self.rollups("gpu", this_hour - HOUR, this_hour, now, rec)
@@ -181,9 +189,26 @@ class Inventory:
         await self.runtime.publish_staged()  # notices staged before a crash go out now
         await self.reload_file()
 
+    async def refresh_prices(self) -> bool:
+        """Billing's price book (`GET /v1/pricebook`), to value owned GPUs as billing charges them; on failure
+        the last good copy stays (None: findings say the amortization stands alone)."""
+        if not self.settings.billing_url:
+            return False
+        url = self.settings.billing_url.rstrip("/") + "/v1/pricebook"
+        try:
+            async with httpx.AsyncClient() as http:
+                resp = await http.get(url, timeout=5.0)
+                resp.raise_for_status()
+            self.prices = PriceBookView.model_validate_json(resp.content)
+        except (httpx.HTTPError, ValidationError) as exc:
+            self.log.warning("inventory.prices_unavailable", url=url, error=repr(exc)[:200])
+            return False
+        return True
+
     async def check_loop(self) -> None:
-        """The assets file, lease notices and allocation pruning, every `check_interval_s`."""
+        """The assets file, lease notices, billing's prices and allocation pruning, every `check_interval_s`."""
         while True:
+            await self.refresh_prices()
             await self.reload_file()
             await self.check_leases()
             await self.store.prune_allocations(self.clock() - timedelta(days=self.settings.retention_days))

@@ -18,3 +18,4 @@ class InventorySettings(CommonSettings):
     consolidation_threshold: float = Field(0.3, ge=0, le=1)
     consolidation_days: float = Field(3.0, gt=0)
     retention_days: float = Field(40.0, gt=0)
+    billing_url: str | None = Field(None, description="billing's base URL: owned GPUs valued with its price book")

@@ -448,14 +448,15 @@ async def test_usage_is_read_by_time_window_through_its_index_and_an_old_ledger_
         got = await svc.store.usage_records(day, day + timedelta(days=1))
         assert sorted(r.job_id for r in got) == ["d20", "live", "long"], await _index_state(env)
 
-        # A ledger written before the index: indexed once at start-up, then read by window alike.
-        await svc.runtime.stop()
+        # A ledger written before the index: indexed once (what on_ready does at start-up), then read alike.
         from redis.asyncio import Redis
 
         redis = Redis.from_url(env.redis_url, password=env.redis_password, decode_responses=True)
         await redis.delete("wf:billing:usage:starts", "wf:billing:usage:running", "wf:billing:usage:longest")
         await redis.aclose()
-        app, svc = await _started(Clock(T0))
+        assert await svc.store.usage_records(day, day + timedelta(days=1)) == []  # nothing indexed
+        assert await svc.store.ensure_usage_index() == len(records)
+        assert await svc.store.ensure_usage_index() == 0  # once
         again = await svc.store.usage_records(day, day + timedelta(days=1))
         assert sorted(r.job_id for r in again) == sorted(r.job_id for r in got)
         assert [r.job_id for r in await svc.store.job_usage("d7")] == ["d7"]

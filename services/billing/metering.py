@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from datetime import datetime
 from decimal import Decimal
 
@@ -132,6 +133,9 @@ class Overlap:
     end_ms: int
 
 
+_ORDER = attrgetter("start_ms", "end_ms", "job")  # deterministic: the same intervals in any order, the same cut
+
+
 def without_overlaps(ivs: list[Interval]) -> tuple[list[Interval], list[Overlap]]:
     """The intervals with every GPU's time held once (a later-starting interval loses the time an earlier
     one already holds), and the overlaps found (between different attempts)."""
@@ -144,7 +148,7 @@ def without_overlaps(ivs: list[Interval]) -> tuple[list[Interval], list[Overlap]
         if len(items) == 1:
             out.extend(items)
             continue
-        items.sort(key=lambda iv: (iv.start_ms, iv.end_ms, iv.job))
+        items.sort(key=_ORDER)
         kept: list[Interval] = []  # this GPU's charged time, in order, never overlapping
         for iv in items:
             until = kept[-1].end_ms if kept else iv.start_ms

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from operator import attrgetter
 from datetime import datetime
 from decimal import Decimal
+from operator import attrgetter
 
 from pydantic import BaseModel
 

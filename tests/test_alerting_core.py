@@ -390,11 +390,19 @@ def test_one_fault_across_racks_of_a_pool_is_one_incident_titled_for_the_pool():
                               "Hostname": "a100-01", "UUID": "GPU-3"}, at(1))
     assert throttle.id == first.id and len(c.incidents) == 1
     # Another pool is another incident; a thermal alert does not join a pool's XID incident.
-    other = c.assign("o", {**hot, "pool": "h100", "rack": "r1", "Hostname": "h100-01", "UUID": "GPU-9"}, at(1))
+    other = c.assign("o", {**hot, "pool": "h100", "rack": "h1", "Hostname": "h100-01", "UUID": "GPU-9"}, at(1))
     xid = c.assign("x", {"category": "health", "pool": "b", "alertname": "GPUXidDrain", "rack": "r5",
                          "Hostname": "b-01", "UUID": "GPU-10"}, at(1))
     warm = c.assign("w", {**hot, "pool": "b", "rack": "r5", "Hostname": "b-01", "UUID": "GPU-11"}, at(2))
     assert len({first.id, other.id, xid.id, warm.id}) == 4
+    # The pool level joins only within its 2-minute window: another thermal rule in the pool's third rack
+    # 3 minutes later is another incident (the same rule in the pool within 10 minutes is one: pool-wide).
+    rising = c.assign("n3", {**hot, "alertname": "GPUTemperatureRising", "severity": "warning", "rack": "r3",
+                             "Hostname": "a100-03", "UUID": "GPU-12"}, at(1 + 180))
+    assert rising.id != first.id
+    # The rack level joins a hot rack while it is hot, also after the incident was widened to the pool.
+    same_rack = c.assign("n4", {**hot, "rack": "r1", "Hostname": "a100-04", "UUID": "GPU-13"}, at(1 + 700))
+    assert same_rack.id == first.id
 
 
 # --------------------------------------------------------------------------- payloads and delivery rules

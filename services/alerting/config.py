@@ -99,9 +99,8 @@ class ThresholdRule(RuleBase):
     op: Op = ">="
     threshold: Threshold
     hysteresis: float = Field(0.0, ge=0, description="resolve only this far back on the safe side")
-    # A thermal alert must not resolve because its drain left the GPU idle (a cooling fault stays): with
-    # `resolve_under_load`, back on the safe side resolves at once only while the GPU is under load
-    # (utilization at least this %); otherwise only after it stayed there for `resolve_hold`.
+    # Not resolved because a drain idled the GPU: with `resolve_under_load`, back on the safe side resolves at
+    # once only under load (utilization at least this %); otherwise after `resolve_hold` there.
     resolve_under_load: float | None = Field(None, ge=0, le=100, description="utilization %% that counts as load")
     resolve_hold: Duration = Field(1800.0, description="without load: how long back on the safe side to resolve")
 
@@ -292,6 +291,7 @@ class CorrelationConfig(_Strict):
     # of the incident's last new member: a GPU that stays down for hours does not pull every later fault
     # of its pool into its incident.
     join: Literal["while_firing", "within_window"] = "while_firing"
+    window: Duration | None = Field(None, description="within_window: this correlation's window (default: window)")
 
 
 class IncidentsConfig(_Strict):

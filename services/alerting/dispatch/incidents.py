@@ -5,16 +5,17 @@ throttling neighbours in one rack, is one incident: the first matching
 correlation decides the key (its `by` labels); an alert joins the open incident
 with that key, else opens a new one. An incident stays open while any member
 fires and for `window` after its last activity; with `join: within_window` a new
-alert joins it by key only within `window` of its last new member. Before the key, an alert that shares a
-`join_on` label (UUID: the same GPU) with a firing member of an open incident
+alert joins it by key only within `window` (or the correlation's own) of its last new member. Before the
+key, an alert that shares a `join_on` label (UUID: the same GPU) with a firing member of an open incident
 joins that incident.
 
 Levels: the correlations an alert matches are tried in order (rack, then pool):
-an alert joins an open incident at the first level at which it and every member
-of that incident correlate (the same `by` values, and each member matched that
-correlation too). An incident joined at a wider level than its own takes that
-level's key and title, so two nodes of one pool in different racks overheating
-together are one incident, titled for the pool.
+an alert joins an open incident at the first level at which it correlates with
+a member of that incident (the same `by` values, the member matched that
+correlation too and, for `while_firing` levels, still fires). An incident
+joined at a wider level than its own takes that level's key and title, so two
+nodes of one pool in different racks overheating together are one incident,
+titled for the pool.
 
 Escalation: a critical alert that joins an existing incident escalates it
 unless its GPU already has a critical alert firing there (a new GPU, or a GPU
@@ -62,6 +63,7 @@ class Incident(BaseModel):
     last_at: datetime
     joined_at: datetime | None = Field(None, description="when the last member joined (None: as last_at)")
     join: str = Field("while_firing", description="how new alerts with its key join: while_firing, within_window")
+    join_window: float | None = Field(None, description="within_window: seconds (None: the incidents' window)")
     members: dict[str, Member] = Field(default_factory=dict)
     drained_nodes: list[str] = Field(default_factory=list, description="cluster/node asked to drain (shown)")
     drain_requests: list[str] = Field(default_factory=list, description="cluster/node/cause asked for")
@@ -85,14 +87,16 @@ class Incident(BaseModel):
     def is_open(self, now: datetime, window_s: float) -> bool:
         return self.firing_count() > 0 or (now - self.last_at).total_seconds() < window_s
 
-    def accepts(self, now: datetime, window_s: float, mode: str | None = None) -> bool:
+    def accepts(self, now: datetime, window_s: float, mode: str | None = None,
+                join_window_s: float | None = None) -> bool:
         """Whether a new alert with this incident's key joins it: while it is open, and for `within_window`
-        correlations (`mode`: the level it would join at, default its own) only within the window after its
-        last new member."""
+        correlations (`mode`, `join_window_s`: the level it would join at, default its own) only within the
+        window after its last new member."""
         if not self.is_open(now, window_s):
             return False
         if (mode or self.join) == "within_window":
-            return (now - (self.joined_at or self.last_at)).total_seconds() < window_s
+            limit = join_window_s if mode else self.join_window
+            return (now - (self.joined_at or self.last_at)).total_seconds() < (limit or window_s)
         return True
 
 
@@ -173,15 +177,17 @@ class Correlator:
             by = {k: labels[k] for k in corr.by}
             key = _key(corr.name, by)
             for inc in self.incidents.values():
-                if not inc.accepts(now, window, corr.join):
+                if not inc.accepts(now, window, corr.join, corr.window):
                     continue
                 if inc.key == key:
                     return inc
-                if inc.members and all(corr.name in m.levels and all(m.labels.get(k) == v for k, v in by.items())
-                                       for m in inc.members.values()):
+                # Another level's incident that holds an alert correlating with this one at this level (a firing
+                # one, for while_firing levels: a rack joins while it is hot).
+                if any((m.firing or corr.join == "within_window") and corr.name in m.levels
+                       and all(m.labels.get(k) == v for k, v in by.items()) for m in inc.members.values()):
                     if self._rank(corr.name) > self._rank(inc.correlation):  # wider: the incident takes that level
                         inc.key, inc.correlation, inc.by = key, corr.name, by
-                        inc.title_template, inc.join = corr.title, corr.join
+                        inc.title_template, inc.join, inc.join_window = corr.title, corr.join, corr.window
                     return inc
         return None
 
@@ -191,16 +197,18 @@ class Correlator:
 
     def _open(self, fingerprint: str, levels: list[CorrelationConfig], labels: dict[str, str],
               now: datetime) -> Incident:
+        join_window = None
         if levels:
             corr = levels[0]
             correlation, by, template, mode = corr.name, {k: labels[k] for k in corr.by}, corr.title, corr.join
+            join_window = corr.window
         else:
             correlation, by, template, mode = "single", {"fingerprint": fingerprint}, "{alertnames} on {nodes}", \
                 "while_firing"
         key = _key(correlation, by)
         iid = "inc-" + hashlib.sha256(f"{key}\x00{now.isoformat()}".encode()).hexdigest()[:12]
         incident = Incident(id=iid, key=key, correlation=correlation, by=by, title_template=template,
-                            opened_at=now, last_at=now, join=mode)
+                            opened_at=now, last_at=now, join=mode, join_window=join_window)
         self.incidents[iid] = incident
         return incident
 

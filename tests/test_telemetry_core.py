@@ -295,3 +295,18 @@ def test_exposition_passes_promtool_check_metrics():
     assert done.returncode in (0, 3), done.stdout + done.stderr
     problems = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and not allowed.search(line)]
     assert problems == []
+
+
+def test_the_simulated_idle_gpu_shows_idle_clocks_and_about_1_mib_used():
+    from datetime import UTC, datetime
+
+    from whaleflux.agent.simulated import SimulatedNode
+    from whaleflux.shared.catalog import gpu_models
+
+    node = SimulatedNode("a100-01", gpu_models()["A100"], 2, seed=1)
+    t = datetime(2026, 12, 1, tzinfo=UTC)
+    idle, _ = node.sample(t)
+    assert idle.sm_clock_mhz == 210 and idle.memory_used_mib == 1.0 and idle.processes == []
+    node.job_started([node.identities()[0].uuid], "j1", pid=42, util_pct=90)
+    busy, _ = node.sample(t)
+    assert busy.sm_clock_mhz == 1410 and busy.memory_used_mib > 512 and busy.processes[0].job_id == "j1"

@@ -26,6 +26,11 @@ TAU_S = 30.0
 FOREIGN_PID = 4242
 NOMINAL_AMBIENT_C = 25.0
 BASE_SM_CLOCK = {"H100": 1980, "H200": 1980, "A100": 1410, "RTX4090": 2520}
+# Idle (no process on the GPU): clocks drop to their idle state and only the driver's ~1 MiB is in use;
+# a process's CUDA context (CONTEXT_MIB) comes with the process.
+IDLE_SM_CLOCK = {"H100": 345, "H200": 345, "A100": 210, "RTX4090": 210}
+IDLE_USED_MIB = 1.0
+CONTEXT_MIB = 512.0
 MEM_CLOCK = {"H100": 2619, "H200": 3201, "A100": 1593, "RTX4090": 10501}
 # Consumer cards have no DCP profiling counters, ECC, remapping or HBM temperature sensor.
 DATACENTER = {"H100", "H200", "A100"}
@@ -232,14 +237,17 @@ class SimulatedNode:
         if power >= 0.99 * m.tdp_w:
             reasons.append("sw_power_cap")
         sm_clock = BASE_SM_CLOCK.get(m.key, 1500) * (THROTTLED_CLOCK if "sw_thermal_slowdown" in reasons else 1.0)
+        if not g.job and not g.foreign_mib:
+            sm_clock = IDLE_SM_CLOCK.get(m.key, 210)
 
         job_mib = 0.0
         if g.job:
             job_mib = (0.3 + 0.6 * stable_fraction(g.job)) * m.memory_mib
             g.leak_mib += g.leak_rate * dt
         reserved = round(m.memory_mib * 0.0056)
-        used = min(job_mib + g.leak_mib + g.foreign_mib + 512, m.memory_mib - reserved)
-        own_mib = round(max(used - 512 - g.foreign_mib, 0.0), 1)
+        context = CONTEXT_MIB if g.job else 0.0
+        used = min(job_mib + g.leak_mib + g.foreign_mib + context + IDLE_USED_MIB, m.memory_mib - reserved)
+        own_mib = round(max(used - IDLE_USED_MIB - g.foreign_mib, 0.0), 1)
         processes = [GpuProcess(pid=g.pid or 0, used_mib=own_mib, job_id=g.job)] if g.job else []
         if g.foreign_mib:
             processes.append(GpuProcess(pid=FOREIGN_PID, used_mib=round(g.foreign_mib, 1), job_id=None))

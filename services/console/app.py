@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from whaleflux.shared.apidocs import mount_api_docs
 from whaleflux.shared.logs import configure_logging
+from whaleflux.shared.runtime_http import guard_input
 
 from .auth import Signer
 from .fleetstate import FleetState
@@ -37,6 +38,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     hub.taps.update({"gpu.telemetry.": fleet_state.on_telemetry, "job.": lambda _: fleet_state.on_job_event()})
     app.state.console = Console(settings, upstream, hub, Signer(settings.secret("admin_token") or ""), fleet_state)
     mount_api_docs(app)
+    guard_input(app)  # body limit, NaN/Infinity refused, 422s that render any bytes (no 500), as on every service
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     for module in (login, fleet, jobs, alerts, costs, inventory, sizing):
         app.include_router(module.router)

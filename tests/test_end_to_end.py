@@ -120,7 +120,10 @@ def test_job_is_placed_run_finished_and_charged_and_hot_gpu_pages_webhook(system
     assert alert["labels"]["alertname"] == "GPUTemperatureHigh"
     assert alert["labels"]["UUID"] == hot_uuid and alert["labels"]["Hostname"] == "h100-01"
     assert "89 C" in alert["annotations"]["summary"]  # H100 slowdown from gpu_models.yaml
-    # The agent keeps reporting the GPU cool, so the alert resolves, once.
+    # Cool again under load, it resolves, once (the agent's own samples are cool but idle: alone they would
+    # hold the alert for the rule's resolve_hold, since a drained GPU cools whatever its fault).
+    cool = GpuSample(**{**hot, "temperature_c": 40.0, "utilization_gpu_pct": 90.0})
+    asyncio.run(_publish_telemetry(servers, "onprem", "h100-01", cool))
     wait_until(lambda: [p for p in receiver.received if p["status"] == "resolved"], what="webhook resolved")
     assert [p["status"] for p in receiver.received] == ["firing", "resolved"]
 

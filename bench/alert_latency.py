@@ -21,15 +21,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import httpx  # noqa: E402
-
 from telemetry_harness import server_env, start_servers  # noqa: E402
 from telemetry_latency import _load  # noqa: E402
+
 from whaleflux.servers import QuietHandler, free_port, serve_http  # noqa: E402
 from whaleflux.shared import subjects  # noqa: E402
 from whaleflux.shared.bus import Bus  # noqa: E402
@@ -91,7 +91,7 @@ async def _trials(servers, trials: int, gap_s: float) -> dict[str, float]:
             sample = GpuSample(uuid=uuid, index=0, model="H100", utilization_gpu_pct=90, memory_used_mib=1000,
                                memory_total_mib=81559, temperature_c=95.0)
             data = GpuTelemetry(cluster="bench", node=f"probe-{i % 4}", seq=i,
-                                sample_time=datetime.fromtimestamp(t0, timezone.utc), gpus=[sample])
+                                sample_time=datetime.fromtimestamp(t0, UTC), gpus=[sample])
             await bus.publish(subjects.gpu_telemetry("bench", f"probe-{i % 4}"), data)
             sent[uuid] = t0
             await asyncio.sleep(gap_s)

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -73,7 +73,7 @@ def main() -> int:
         load_after = os.getloadavg()
 
     base = statistics.median(times["python -c pass"])
-    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {platform.node()}: {platform.machine()}, "
+    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {platform.node()}: {platform.machine()}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}; load average {load_before[0]:.2f} before, "
           f"{load_after[0]:.2f} after; {args.runs} runs each, interleaved")
     print(f"{'command':36} {'median s':>9} {'fastest s':>10} {'x python':>9}  exit")

@@ -23,8 +23,19 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.lifecycle import billed_gpu_seconds, own_servers, runs, start_stack, submit  # noqa: E402
+from tests.processes import Proc  # noqa: E402
 
 NODES = ("r4090-01", "a100-01", "h100-01", "h200-01")
+
+
+def restart(proc: Proc, ready: bool) -> None:
+    """kill -9 a process and start it again (waiting until it is ready, for a service)."""
+    proc.kill9()
+    if ready:
+        proc.start().wait_ready(60)
+    else:
+        time.sleep(2)
+        proc.start()
 
 
 def main(n_jobs: int, seconds: float) -> int:
@@ -39,9 +50,9 @@ def main(n_jobs: int, seconds: float) -> int:
         try:
             ids = submit(scheduler.url, marks, seconds, n_jobs)
             faults = [
-                ("scheduler kill -9", lambda: (scheduler.kill9(), scheduler.start().wait_ready(60))),
-                ("billing kill -9", lambda: (billing.kill9(), billing.start().wait_ready(60))),
-                ("agent kill -9", lambda: (agent.kill9(), time.sleep(2), agent.start())),
+                ("scheduler kill -9", lambda: restart(scheduler, ready=True)),
+                ("billing kill -9", lambda: restart(billing, ready=True)),
+                ("agent kill -9", lambda: restart(agent, ready=False)),
                 ("redis FLUSHALL", own.flushall),
                 ("nats-server restart", own.restart_nats),
             ]
@@ -65,15 +76,27 @@ def main(n_jobs: int, seconds: float) -> int:
             succeeded = sum(1 for i in ids if states.get(i) == "succeeded")
             stuck = sum(1 for i in ids if states.get(i) not in ("succeeded", "failed", "rejected"))
             twice = sum(1 for i in ids if len([r for r in runs(marks, i) if r.end is not None and not r.stopped]) > 1)
-            overlap = sum(1 for i in ids if any(a.end is None or a.end > b.start for a, b in zip(runs(marks, i), runs(marks, i)[1:])))
+            overlap = sum(
+                1
+                for i in ids
+                if any(a.end is None or a.end > b.start
+                       for a, b in zip(runs(marks, i), runs(marks, i)[1:], strict=False))
+            )
             ran = sum(r.end - r.start for i in ids for r in runs(marks, i) if r.end is not None)
             time.sleep(3.0)  # billing's last reports
             billed = sum(float(billed_gpu_seconds(billing.url, i)) for i in ids)
-            print(f"submitted {len(ids)} / succeeded {succeeded} / ran twice {twice} / overlapping attempts {overlap} / "
-                  f"stuck {stuck}   (target: ran twice 0, stuck 0)")
-            print(f"billed {billed:.1f} GPU-s vs ran {ran:.1f} GPU-s by the jobs' own marks: "
-                  f"{(billed - ran) / ran * 100 if ran else 0:+.2f}%   (target: within 1%)")
-            print(f"wall {elapsed:.0f} s; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; cpus {os.cpu_count()}")
+            print(
+                f"submitted {len(ids)} / succeeded {succeeded} / ran twice {twice} / overlapping attempts {overlap} / "
+                f"stuck {stuck}   (target: ran twice 0, stuck 0)"
+            )
+            print(
+                f"billed {billed:.1f} GPU-s vs ran {ran:.1f} GPU-s by the jobs' own marks: "
+                f"{(billed - ran) / ran * 100 if ran else 0:+.2f}%   (target: within 1%)"
+            )
+            print(
+                f"wall {elapsed:.0f} s; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+                f"cpus {os.cpu_count()}"
+            )
             return 0 if not twice and not stuck and abs(billed - ran) <= 0.01 * ran else 1
         finally:
             cluster.stop()

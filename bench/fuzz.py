@@ -104,8 +104,9 @@ async def _dead_letters(bus: Bus, want: int, quiet_s: float = 20.0) -> tuple[Cou
             continue
         last = time.monotonic()
         for m in msgs:
-            got[m.headers["WhaleFlux-Consumer"]] += 1
-            stages[m.headers["WhaleFlux-Stage"]] += 1
+            headers = m.headers or {}
+            got[headers["WhaleFlux-Consumer"]] += 1
+            stages[headers["WhaleFlux-Stage"]] += 1
             await m.ack()
     return got, stages
 

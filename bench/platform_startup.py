@@ -29,7 +29,9 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))}
     env["WHALEFLUX_HOME"] = str(home)
     started = time.monotonic()
-    up = subprocess.Popen([sys.executable, "-m", "whaleflux", "up"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "whaleflux", "up"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         while True:
             try:
@@ -50,12 +52,19 @@ def main() -> None:
         rounds = []
         for _ in range(5):
             t0 = time.monotonic()
-            out = subprocess.run([sys.executable, "-m", "whaleflux", "submit", "--wait", "--", "true"], env=env,
-                                 capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-m", "whaleflux", "submit", "--wait", "--", "true"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.returncode == 0 and "charged:" in out.stdout, out.stdout + out.stderr
             rounds.append(time.monotonic() - t0)
-        print(f"submit -> placed -> run -> finished -> charged, via the CLI (incl. its ~0.5 s start-up): "
-              f"median {statistics.median(rounds):.2f} s, max {max(rounds):.2f} s over {len(rounds)} jobs")
+        print(
+            f"submit -> placed -> run -> finished -> charged, via the CLI (incl. its ~0.5 s start-up): "
+            f"median {statistics.median(rounds):.2f} s, max {max(rounds):.2f} s over {len(rounds)} jobs"
+        )
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(60)

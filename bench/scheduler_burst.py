@@ -54,19 +54,24 @@ def main(n: int, seconds: float) -> int:
         own = own_servers(tmp_path)
         cluster, scheduler, _billing = start_stack(own.servers, tmp_path, *NODES)
         try:
+            assert scheduler.popen is not None
             pid = scheduler.popen.pid
             cpu0, t0 = cpu_seconds(pid), time.monotonic()
-            ids = asyncio.run(publish(own.servers, n, seconds))
+            asyncio.run(publish(own.servers, n, seconds))
             posted = time.monotonic() - t0
             while True:
-                jobs = httpx.get(scheduler.url + "/v1/jobs", params={"limit": n + 10, "state": "succeeded"}, timeout=30).json()
+                jobs = httpx.get(
+                    scheduler.url + "/v1/jobs", params={"limit": n + 10, "state": "succeeded"}, timeout=30
+                ).json()
                 if len(jobs) >= n:
                     break
                 time.sleep(0.2)
             wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
             ideal = n * seconds / GPUS
             print(f"{n} x {seconds:g} s one-GPU jobs on {GPUS} GPUs (published in {posted:.1f} s)")
-            print(f"all finished after {wall:.1f} s; ideal {ideal:.1f} s: {wall / ideal:.2f}x   (target <= 1.3x, bar 2x)")
+            print(
+                f"all finished after {wall:.1f} s; ideal {ideal:.1f} s: {wall / ideal:.2f}x   (target <= 1.3x, bar 2x)"
+            )
             print(f"scheduler CPU {cpu:.1f} s ({cpu / n * 1000:.0f} ms per job)")
             print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; cpus {os.cpu_count()}")
         finally:

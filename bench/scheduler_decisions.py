@@ -20,7 +20,12 @@ from whaleflux.scheduler.queueing import WHALEFLUX, PendingJob, PendingQueue, Sc
 from whaleflux.scheduler.simulator.fleet import interconnects, model_facts
 from whaleflux.scheduler.simulator.metrics import percentile
 
-MODELS = [("RTX4090", 24_564, "pcie"), ("A100", 81_920, "nvlink"), ("H100", 81_559, "nvlink"), ("H200", 143_771, "nvlink")]
+MODELS = [
+    ("RTX4090", 24_564, "pcie"),
+    ("A100", 81_920, "nvlink"),
+    ("H100", 81_559, "nvlink"),
+    ("H200", 143_771, "nvlink"),
+]
 CLASSES = ["small", "finetune", "inference", "llm-train"]
 SHAPES = [1] * 70 + [2] * 10 + [4] * 10 + [8] * 8 + [16] * 2
 
@@ -39,11 +44,14 @@ def jobs(n: int, rng: random.Random) -> list[PendingJob]:
     for i in range(n):
         gpus = rng.choice(SHAPES)
         req = JobRequest(
-            f"job-{i:05d}", gpus,
+            f"job-{i:05d}",
+            gpus,
             min_memory_mib=rng.choice([0, 16, 40, 80, 100]) * 1024,
-            workload_class=rng.choice(CLASSES), team=f"team-{rng.randrange(8)}",
+            workload_class=rng.choice(CLASSES),
+            team=f"team-{rng.randrange(8)}",
             priority=rng.choice(["high", "normal", "normal", "low"]),
-            expected_runtime_s=rng.uniform(60, 36_000), allow_multi_node=gpus > 8,
+            expected_runtime_s=rng.uniform(60, 36_000),
+            allow_multi_node=gpus > 8,
             pool="onprem" if rng.random() < 0.1 else None,
         )
         out.append(PendingJob(req, float(i), i))
@@ -69,9 +77,11 @@ def main() -> int:
     reply = schedule(ScheduleRequest(0.0, cluster, queue, {}, policy))
     wall = time.perf_counter() - t
     placed = len(reply.started)
-    print(f"schedule(): {args.nodes} nodes x 8 GPUs, {args.jobs} pending -> {placed} placed, "
-          f"{len(reply.waiting)} waiting, {len(reply.infeasible)} infeasible in {wall:.2f} s "
-          f"= {placed / wall:,.0f} placements/s (the pass stops once no GPU is free)")
+    print(
+        f"schedule(): {args.nodes} nodes x 8 GPUs, {args.jobs} pending -> {placed} placed, "
+        f"{len(reply.waiting)} waiting, {len(reply.infeasible)} infeasible in {wall:.2f} s "
+        f"= {placed / wall:,.0f} placements/s (the pass stops once no GPU is free)"
+    )
 
     # Single decisions, each timed: place_on + allocate, until the fleet is full.
     cluster = ClusterState(fleet(args.nodes), facts, links)
@@ -84,9 +94,11 @@ def main() -> int:
             ok += 1
         latencies.append(time.perf_counter() - t)
     latencies.sort()
-    print(f"place_on(): {len(latencies)} decisions ({ok} placed): p50 {percentile(latencies, 50) * 1e3:.3f} ms, "
-          f"p99 {percentile(latencies, 99) * 1e3:.3f} ms, max {latencies[-1] * 1e3:.1f} ms, "
-          f"{len(latencies) / sum(latencies):,.0f} decisions/s")
+    print(
+        f"place_on(): {len(latencies)} decisions ({ok} placed): p50 {percentile(latencies, 50) * 1e3:.3f} ms, "
+        f"p99 {percentile(latencies, 99) * 1e3:.3f} ms, max {latencies[-1] * 1e3:.1f} ms, "
+        f"{len(latencies) / sum(latencies):,.0f} decisions/s"
+    )
     return 0
 
 

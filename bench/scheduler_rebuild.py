@@ -21,7 +21,7 @@ import secrets
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -41,26 +41,59 @@ KEEP_FINISHED_S = 7 * 86400.0
 
 def history(jobs: int, first: int = 0, end: datetime | None = None):
     """Every job's events in order, spread over the 30 days before `end`: 90% finished, 5% running, 5% pending."""
-    end = end or datetime.now(timezone.utc)
+    end = end or datetime.now(UTC)
     for i in range(first, first + jobs):
         job_id = f"bench-{i:07d}"
         t = end - SPAN + SPAN * ((i - first) / jobs)
-        yield subjects.JOB_SUBMITTED, make_envelope(
-            JobSubmitted(job_id=job_id, name=job_id, team=f"team-{i % 7}", command=["python", "train.py", "--step", str(i)]),
-            source="bench", time=t)
+        yield (
+            subjects.JOB_SUBMITTED,
+            make_envelope(
+                JobSubmitted(
+                    job_id=job_id, name=job_id, team=f"team-{i % 7}", command=["python", "train.py", "--step", str(i)]
+                ),
+                source="bench",
+                time=t,
+            ),
+        )
         if i % 20 == 19:
             continue  # pending
         node, gpu = f"node-{i % 64:02d}", f"GPU-{i % 64:02d}-{i % 8}"
-        placed = JobPlaced(job_id=job_id, attempt=1, cluster="c", node=node, gpu_model="H100", gpu_uuids=[gpu],
-                           gpu_indices=[i % 8], command=["python", "train.py"], team="t", project="p")
+        placed = JobPlaced(
+            job_id=job_id,
+            attempt=1,
+            cluster="c",
+            node=node,
+            gpu_model="H100",
+            gpu_uuids=[gpu],
+            gpu_indices=[i % 8],
+            command=["python", "train.py"],
+            team="t",
+            project="p",
+        )
         yield subjects.job_placed("c", node), make_envelope(placed, source="bench", time=t)
-        yield subjects.JOB_STARTED, make_envelope(JobStarted(job_id=job_id, attempt=1, cluster="c", node=node,
-                                                             gpu_uuids=[gpu], pid=1000 + i, started_at=t), source="bench", time=t)
+        yield (
+            subjects.JOB_STARTED,
+            make_envelope(
+                JobStarted(
+                    job_id=job_id, attempt=1, cluster="c", node=node, gpu_uuids=[gpu], pid=1000 + i, started_at=t
+                ),
+                source="bench",
+                time=t,
+            ),
+        )
         if i % 20 == 18:
             continue  # running
         done = t + timedelta(seconds=30)
-        yield subjects.JOB_FINISHED, make_envelope(JobFinished(job_id=job_id, attempt=1, cluster="c", node=node, exit_code=0,
-                                                               started_at=t, finished_at=done), source="bench", time=done)
+        yield (
+            subjects.JOB_FINISHED,
+            make_envelope(
+                JobFinished(
+                    job_id=job_id, attempt=1, cluster="c", node=node, exit_code=0, started_at=t, finished_at=done
+                ),
+                source="bench",
+                time=done,
+            ),
+        )
 
 
 async def fill(bus: Bus, jobs: int, first: int = 0) -> int:
@@ -72,7 +105,7 @@ async def fill(bus: Bus, jobs: int, first: int = 0) -> int:
         if n % 20000 == 0:
             await bus.nc.flush()
     await bus.nc.flush()
-    while (await bus.js.stream_info("WHALEFLUX_JOBS")).state.messages < before + n:
+    while (await bus.js.stream_info("WHALEFLUX_JOBS")).state.messages < before + n:  # noqa: ASYNC110 - polls the server
         await asyncio.sleep(0.2)
     return n
 
@@ -86,7 +119,10 @@ async def main(jobs: int) -> None:
             redis = Redis.from_url(local.redis_url, password=local.redis_password, decode_responses=True)
             t = time.perf_counter()
             events = await fill(bus, jobs)
-            print(f"history: {jobs:,} jobs, {events:,} events on the JOBS stream (written in {time.perf_counter() - t:.1f} s)")
+            print(
+                f"history: {jobs:,} jobs, {events:,} events on the JOBS stream "
+                f"(written in {time.perf_counter() - t:.1f} s)"
+            )
 
             t = time.perf_counter()
             read = sum([1 async for _ in read_stream(bus, "WHALEFLUX_JOBS", JOB_HISTORY)])
@@ -94,25 +130,34 @@ async def main(jobs: int) -> None:
 
             leadership = Leadership(redis, "wf:scheduler", "bench", 30)
             await leadership.acquire(0.1)
-            store = SchedulerStore(redis, "wf:scheduler", Outbox(redis, "wf:scheduler"), "bench", leadership, lambda: "bench")
+            store = SchedulerStore(
+                redis, "wf:scheduler", Outbox(redis, "wf:scheduler"), "bench", leadership, lambda: "bench"
+            )
             t = time.perf_counter()
-            done = await rebuild(bus, store, hold_s=15.0, max_restarts=3, now=datetime.now(timezone.utc))
+            done = await rebuild(bus, store, hold_s=15.0, max_restarts=3, now=datetime.now(UTC))
             rebuild_s = time.perf_counter() - t
             print(f"read the stream once (reference): {read:,} events in {read_s:.1f} s")
-            print(f"scheduler rebuild from the stream alone: {rebuild_s:.1f} s for {done.jobs:,} jobs ({done.events:,} events; "
-                  f"{done.pending:,} pending, {done.active:,} running) — target <= 30 s for 100,000 jobs")
+            print(
+                f"scheduler rebuild from the stream alone: {rebuild_s:.1f} s for {done.jobs:,} jobs "
+                f"({done.events:,} events; "
+                f"{done.pending:,} pending, {done.active:,} running) — target <= 30 s for 100,000 jobs"
+            )
 
             t = time.perf_counter()
-            seq, kept = await snapshot(bus, 15.0, 3, datetime.now(timezone.utc), KEEP_FINISHED_S)
-            print(f"background snapshot (leader, every 5 min): {time.perf_counter() - t:.1f} s, {kept:,} jobs kept "
-                  f"(live + ended within 7 days) as of sequence {seq:,}")
+            seq, kept = await snapshot(bus, 15.0, 3, datetime.now(UTC), KEEP_FINISHED_S)
+            print(
+                f"background snapshot (leader, every 5 min): {time.perf_counter() - t:.1f} s, {kept:,} jobs kept "
+                f"(live + ended within 7 days) as of sequence {seq:,}"
+            )
             tail = await fill(bus, max(jobs // 100, 1), first=jobs)
             await redis.flushdb()
             await leadership.acquire(0.1)
             t = time.perf_counter()
-            done = await rebuild(bus, store, hold_s=15.0, max_restarts=3, now=datetime.now(timezone.utc))
-            print(f"scheduler rebuild from the snapshot + a tail of {tail:,} events: {time.perf_counter() - t:.1f} s "
-                  f"({done.jobs:,} jobs restored, {done.pending:,} pending, {done.active:,} running)")
+            done = await rebuild(bus, store, hold_s=15.0, max_restarts=3, now=datetime.now(UTC))
+            print(
+                f"scheduler rebuild from the snapshot + a tail of {tail:,} events: {time.perf_counter() - t:.1f} s "
+                f"({done.jobs:,} jobs restored, {done.pending:,} pending, {done.active:,} running)"
+            )
             print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; cpus: {os.cpu_count()}")
             await redis.aclose()
             await bus.close()

@@ -60,9 +60,19 @@ def fleet_file(path: Path, nodes: int) -> Path:
     counts = [round(nodes * g[2]) for g in GROUPS]
     counts[1] += nodes - sum(counts)
     groups = [
-        {"name": name, "gpu_model": model, "nodes": n, "gpus_per_node": GPUS_PER_NODE, "interconnect": link,
-         "cluster": cluster, "pool": pool, "ownership": owned, "racks": max(1, n // 10)}
-        for (name, model, _share, link, cluster, pool, owned), n in zip(GROUPS, counts) if n > 0
+        {
+            "name": name,
+            "gpu_model": model,
+            "nodes": n,
+            "gpus_per_node": GPUS_PER_NODE,
+            "interconnect": link,
+            "cluster": cluster,
+            "pool": pool,
+            "ownership": owned,
+            "racks": max(1, n // 10),
+        }
+        for (name, model, _share, link, cluster, pool, owned), n in zip(GROUPS, counts, strict=True)
+        if n > 0
     ]
     path.write_text(yaml.safe_dump({"name": f"scale-{nodes}x{GPUS_PER_NODE}", "groups": groups}, sort_keys=False))
     return path
@@ -99,15 +109,21 @@ async def run_burst(servers, n: int, seconds: float, timeout: float, sched_pid: 
     cpu0, t0 = cpu_seconds(sched_pid), time.monotonic()
     try:
         for start in range(0, n, 256):
-            chunk = ids[start:start + 256]
+            chunk = ids[start : start + 256]
             now = time.monotonic()
             for job_id in chunk:
                 submitted[job_id] = now
             # Concurrent publishes in submission order (each waits for JetStream's ack).
-            await asyncio.gather(*(
-                bus.publish(subjects.JOB_SUBMITTED,
-                            JobSubmitted(job_id=j, name=j, team="bench", command=["sleep", f"{seconds:g}"]), subject=j)
-                for j in chunk))
+            await asyncio.gather(
+                *(
+                    bus.publish(
+                        subjects.JOB_SUBMITTED,
+                        JobSubmitted(job_id=j, name=j, team="bench", command=["sleep", f"{seconds:g}"]),
+                        subject=j,
+                    )
+                    for j in chunk
+                )
+            )
         posted = time.monotonic() - t0
         samples = []  # (time, placed, scheduler cpu) once a second
         deadline = t0 + timeout
@@ -117,43 +133,60 @@ async def run_burst(servers, n: int, seconds: float, timeout: float, sched_pid: 
     finally:
         await bus.close()
         await nc.close()
-    return dict(t0=t0, cpu0=cpu0, posted=posted, submitted=submitted, placed=dict(watch.placed),
-                finished=sorted(watch.finished), samples=samples)
+    return dict(
+        t0=t0,
+        cpu0=cpu0,
+        posted=posted,
+        submitted=submitted,
+        placed=dict(watch.placed),
+        finished=sorted(watch.finished),
+        samples=samples,
+    )
 
 
 def report(r: dict, n: int, gpus: int, nodes: int, seconds: float, interval: float) -> None:
     t0, submitted, placed = r["t0"], r["submitted"], r["placed"]
     order = sorted(placed.items(), key=lambda kv: kv[1])
     free_first = min(n, gpus)
-    print(f"{nodes} nodes x {GPUS_PER_NODE} GPUs = {gpus} GPUs (virtual jobs, agent interval {interval:g} s); "
-          f"{n} one-GPU jobs of {seconds:g} s published in {r['posted']:.1f} s")
+    print(
+        f"{nodes} nodes x {GPUS_PER_NODE} GPUs = {gpus} GPUs (virtual jobs, agent interval {interval:g} s); "
+        f"{n} one-GPU jobs of {seconds:g} s published in {r['posted']:.1f} s"
+    )
     print(f"placed {len(placed)} of {n} jobs")
     if len(order) >= free_first:
         last = order[free_first - 1][1]
         rate = free_first / (last - t0)
-        print(f"throughput: {free_first} jobs that found a free GPU placed {last - t0:.1f} s after the first submission: "
-              f"{rate:,.0f}/s   (target >= 1,000/s, bar 300/s)")
+        print(
+            f"throughput: {free_first} jobs that found a free GPU placed {last - t0:.1f} s after the first submission: "
+            f"{rate:,.0f}/s   (target >= 1,000/s, bar 300/s)"
+        )
         p10, p90 = order[free_first // 10][1], order[free_first * 9 // 10][1]
         mid = (free_first * 9 // 10 - free_first // 10) / (p90 - p10)
         print(f"throughput between the 10th and 90th percentile placement: {mid:,.0f}/s")
         cpu_at = next(c for t, k, c in r["samples"] if k >= free_first)
         t_at = next(t for t, k, c in r["samples"] if k >= free_first)
         per = (cpu_at - r["cpu0"]) / free_first
-        print(f"scheduler CPU: {cpu_at - r['cpu0']:.1f} s until then (sampled {t_at - t0:.1f} s after the first "
-              f"submission) = {per * 1000:.2f} ms per placement   (target <= 1 ms, bar 3 ms)")
+        print(
+            f"scheduler CPU: {cpu_at - r['cpu0']:.1f} s until then (sampled {t_at - t0:.1f} s after the first "
+            f"submission) = {per * 1000:.2f} ms per placement   (target <= 1 ms, bar 3 ms)"
+        )
     lat_free = sorted(placed[j] - submitted[j] for j, _t in order[:free_first])
     if lat_free:
-        print(f"submit -> placed, jobs that found a free GPU: p50 {percentile(lat_free, 50):.2f} s, "
-              f"p99 {percentile(lat_free, 99):.2f} s, max {lat_free[-1]:.2f} s (a backlog of {free_first}: "
-              f"the p99 is about the time to place them all)")
+        print(
+            f"submit -> placed, jobs that found a free GPU: p50 {percentile(lat_free, 50):.2f} s, "
+            f"p99 {percentile(lat_free, 99):.2f} s, max {lat_free[-1]:.2f} s (a backlog of {free_first}: "
+            f"the p99 is about the time to place them all)"
+        )
     waiters = order[free_first:]
     finished = r["finished"]
     if waiters:
         lat = sorted(t - max(submitted[j], finished[k]) for k, (j, t) in enumerate(waiters) if k < len(finished))
         if lat:
-            print(f"p99 submit -> placed once GPUs are free ({len(lat)} jobs that waited for one, matched with the "
-                  f"job.finished that freed it): p50 {percentile(lat, 50):.2f} s, p99 {percentile(lat, 99):.2f} s, "
-                  f"max {lat[-1]:.2f} s   (target <= 2 s)")
+            print(
+                f"p99 submit -> placed once GPUs are free ({len(lat)} jobs that waited for one, matched with the "
+                f"job.finished that freed it): p50 {percentile(lat, 50):.2f} s, p99 {percentile(lat, 99):.2f} s, "
+                f"max {lat[-1]:.2f} s   (target <= 2 s)"
+            )
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; cpus {os.cpu_count()}")
 
 
@@ -174,17 +207,31 @@ def main() -> int:
         try:
             hb = args.interval
             scheduler = cluster.service(
-                "scheduler", WHALEFLUX_HEARTBEAT_SUSPECT_S=str(3 * hb), WHALEFLUX_HEARTBEAT_LOST_S=str(5 * hb),
-                WHALEFLUX_PLACEMENT_REPORT_S=str(max(30.0, 6 * hb)), WHALEFLUX_INVENTORY_URL="",
-                WHALEFLUX_LOG_LEVEL="warning")
+                "scheduler",
+                WHALEFLUX_HEARTBEAT_SUSPECT_S=str(3 * hb),
+                WHALEFLUX_HEARTBEAT_LOST_S=str(5 * hb),
+                WHALEFLUX_PLACEMENT_REPORT_S=str(max(30.0, 6 * hb)),
+                WHALEFLUX_INVENTORY_URL="",
+                WHALEFLUX_LOG_LEVEL="warning",
+            )
             scheduler.wait_ready(60)
             fleet = fleet_file(tmp_path / "fleet.yaml", args.nodes)
             t = time.monotonic()
-            cluster.agent(fleet=fleet, interval_s=hb, WHALEFLUX_VIRTUAL_JOBS="1",
-                          WHALEFLUX_FENCE_AFTER_S=str(5 * hb), WHALEFLUX_LOG_LEVEL="warning")
-            wait_until(lambda: len(httpx.get(scheduler.url + "/v1/nodes", timeout=30).json()) == args.nodes,
-                       timeout=300, interval=1.0, what="nodes registered")
+            cluster.agent(
+                fleet=fleet,
+                interval_s=hb,
+                WHALEFLUX_VIRTUAL_JOBS="1",
+                WHALEFLUX_FENCE_AFTER_S=str(5 * hb),
+                WHALEFLUX_LOG_LEVEL="warning",
+            )
+            wait_until(
+                lambda: len(httpx.get(scheduler.url + "/v1/nodes", timeout=30).json()) == args.nodes,
+                timeout=300,
+                interval=1.0,
+                what="nodes registered",
+            )
             print(f"{args.nodes} nodes registered in {time.monotonic() - t:.1f} s")
+            assert scheduler.popen is not None
             r = asyncio.run(run_burst(own.servers, args.jobs, args.seconds, args.timeout, scheduler.popen.pid))
             report(r, args.jobs, gpus, args.nodes, args.seconds, hb)
         finally:

@@ -39,11 +39,14 @@ from whaleflux.scheduler.simulator.metrics import percentile  # noqa: E402
 def new_job(i: int, t: float, rng: random.Random) -> PendingJob:
     gpus = rng.choice(SHAPES)
     req = JobRequest(
-        f"job-{i:06d}", gpus,
+        f"job-{i:06d}",
+        gpus,
         min_memory_mib=rng.choice([0, 16, 40, 80, 100]) * 1024,
-        workload_class=rng.choice(CLASSES), team=f"team-{rng.randrange(8)}",
+        workload_class=rng.choice(CLASSES),
+        team=f"team-{rng.randrange(8)}",
         priority=rng.choice(["high", "normal", "normal", "low"]),
-        expected_runtime_s=rng.uniform(60, 1800), allow_multi_node=gpus > 8,
+        expected_runtime_s=rng.uniform(60, 1800),
+        allow_multi_node=gpus > 8,
         pool="onprem" if rng.random() < 0.1 else None,
     )
     return PendingJob(req, t, i)
@@ -74,14 +77,26 @@ def main() -> int:
             running.pop(p.victim, None)
         for m in reply.migrated:
             job = running[m.job_id]
-            running[m.job_id] = replace(job, started_at=t, expected_end=m.expected_end, speed=m.placement.speed,
-                                        migrations=job.migrations + 1)
+            running[m.job_id] = replace(
+                job, started_at=t, expected_end=m.expected_end, speed=m.placement.speed, migrations=job.migrations + 1
+            )
             heapq.heappush(ends, (m.expected_end or t + 600, m.job_id))
         for s in reply.started:
             req = s.job.request
             end = s.expected_end or t + (req.expected_runtime_s or 600)
-            running[req.job_id] = RunningJob(req.job_id, req.team, req.priority, req.preemptible, req.gpus, t, end,
-                                             s.job.preemptions, request=req, speed=s.placement.speed, checkpointable=True)
+            running[req.job_id] = RunningJob(
+                req.job_id,
+                req.team,
+                req.priority,
+                req.preemptible,
+                req.gpus,
+                t,
+                end,
+                s.job.preemptions,
+                request=req,
+                speed=s.placement.speed,
+                checkpointable=True,
+            )
             heapq.heappush(ends, (end, req.job_id))
         # As many arrive as left the queue: it stays as deep.
         for _ in range(len(reply.started) + len(reply.infeasible)):
@@ -92,8 +107,10 @@ def main() -> int:
     # Fill the fleet (not measured: a cold pass is bench/scheduler_decisions.py's figure).
     t = 0.0
     filled = apply(schedule(ScheduleRequest(t, cluster, queue, running, policy)), t)
-    print(f"{args.nodes} nodes x 8 GPUs, queue {args.queue}: first pass placed {filled} jobs, "
-          f"{cluster.total_free} GPUs left free")
+    print(
+        f"{args.nodes} nodes x 8 GPUs, queue {args.queue}: first pass placed {filled} jobs, "
+        f"{cluster.total_free} GPUs left free"
+    )
 
     placed = passes = 0
     cpu = wall = 0.0
@@ -116,13 +133,17 @@ def main() -> int:
         placed += apply(reply, t)
         passes += 1
     lengths.sort()
-    print(f"steady state: {passes} passes over {args.seconds:g} virtual s, {placed} placed "
-          f"({placed / passes:.1f} per pass), queue {len(queue)} deep, {len(running)} running, "
-          f"{cluster.total_free} GPUs free at the end")
+    print(
+        f"steady state: {passes} passes over {args.seconds:g} virtual s, {placed} placed "
+        f"({placed / passes:.1f} per pass), queue {len(queue)} deep, {len(running)} running, "
+        f"{cluster.total_free} GPUs free at the end"
+    )
     print(f"placements per CPU-second: {placed / cpu:,.0f}   (target >= 5,000, bar 2,000)")
     print(f"placements per wall-second: {placed / wall:,.0f}")
-    print(f"decision latency (pass length): p50 {percentile(lengths, 50) * 1e3:.1f} ms, "
-          f"p99 {percentile(lengths, 99) * 1e3:.1f} ms, max {lengths[-1] * 1e3:.1f} ms")
+    print(
+        f"decision latency (pass length): p50 {percentile(lengths, 50) * 1e3:.1f} ms, "
+        f"p99 {percentile(lengths, 99) * 1e3:.1f} ms, max {lengths[-1] * 1e3:.1f} ms"
+    )
     return 0
 
 

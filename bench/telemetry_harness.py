@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -26,14 +26,21 @@ TIME_MARK = "2000-01-01T00:00:00Z"
 
 
 def start_servers() -> LocalServers:
-    return LocalServers(Path(tempfile.mkdtemp(prefix="wf-bench-")), "whaleflux", secrets.token_urlsafe(16), secrets.token_urlsafe(16)).start()
+    return LocalServers(
+        Path(tempfile.mkdtemp(prefix="wf-bench-")), "whaleflux", secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    ).start()
 
 
 def server_env(servers: LocalServers) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))}
-    env.update(NATS_URL=servers.nats_url, REDIS_URL=servers.redis_url, WHALEFLUX_NATS_USER=servers.nats_user,
-               WHALEFLUX_NATS_PASSWORD=servers.nats_password, WHALEFLUX_REDIS_PASSWORD=servers.redis_password,
-               WHALEFLUX_LOG_LEVEL="warning")
+    env.update(
+        NATS_URL=servers.nats_url,
+        REDIS_URL=servers.redis_url,
+        WHALEFLUX_NATS_USER=servers.nats_user,
+        WHALEFLUX_NATS_PASSWORD=servers.nats_password,
+        WHALEFLUX_REDIS_PASSWORD=servers.redis_password,
+        WHALEFLUX_LOG_LEVEL="warning",
+    )
     return env
 
 
@@ -43,7 +50,11 @@ class TelemetryProc:
     url: str
 
     def stored(self) -> float:
-        m = re.search(r"^whaleflux_telemetry_gpu_samples_stored_total (\S+)$", httpx.get(self.url + "/metrics", timeout=30).text, re.M)
+        m = re.search(
+            r"^whaleflux_telemetry_gpu_samples_stored_total (\S+)$",
+            httpx.get(self.url + "/metrics", timeout=30).text,
+            re.M,
+        )
         return float(m.group(1)) if m else 0.0
 
     def stop(self) -> None:
@@ -54,8 +65,12 @@ class TelemetryProc:
 def start_telemetry(servers: LocalServers) -> TelemetryProc:
     port = free_port()
     env = {**server_env(servers), "WHALEFLUX_HTTP_PORT": str(port)}
-    popen = subprocess.Popen([sys.executable, "-m", "whaleflux", "service", "telemetry"], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "whaleflux", "service", "telemetry"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -76,14 +91,16 @@ class NodeTemplate:
     template: bytes  # an encoded gpu.telemetry envelope with SEQ_MARK and TIME_MARK to fill in
 
     def batch(self, seq: int, sample_time: str) -> bytes:
-        return self.template.replace(str(SEQ_MARK).encode(), str(seq).encode(), 1).replace(TIME_MARK.encode(), sample_time.encode())
+        return self.template.replace(str(SEQ_MARK).encode(), str(seq).encode(), 1).replace(
+            TIME_MARK.encode(), sample_time.encode()
+        )
 
 
 def node_templates(n: int, gpus: int = 8) -> list[NodeTemplate]:
     """`n` simulated H100 nodes, each with one realistic 8-GPU batch (a job on half the GPUs)."""
     out = []
     model = gpu_models()["H100"]
-    t = datetime(2000, 1, 1, tzinfo=timezone.utc)
+    t = datetime(2000, 1, 1, tzinfo=UTC)
     for i in range(n):
         name = f"bench-{i:05d}"
         sim = SimulatedNode(name, model, gpus, interconnect="nvlink")
@@ -91,8 +108,14 @@ def node_templates(n: int, gpus: int = 8) -> list[NodeTemplate]:
         batch = GpuTelemetry(cluster="bench", node=name, seq=SEQ_MARK, sample_time=t, gpus=sim.sample(t))
         env = make_envelope(batch, source=f"whaleflux/agent/bench/{name}", time=t)
         raw = encode(env).replace(b"2000-01-01T00:00:00Z", TIME_MARK.encode())
-        out.append(NodeTemplate(name, subjects.gpu_telemetry("bench", name),
-                                NodeRegistered(cluster="bench", node=name, agent_version="bench", gpus=sim.identities()), raw))
+        out.append(
+            NodeTemplate(
+                name,
+                subjects.gpu_telemetry("bench", name),
+                NodeRegistered(cluster="bench", node=name, agent_version="bench", gpus=sim.identities()),
+                raw,
+            )
+        )
     return out
 
 
@@ -108,7 +131,7 @@ class CpuMeter:
 
     pids: dict[str, int]
 
-    def start(self) -> "CpuMeter":
+    def start(self) -> CpuMeter:
         self.t0, self.c0 = time.monotonic(), {n: cpu_seconds(p) for n, p in self.pids.items()}
         return self
 
@@ -119,4 +142,4 @@ class CpuMeter:
 
 
 def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")

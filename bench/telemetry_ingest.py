@@ -20,8 +20,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 import nats  # noqa: E402
-
 from telemetry_harness import CpuMeter, iso, node_templates, start_servers, start_telemetry  # noqa: E402
+
 from whaleflux.shared.bus import Bus  # noqa: E402
 
 GPUS = 8
@@ -34,7 +34,7 @@ def _publisher(url, user, password, nodes, seconds, subject_override, ready, go)
     async def main():
         nc = await nats.connect(url, user=user, password=password, pending_size=64 * 1024 * 1024)
         ready.set()
-        while not go.is_set():
+        while not go.is_set():  # noqa: ASYNC110 - set by another process
             await asyncio.sleep(0.01)
         sent, seq = 0, 0
         end = time.monotonic() + seconds
@@ -53,9 +53,11 @@ def _publisher(url, user, password, nodes, seconds, subject_override, ready, go)
 
 def ceiling(servers, nodes: int, seconds: float) -> float:
     """GPU samples/s through raw NATS pub -> sub -> json.loads (one subscriber, like one service process)."""
+
     async def main():
-        nc = await nats.connect(servers.nats_url, user=servers.nats_user, password=servers.nats_password,
-                                pending_size=256 * 1024 * 1024)
+        nc = await nats.connect(
+            servers.nats_url, user=servers.nats_user, password=servers.nats_password, pending_size=256 * 1024 * 1024
+        )
         count = 0
         first = last = None
 
@@ -70,12 +72,23 @@ def ceiling(servers, nodes: int, seconds: float) -> float:
         await nc.subscribe("bench.ceiling", cb=on_msg, pending_msgs_limit=10_000_000, pending_bytes_limit=-1)
         await nc.flush()
         ready, go = mp.Event(), mp.Event()
-        pub = mp.Process(target=_publisher, args=(servers.nats_url, servers.nats_user, servers.nats_password, nodes, seconds,
-                                                  "bench.ceiling", ready, go))
+        pub = mp.Process(
+            target=_publisher,
+            args=(
+                servers.nats_url,
+                servers.nats_user,
+                servers.nats_password,
+                nodes,
+                seconds,
+                "bench.ceiling",
+                ready,
+                go,
+            ),
+        )
         pub.start()
         ready.wait(120)
         go.set()
-        while pub.is_alive():
+        while pub.is_alive():  # noqa: ASYNC110 - waits on another process
             await asyncio.sleep(0.2)
         idle = 0
         before = count
@@ -84,6 +97,7 @@ def ceiling(servers, nodes: int, seconds: float) -> float:
             idle = idle + 1 if count == before else 0
             before = count
         await nc.close()
+        assert first is not None and last is not None, "nothing was received"
         return count / (last - first)
 
     return asyncio.run(main())
@@ -94,8 +108,11 @@ def ingest(servers, nodes: int, seconds: float, drain_s: float = 15.0) -> tuple[
     and while working off the backlog, the service's and redis-server's CPU microseconds per stored sample."""
     svc = start_telemetry(servers)
     try:
+
         async def register():
-            bus = await Bus.connect(servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password)
+            bus = await Bus.connect(
+                servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password
+            )
             for t in node_templates(nodes, GPUS):
                 await bus.publish(f"node.registered.bench.{t.node}", t.registration)
             await bus.close()
@@ -103,8 +120,10 @@ def ingest(servers, nodes: int, seconds: float, drain_s: float = 15.0) -> tuple[
         asyncio.run(register())
         time.sleep(2)
         ready, go = mp.Event(), mp.Event()
-        pub = mp.Process(target=_publisher, args=(servers.nats_url, servers.nats_user, servers.nats_password, nodes, seconds,
-                                                  None, ready, go))
+        pub = mp.Process(
+            target=_publisher,
+            args=(servers.nats_url, servers.nats_user, servers.nats_password, nodes, seconds, None, ready, go),
+        )
         pub.start()
         ready.wait(120)
         base = svc.stored()
@@ -138,10 +157,15 @@ def main() -> None:
     best = max(concurrent, drain)
     print(f"telemetry service stored while publishers ran (sharing the CPUs): {concurrent:,.0f} GPU samples/s")
     print(f"telemetry service stored working off the backlog after they stopped: {drain:,.0f} GPU samples/s")
-    print(f"best: {best:,.0f} GPU samples/s = {best / ceil:.1%} of the ceiling; target >= 100,000/s and >= 30 %: "
-          f"{'met' if best >= 100_000 and best >= 0.3 * ceil else 'NOT met'}")
-    print(f"CPU per stored GPU sample while working off the backlog: telemetry {svc_us:.1f} us, redis-server {redis_us:.1f} us "
-          f"(one core for the service alone: {1e6 / svc_us:,.0f} samples/s); load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"best: {best:,.0f} GPU samples/s = {best / ceil:.1%} of the ceiling; target >= 100,000/s and >= 30 %: "
+        f"{'met' if best >= 100_000 and best >= 0.3 * ceil else 'NOT met'}"
+    )
+    print(
+        f"CPU per stored GPU sample while working off the backlog: telemetry {svc_us:.1f} us, "
+        f"redis-server {redis_us:.1f} us "
+        f"(one core for the service alone: {1e6 / svc_us:,.0f} samples/s); load average {os.getloadavg()[0]:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import httpx  # noqa: E402
 import nats  # noqa: E402
-
 from telemetry_harness import CpuMeter, iso, node_templates, start_servers, start_telemetry  # noqa: E402
+
 from whaleflux.shared.bus import Bus  # noqa: E402
 
 
@@ -37,7 +37,7 @@ def _load(url, user, password, nodes, seconds, ready, go):
     async def main():
         nc = await nats.connect(url, user=user, password=password)
         ready.set()
-        while not go.is_set():
+        while not go.is_set():  # noqa: ASYNC110 - set by another process
             await asyncio.sleep(0.01)
         start = time.monotonic()
         seq = 0
@@ -61,7 +61,10 @@ def _load(url, user, password, nodes, seconds, ready, go):
 
 
 def _hist_p(text: str, q: float) -> str:
-    buckets = [(float(le), float(v)) for le, v in re.findall(r'whaleflux_telemetry_store_lag_seconds_bucket\{le="([^"]+)"\} (\S+)', text)]
+    buckets = [
+        (float(le), float(v))
+        for le, v in re.findall(r'whaleflux_telemetry_store_lag_seconds_bucket\{le="([^"]+)"\} (\S+)', text)
+    ]
     total = buckets[-1][1]
     for le, v in buckets:
         if v >= q * total:
@@ -82,7 +85,9 @@ def main() -> None:
         probe = templates[-1]
 
         async def register():
-            bus = await Bus.connect(servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password)
+            bus = await Bus.connect(
+                servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password
+            )
             for t in templates:
                 await bus.publish(f"node.registered.bench.{t.node}", t.registration)
             await bus.close()
@@ -90,13 +95,17 @@ def main() -> None:
         asyncio.run(register())
         time.sleep(2)
         ready, go = mp.Event(), mp.Event()
-        load = mp.Process(target=_load, args=(servers.nats_url, servers.nats_user, servers.nats_password, nodes, args.seconds, ready, go))
+        load = mp.Process(
+            target=_load,
+            args=(servers.nats_url, servers.nats_user, servers.nats_password, nodes, args.seconds, ready, go),
+        )
         load.start()
         ready.wait(300)
         go.set()
         time.sleep(min(3.0, args.seconds / 4))  # let the load settle
-        meter = CpuMeter({"telemetry": svc.popen.pid, "redis-server": servers.procs[1].pid,
-                          "nats-server": servers.procs[0].pid}).start()
+        meter = CpuMeter(
+            {"telemetry": svc.popen.pid, "redis-server": servers.procs[1].pid, "nats-server": servers.procs[0].pid}
+        ).start()
         stored0 = svc.stored()
 
         probe_uuid = probe.registration.gpus[0].uuid
@@ -137,14 +146,20 @@ def main() -> None:
     p99 = seen[min(len(seen) - 1, int(len(seen) * 0.99))]
     print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     print(f"load: {args.gpus:,} GPUs x 1 Hz = {nodes:,} node batches/s for {args.seconds:g} s")
-    print(f"sample time -> visible on GET /v1/gpus/{{uuid}} ({len(seen)} probes): "
-          f"p50 {statistics.median(seen) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {seen[-1] * 1000:.1f} ms")
+    print(
+        f"sample time -> visible on GET /v1/gpus/{{uuid}} ({len(seen)} probes): "
+        f"p50 {statistics.median(seen) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {seen[-1] * 1000:.1f} ms"
+    )
     print(f"sample time -> stored (service histogram): p50 {_hist_p(metrics, 0.5)}, p99 {_hist_p(metrics, 0.99)}")
     print(f"target p99 <= 50 ms: {'met' if p99 <= 0.05 else 'NOT met'}")
     share = lambda name: f"{cpu[name] / cpu['_wall']:.0%} of one core"  # noqa: E731
-    print(f"CPU under this load: telemetry {share('telemetry')} ({cpu['telemetry'] / stored * 1e6:.1f} us per GPU sample "
-          f"stored), redis-server {share('redis-server')}, nats-server {share('nats-server')}; load average {loadavg:.1f} "
-          f"(other work on the machine delays the service, not its CPU per sample)")
+    print(
+        f"CPU under this load: telemetry {share('telemetry')} "
+        f"({cpu['telemetry'] / stored * 1e6:.1f} us per GPU sample "
+        f"stored), redis-server {share('redis-server')}, nats-server {share('nats-server')}; "
+        f"load average {loadavg:.1f} "
+        f"(other work on the machine delays the service, not its CPU per sample)"
+    )
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
     python3 scripts/dev.py test   # install into .venv, validate docker-compose.yml, run the test suite
     python3 scripts/dev.py lint [PATH...]   # ruff and mypy (config in pyproject.toml), on the tree or on PATHs
 
-Extra arguments go to `whaleflux up` or to pytest. `test --lint` (or WHALEFLUX_LINT=1) runs the lint step first
-and stops if it finds anything.
+Extra arguments go to `whaleflux up` or to pytest. `test` runs the lint step first and stops if it finds
+anything when it runs the whole suite (no pytest arguments, as CI does); with pytest arguments only if asked
+(`test --lint ...` or WHALEFLUX_LINT=1); `test --no-lint` (or WHALEFLUX_LINT=0) skips it.
 """
 
 from __future__ import annotations
@@ -259,10 +260,13 @@ def lint(paths: list[str]) -> int:
 
 
 def lint_wanted(extra: list[str]) -> bool:
-    if "--lint" in extra:
-        extra.remove("--lint")
-        return True
-    return os.environ.get("WHALEFLUX_LINT", "") not in ("", "0")
+    """Lint before the tests: asked for, or by default when the whole suite runs (what CI runs)."""
+    for flag, wanted in (("--lint", True), ("--no-lint", False)):
+        if flag in extra:
+            extra.remove(flag)
+            return wanted
+    env = os.environ.get("WHALEFLUX_LINT", "")
+    return env not in ("", "0") if env else not extra
 
 
 def main() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from whaleflux.alerting.config import parse_config
 from whaleflux.alerting.delivery.directory import Directory
@@ -158,10 +159,10 @@ def test_render_gives_each_receiver_its_body():
     pd = resolved(Job(delivery("pd"), T0))
     Mute(lambda *_: False)(pd)
     assert Render("http://wf")(pd) is None
-    assert pd.body is not None and pd.body["routing_key"] == "k" * 32 and pd.body["event_action"] == "trigger"
+    assert isinstance(pd.body, dict) and pd.body["routing_key"] == "k" * 32 and pd.body["event_action"] == "trigger"
     hook = resolved(Job(delivery(), T0))
     Render("http://wf")(hook)
-    assert hook.body is not None and hook.body["version"] == "4" and hook.body["receiver"] == "hook"
+    assert isinstance(hook.body, dict) and hook.body["version"] == "4" and hook.body["receiver"] == "hook"
 
 
 # --------------------------------------------------------------------------- post
@@ -175,7 +176,7 @@ class Endpoint:
         self.retry_after_s = retry_after_s
         self.posts: list[str] = []
 
-    async def __call__(self, url: str, body: dict[str, object]) -> int:
+    async def __call__(self, url: str, body: dict[str, Any] | list[dict[str, Any]]) -> int:
         self.posts.append(url)
         status = self.answers.pop(0) if self.answers else 200
         if status >= 400:
@@ -254,7 +255,7 @@ def test_a_pipeline_without_a_final_stage_is_a_bug_not_a_silent_drop():
 
 def test_retry_after_counts_from_the_answer_not_from_before_the_post():
     class Slow(Endpoint):
-        async def __call__(self, url: str, body: dict[str, object]) -> int:
+        async def __call__(self, url: str, body: dict[str, Any] | list[dict[str, Any]]) -> int:
             raise DeliveryError("receiver answered 503", retryable=True, status=503, retry_after_s=30,
                                 retry_at=T0 + timedelta(seconds=34))  # answered 4 s after the job began
 
@@ -268,7 +269,7 @@ def test_an_escalation_triggers_its_own_pagerduty_incident_and_a_resolution_reac
     job = resolved(Job(d, T0))
     Mute(lambda *_: False)(job)
     Render("http://wf")(job)
-    assert d.variant == 2 and job.body is not None and job.body["dedup_key"] == "whaleflux-g-e2"
+    assert d.variant == 2 and isinstance(job.body, dict) and job.body["dedup_key"] == "whaleflux-g-e2"
     update = directory().plan(note("pd").model_copy(update={"escalations": 2}))
     assert [x.variant for x in update] == [0]  # an update of the incident: the first PagerDuty incident
     done = directory().plan(note("pd", "resolved").model_copy(update={"escalations": 2}))
@@ -278,6 +279,6 @@ def test_an_escalation_triggers_its_own_pagerduty_incident_and_a_resolution_reac
         j = resolved(Job(x, T0))
         Mute(lambda *_: False)(j)
         Render("http://wf")(j)
-        assert j.body is not None and j.body["event_action"] == "resolve"
+        assert isinstance(j.body, dict) and j.body["event_action"] == "resolve"
         keys.append(j.body["dedup_key"])
     assert keys == ["whaleflux-g", "whaleflux-g-e1", "whaleflux-g-e2"]

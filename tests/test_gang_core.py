@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from whaleflux.agent.runner import gang_environment, job_environment, log_name
@@ -24,12 +24,14 @@ from whaleflux.shared.events import (
     NodeRegistered,
 )
 
-T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
 PROFILE = SchedulerSettings(environment="development").policy_config().profile
 
 
 def _reg(node: str, gpus: int = 8, model: str = "H100") -> NodeRegistered:
-    ids = [GpuIdentity(uuid=f"{node}-{i}", index=i, model=model, name=model, memory_total_mib=81559) for i in range(gpus)]
+    ids = [
+        GpuIdentity(uuid=f"{node}-{i}", index=i, model=model, name=model, memory_total_mib=81559) for i in range(gpus)
+    ]
     return NodeRegistered(cluster="c1", node=node, pool="onprem", interconnect="nvlink", agent_version="t", gpus=ids)
 
 
@@ -45,22 +47,46 @@ def _gang_record(spec: JobSubmitted | None = None) -> tuple[JobRecord, Placement
     spec = spec or _spec(gpus=16)
     decision = place_on(_cluster(), job_request(spec.job_id, spec), PROFILE, 0.0)
     assert isinstance(decision, Placement)
-    job = JobRecord(job_id=spec.job_id, spec=spec, submitted_at=T0, state="placed", attempt=1, cluster="c1",
-                    node=decision.node, gpu_uuids=[u for s in decision.shares for u in s.gpu_uuids],
-                    parts=parts_of(decision))
+    job = JobRecord(
+        job_id=spec.job_id,
+        spec=spec,
+        submitted_at=T0,
+        state="placed",
+        attempt=1,
+        cluster="c1",
+        node=decision.node,
+        gpu_uuids=[u for s in decision.shares for u in s.gpu_uuids],
+        parts=parts_of(decision),
+    )
     return job, decision
 
 
 def _started(job: JobRecord, rank: int, at: datetime) -> JobStarted:
     p = job.parts[rank]
-    return JobStarted(job_id=job.job_id, attempt=1, cluster=p.cluster, node=p.node, gpu_uuids=p.gpu_uuids, pid=10 + rank,
-                      started_at=at, rank=rank)
+    return JobStarted(
+        job_id=job.job_id,
+        attempt=1,
+        cluster=p.cluster,
+        node=p.node,
+        gpu_uuids=p.gpu_uuids,
+        pid=10 + rank,
+        started_at=at,
+        rank=rank,
+    )
 
 
 def _finished(job: JobRecord, rank: int, code: int, at: datetime) -> JobFinished:
     p = job.parts[rank]
-    return JobFinished(job_id=job.job_id, attempt=1, cluster=p.cluster, node=p.node, exit_code=code, started_at=T0,
-                       finished_at=at, rank=rank)
+    return JobFinished(
+        job_id=job.job_id,
+        attempt=1,
+        cluster=p.cluster,
+        node=p.node,
+        exit_code=code,
+        started_at=T0,
+        finished_at=at,
+        rank=rank,
+    )
 
 
 def test_a_job_larger_than_any_node_spans_nodes_unless_it_needs_one_nvlink_node():
@@ -87,9 +113,11 @@ def test_gang_parts_are_one_per_node_rank_zero_first_and_event_ids_are_fixed_per
     job, decision = _gang_record()
     assert [(p.rank, p.node, len(p.gpu_uuids)) for p in job.parts] == [(0, "n1", 8), (1, "n2", 8)]
     assert job.nodes == ["n1", "n2"] and job.holds("c1", "n2") and not job.holds("c1", "n3")
-    assert part_event_id("placed", "g1", 2, 0) == "placed-g1-2" and part_event_id("placed", "g1", 2, 1) == "placed-g1-2-r1"
+    assert (
+        part_event_id("placed", "g1", 2, 0) == "placed-g1-2" and part_event_id("placed", "g1", 2, 1) == "placed-g1-2-r1"
+    )
     one = place_on(_cluster(), job_request("s", _spec(gpus=2)), PROFILE, 0.0)
-    assert parts_of(one) == []
+    assert isinstance(one, Placement) and parts_of(one) == []
 
 
 def test_gang_runs_when_every_part_started_and_succeeds_when_every_part_exited_zero():
@@ -110,8 +138,14 @@ def test_a_failed_part_fails_the_gang_and_stops_the_parts_still_running():
     on_part_report(job, _started(job, 1, T0))
     assert "running as a gang on 2 nodes" in why(job) and "rank 1: n2" in why(job)
     step = on_part_report(job, _finished(job, 1, 3, T0 + timedelta(seconds=5)))
-    assert step.action == "failed" and [p.node for p in step.stop] == ["n1"] and "rank 1 on n2 failed (exit code 3)" in step.reason
-    failed_to_start = JobFailed(job_id="g1", attempt=1, cluster="c1", node="n1", reason="cannot start", failed_at=T0, rank=0)
+    assert (
+        step.action == "failed"
+        and [p.node for p in step.stop] == ["n1"]
+        and "rank 1 on n2 failed (exit code 3)" in step.reason
+    )
+    failed_to_start = JobFailed(
+        job_id="g1", attempt=1, cluster="c1", node="n1", reason="cannot start", failed_at=T0, rank=0
+    )
     job2, _ = _gang_record()
     step2 = on_part_report(job2, failed_to_start)
     assert step2.action == "failed" and [p.rank for p in step2.stop] == [1]
@@ -124,10 +158,23 @@ def test_reports_from_a_node_that_is_not_that_part_are_ignored():
 
 
 def _placed(rank: int | None, nodes: list[str] | None, env: dict[str, str] | None = None) -> JobPlaced:
-    node = nodes[rank] if nodes else "n1"
-    return JobPlaced(job_id="g1", attempt=2, cluster="c1", node=node, gpu_model="H100", gpu_uuids=[f"{node}-0", f"{node}-1"],
-                     gpu_indices=[0, 1], command=["train"], team="t", project="p", env=env or {}, rank=rank, gang_nodes=nodes,
-                     gang_gpus=4 if nodes else None)
+    node = nodes[rank] if nodes and rank is not None else "n1"
+    return JobPlaced(
+        job_id="g1",
+        attempt=2,
+        cluster="c1",
+        node=node,
+        gpu_model="H100",
+        gpu_uuids=[f"{node}-0", f"{node}-1"],
+        gpu_indices=[0, 1],
+        command=["train"],
+        team="t",
+        project="p",
+        env=env or {},
+        rank=rank,
+        gang_nodes=nodes,
+        gang_gpus=4 if nodes else None,
+    )
 
 
 def test_each_part_gets_its_gpus_its_rank_and_the_coordinator():
@@ -135,7 +182,11 @@ def test_each_part_gets_its_gpus_its_rank_and_the_coordinator():
     assert env["CUDA_VISIBLE_DEVICES"] == "n2-0,n2-1" and env["WHALEFLUX_JOB_ID"] == "g1"
     assert (env["WHALEFLUX_NODE_RANK"], env["WHALEFLUX_NUM_NODES"], env["WHALEFLUX_COORDINATOR"]) == ("1", "2", "n1")
     assert (env["NODE_RANK"], env["NNODES"], env["MASTER_ADDR"]) == ("1", "2", "n1")
-    assert env["WHALEFLUX_GANG_GPUS"] == "4" and env["WHALEFLUX_GANG_NODES"] == "n1,n2" and "WHALEFLUX_ADMIN_TOKEN" not in env
+    assert (
+        env["WHALEFLUX_GANG_GPUS"] == "4"
+        and env["WHALEFLUX_GANG_NODES"] == "n1,n2"
+        and "WHALEFLUX_ADMIN_TOKEN" not in env
+    )
     # The job's own MASTER_ADDR wins; a one-node job is rank 0 of 1 and gets no torchrun names.
     assert gang_environment(_placed(0, ["n1", "n2"], {"MASTER_ADDR": "10.0.0.1"}), {}).get("MASTER_ADDR") is None
     single = gang_environment(_placed(None, None), {})
@@ -144,9 +195,19 @@ def test_each_part_gets_its_gpus_its_rank_and_the_coordinator():
 
 
 def _usage(rank: int, node: str, start_s: float, end_s: float | None) -> UsageRecord:
-    r = UsageRecord(job_id="g1", attempt=1, team="t", project="p", gpu_model="H100", gpus=8, node=node,
-                    gpu_uuids=[f"{node}-{i}" for i in range(8)], started_at=T0 + timedelta(seconds=start_s), state="running",
-                    rank=rank)
+    r = UsageRecord(
+        job_id="g1",
+        attempt=1,
+        team="t",
+        project="p",
+        gpu_model="H100",
+        gpus=8,
+        node=node,
+        gpu_uuids=[f"{node}-{i}" for i in range(8)],
+        started_at=T0 + timedelta(seconds=start_s),
+        state="running",
+        rank=rank,
+    )
     return ended(r, T0 + timedelta(seconds=end_s), "finished") if end_s is not None else r
 
 
@@ -167,11 +228,16 @@ def test_a_gang_is_charged_once_for_every_gpu_on_every_node():
 
 def test_a_gang_stays_within_one_cluster_and_pool_and_says_so_when_none_is_large_enough():
     def reg(node, model, cluster, pool):
-        ids = [GpuIdentity(uuid=f"{node}-{i}", index=i, model=model, name=model, memory_total_mib=143771) for i in range(8)]
+        ids = [
+            GpuIdentity(uuid=f"{node}-{i}", index=i, model=model, name=model, memory_total_mib=143771) for i in range(8)
+        ]
         return NodeRegistered(cluster=cluster, node=node, pool=pool, interconnect="nvlink", agent_version="t", gpus=ids)
 
-    regs = [reg("h200-01", "H200", "cloud-a", "cloud"), reg("h100-01", "H100", "onprem", "onprem"),
-            reg("a100-01", "A100", "onprem", "onprem")]
+    regs = [
+        reg("h200-01", "H200", "cloud-a", "cloud"),
+        reg("h100-01", "H100", "onprem", "onprem"),
+        reg("a100-01", "A100", "onprem", "onprem"),
+    ]
     cluster = ClusterState([node_state(NodeView(r), {}) for r in regs])
     p = place_on(cluster, job_request("g", _spec(gpus=12, workload_class="llm-train")), PROFILE, 0.0)
     assert isinstance(p, Placement) and sorted(s.node for s in p.shares) == ["a100-01", "h100-01"], p

@@ -1,4 +1,5 @@
-"""`whaleflux trace prepare`: a public trace becomes the generic job CSV the simulator replays, from the repository alone."""
+"""`whaleflux trace prepare`: a public trace becomes the generic job CSV the simulator replays, from the
+repository alone."""
 
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ COLUMNS = "job_id,submit_time_s,duration_s,num_gpus,team,class,min_vram_gb,prior
 
 def _jobs(n: int) -> list[TraceJob]:
     # Submitted out of order, some too short, one too big.
-    return [TraceJob(f"j{i}", 1000.0 + (i * 37 % n) * 10, 30.0 if i % 5 == 0 else 600.0 + i,
-                     2000 if i == 3 else 1 + i % 3, None) for i in range(n)]
+    return [
+        TraceJob(
+            f"j{i}", 1000.0 + (i * 37 % n) * 10, 30.0 if i % 5 == 0 else 600.0 + i, 2000 if i == 3 else 1 + i % 3, None
+        )
+        for i in range(n)
+    ]
 
 
 def test_jobs_are_filtered_sorted_made_relative_and_gaps_scaled():
@@ -46,8 +51,12 @@ def test_the_same_seed_gives_the_same_workload_and_another_seed_another():
 def test_the_cli_prepares_the_bundled_philly_trace_and_simulate_reads_it(tmp_path):
     assert traces.PHILLY.is_file(), "the Philly trace must ship in the repository"
     out = tmp_path / "jobs.csv"
-    done = subprocess.run([sys.executable, "-m", "whaleflux", "trace", "prepare", "-o", str(out), "--time-scale", "2"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "whaleflux", "trace", "prepare", "-o", str(out), "--time-scale", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     with open(out, newline="") as f:
         reader = csv.DictReader(f)
@@ -61,8 +70,12 @@ def test_the_cli_prepares_the_bundled_philly_trace_and_simulate_reads_it(tmp_pat
     # The simulator accepts what it wrote (a slice of it: the replay itself is the benchmark's business).
     head = tmp_path / "head.csv"
     head.write_text("".join(out.read_text().splitlines(keepends=True)[:301]))
-    sim = subprocess.run([sys.executable, "-m", "whaleflux", "simulate", "--jobs", str(head), "--json"],
-                         capture_output=True, text=True, timeout=300)
+    sim = subprocess.run(
+        [sys.executable, "-m", "whaleflux", "simulate", "--jobs", str(head), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert sim.returncode == 0, sim.stdout + sim.stderr
     assert '"policy": "whaleflux"' in sim.stdout
 
@@ -70,13 +83,32 @@ def test_the_cli_prepares_the_bundled_philly_trace_and_simulate_reads_it(tmp_pat
 def test_a_trace_without_the_columns_of_its_format_is_refused_with_what_it_has(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("id,when\n1,2\n")
-    done = subprocess.run([sys.executable, "-m", "whaleflux", "trace", "prepare", str(bad), "--format", "generic",
-                           "-o", str(tmp_path / "out.csv")], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "whaleflux",
+            "trace",
+            "prepare",
+            str(bad),
+            "--format",
+            "generic",
+            "-o",
+            str(tmp_path / "out.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     assert "no column job_id, submission_time, duration, num_gpu (has: id, when)" in done.stdout
     assert not (tmp_path / "out.csv").exists()
-    wrong = subprocess.run([sys.executable, "-m", "whaleflux", "trace", "prepare", str(bad), "--format", "alibaba"],
-                           capture_output=True, text=True, timeout=60)
+    wrong = subprocess.run(
+        [sys.executable, "-m", "whaleflux", "trace", "prepare", str(bad), "--format", "alibaba"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert wrong.returncode == 1 and "choose one of philly, generic" in wrong.stdout
 
 

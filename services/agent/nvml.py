@@ -231,11 +231,7 @@ class NvmlBackend:
         remap = m(dev, "remapped_rows", nvml.nvmlDeviceGetRemappedRows, h)
         pcie_tx = m(dev, "pcie_tx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_TX_BYTES)
         pcie_rx = m(dev, "pcie_rx", nvml.nvmlDeviceGetPcieThroughput, h, nvml.NVML_PCIE_UTIL_RX_BYTES)
-        ecc = {
-            kind: m(dev, f"ecc_{kind}", nvml.nvmlDeviceGetTotalEccErrors, h, err, nvml.NVML_VOLATILE_ECC)
-            for kind, err in (("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                              ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
-        }
+        ecc = self._ecc(dev)
         nvlink = self._nvlink(dev)
         procs = m(dev, "processes", nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
         return GpuSample(
@@ -273,6 +269,15 @@ class NvmlBackend:
                 GpuProcess(pid=p.pid, used_mib=(p.usedGpuMemory or 0) / MIB, job_id=self._job_of(p.pid)) for p in procs
             ],
         )
+
+    def _ecc(self, dev: _Device) -> dict[str, int | None]:
+        """Volatile ECC error counts, corrected and uncorrected (None where the GPU has no ECC)."""
+        nvml, m = self.nvml, self._maybe
+        return {
+            kind: m(dev, f"ecc_{kind}", nvml.nvmlDeviceGetTotalEccErrors, dev.handle, err, nvml.NVML_VOLATILE_ECC)
+            for kind, err in (("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                              ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
+        }
 
     def _nvlink(self, dev: _Device) -> dict:
         """Link count, error counters and bytes over the active links; empty without NVLink."""

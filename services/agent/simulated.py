@@ -217,12 +217,9 @@ class SimulatedNode:
         self._last = now
         return [s for g in self._gpus if (s := self._sample_gpu(g, dt)) is not None]
 
-    def _sample_gpu(self, g: _Gpu, dt: float) -> GpuSample | None:
-        if g.gone:
-            return None
+    def _heat(self, g: _Gpu, util: float, dt: float) -> tuple[float, list[str], float]:
+        """Power at this utilization, the temperature it drives, and the throttling and clocks that follow."""
         m = self.model
-        datacenter = m.key in DATACENTER
-        util = min(100.0, max(0.0, self._rng.gauss(g.util_pct, 4))) if g.job else 0.0
         power = m.idle_power_w + (m.tdp_w - m.idle_power_w) * util / 100
         if g.temperature_c >= m.temp_slowdown_c:
             power = m.idle_power_w + (power - m.idle_power_w) * THROTTLED_CLOCK  # slower clocks draw less
@@ -239,7 +236,12 @@ class SimulatedNode:
         sm_clock = BASE_SM_CLOCK.get(m.key, 1500) * (THROTTLED_CLOCK if "sw_thermal_slowdown" in reasons else 1.0)
         if not g.job and not g.foreign_mib:
             sm_clock = IDLE_SM_CLOCK.get(m.key, 210)
+        return power, reasons, sm_clock
 
+    def _memory(self, g: _Gpu, dt: float) -> tuple[float, int, list[GpuProcess]]:
+        """Memory used (the job's, a leak's, a foreign process's, the context and the driver's idle use), the
+        driver's reserve, and the processes holding it."""
+        m = self.model
         job_mib = 0.0
         if g.job:
             job_mib = (0.3 + 0.6 * stable_fraction(g.job)) * m.memory_mib
@@ -251,6 +253,16 @@ class SimulatedNode:
         processes = [GpuProcess(pid=g.pid or 0, used_mib=own_mib, job_id=g.job)] if g.job else []
         if g.foreign_mib:
             processes.append(GpuProcess(pid=FOREIGN_PID, used_mib=round(g.foreign_mib, 1), job_id=None))
+        return used, reserved, processes
+
+    def _sample_gpu(self, g: _Gpu, dt: float) -> GpuSample | None:
+        if g.gone:
+            return None
+        m = self.model
+        datacenter = m.key in DATACENTER
+        util = min(100.0, max(0.0, self._rng.gauss(g.util_pct, 4))) if g.job else 0.0
+        power, reasons, sm_clock = self._heat(g, util, dt)
+        used, reserved, processes = self._memory(g, dt)
 
         nvlink = self.interconnect == "nvlink" and m.key in NVLINK_LINKS
         if nvlink:

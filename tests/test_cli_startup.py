@@ -24,7 +24,7 @@ except SystemExit:
 print(json.dumps(sorted(sys.modules)), file=sys.stderr)
 """
 BUS_AND_SERVICES = ("nats", "redis", "structlog", "fastapi", "uvicorn", "prometheus_client",
-                    "whaleflux.shared.events", "whaleflux.shared.bus", "whaleflux.shared.service")
+                    "whaleflux.shared.events", "whaleflux.shared.bus", "whaleflux.shared.runtime")
 
 
 def _modules(tmp_path, *args: str) -> tuple[set[str], subprocess.CompletedProcess]:

@@ -28,12 +28,12 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 from whaleflux.shared.apidocs import mount_api_docs
 from whaleflux.shared.bus import Bus
 from whaleflux.shared.catalog import FleetNode, gpu_models, load_fleet
+from whaleflux.shared.clock import system_clock
 from whaleflux.shared.datafiles import DEFAULT_FLEET
 from whaleflux.shared.events import GpuIdentity
 from whaleflux.shared.localconfig import home
 from whaleflux.shared.logs import configure_logging
 from whaleflux.shared.runtime_http import guard_input
-from whaleflux.shared.service import system_clock
 from whaleflux.shared.settings import CommonSettings
 
 from . import jobuser

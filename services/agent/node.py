@@ -14,6 +14,7 @@ from tenacity import AsyncRetrying, wait_exponential
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus, Retry
 from whaleflux.shared.catalog import FleetNode
+from whaleflux.shared.clock import Clock, system_clock
 from whaleflux.shared.events import (
     AttemptReport,
     Envelope,
@@ -28,7 +29,6 @@ from whaleflux.shared.events import (
     NodeRegistered,
     make_envelope,
 )
-from whaleflux.shared.service import Clock, system_clock
 from whaleflux.shared.streams import agent_consumer
 from whaleflux.shared.version import __version__
 
@@ -173,7 +173,7 @@ class NodeAgent:
     async def _publish(self, subject: str, data: EventData, event_id: str | None = None,
                        correlation: str | None = None) -> Envelope:
         """Publish, retrying until the bus takes it: a job's end must never be lost."""
-        env = make_envelope(data, source=self.source, event_id=event_id, correlation_id=correlation)
+        env = make_envelope(data, source=self.source, event_id=event_id, correlation_id=correlation, time=self.clock())
         async for attempt in AsyncRetrying(wait=wait_exponential(multiplier=0.2, max=5), reraise=True):
             with attempt:
                 await self.bus.publish_envelope(subject, env)

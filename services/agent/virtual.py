@@ -21,8 +21,8 @@ import re
 import signal
 from dataclasses import dataclass, field
 
+from whaleflux.shared.clock import Clock
 from whaleflux.shared.events import JobPlaced
-from whaleflux.shared.service import Clock
 
 from . import attempts
 

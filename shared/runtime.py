@@ -259,8 +259,10 @@ class Runtime:
             with contextlib.suppress(RedisError, OSError, TimeoutError):
                 checks["redis"] = await asyncio.wait_for(self.guard.epochs.ping(), 1.0)
         bound = self._bus.bound if self._bus is not None else set()
+        # A delivery loop that ended (it never should) leaves its name bound: such a consumer takes nothing.
+        ended = set(self._bus.ended_consumers()) if self._bus is not None else set()
         for name in self.consumer_specs():
-            checks[f"consumer:{name}"] = name in bound
+            checks[f"consumer:{name}"] = name in bound and name not in ended
         if self.parts.readiness is not None:
             checks = await self.parts.readiness(checks)
         return checks

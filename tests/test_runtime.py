@@ -142,6 +142,15 @@ async def test_a_started_runtime_loads_binds_its_consumers_is_ready_and_publishe
         async def handled() -> bool:
             return seen == [drain]
         await _until(handled, "the staged event consumed")
+
+        # A consumer whose delivery loop ended (here: cancelled) takes nothing: the service is not ready.
+        [loop] = [t for t in runtime.bus._tasks if t.get_name() == "scheduler-nodes"]
+        loop.cancel()
+        async with _client(app) as http:
+            async def not_ready() -> bool:
+                answer = await http.get("/readyz")
+                return answer.status_code == 503 and answer.json()["checks"]["consumer:scheduler-nodes"] is False
+            await _until(not_ready, "readyz naming the ended consumer")
     finally:
         await runtime.stop()
 

@@ -1,4 +1,5 @@
-"""What the CLI prints for long work and for reports: progress of a replay, grouped notes, exit codes in words."""
+"""What the CLI prints for long work and for reports: progress of a replay, grouped notes, exit codes in words,
+the fleet identity of `costs`, the lease days of `leases`; and who `up` and compose tell each service to ask."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import os
 import signal
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 
-from whaleflux.commands.costs import group_notes
+from whaleflux.commands.costs import fleet_identity, group_notes
+from whaleflux.commands.inventory import lease_days
 from whaleflux.commands.jobs import exit_status
+from whaleflux.local import SERVICE_LINKS, linked_env
 from whaleflux.scheduler.simulator.run import simulate_files
 from whaleflux.shared.datafiles import DATA_DIR
 from whaleflux.simulate_view import WatchedJobs, simulate_with_progress
@@ -77,3 +82,58 @@ def test_schemas_check_works_from_any_folder(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert str(ROOT / "docs" / "events") in out.stdout
+
+
+def _terms(line: str) -> tuple[Decimal, Decimal]:
+    """(fleet, signed sum of the terms) of a "fleet $F = a $x + b $y - c $z" line."""
+    fleet, rhs = line.split(" = ")
+    total, sign = Decimal(0), 1
+    for word in rhs.split():
+        if word in ("+", "-"):
+            sign = 1 if word == "+" else -1
+        elif word.startswith("$"):
+            total += sign * Decimal(word[1:])
+    return Decimal(fleet.split("$")[1]), total
+
+
+def test_costs_prints_the_fleet_identity_as_billing_adds_it_up():
+    # Totals as billing's report gives them: fleet = allocated + running + idle + rounding.
+    totals = {"fleet_usd": "1000.00", "allocated_usd": "612.34", "idle_usd": "300.01", "unshared_idle_usd": "300.01",
+              "running_usd": "87.66", "rounding_usd": "-0.01", "share_idle": False, "running_as_rows": False}
+    line = fleet_identity(totals, share_idle=False)
+    assert line == "fleet $1000.00 = allocated $612.34 + idle $300.01 + running $87.66 - rounding $0.01"
+    assert _terms(line) == (Decimal("1000.00"), Decimal("1000.00"))
+
+
+def test_costs_identity_shared_back_splits_idle_into_shares_and_the_unshared_rest():
+    totals = {"fleet_usd": "1000.00", "allocated_usd": "700.00", "idle_usd": "299.99", "unshared_idle_usd": "20.00",
+              "running_usd": "0.00", "rounding_usd": "0.01", "share_idle": True, "running_as_rows": True}
+    line = fleet_identity(totals, share_idle=True)
+    assert line == ("fleet $1000.00 = allocated $700.00 + idle shared back $279.99 + idle not shared $20.00"
+                    " + rounding $0.01")  # running jobs are rows: no running line
+    assert _terms(line) == (Decimal("1000.00"), Decimal("1000.00"))
+    # Running as its own line is shown even when it is zero, so the identity names every term of the report.
+    assert "+ running $0.00 +" in fleet_identity({**totals, "running_as_rows": False}, share_idle=True)
+
+
+def test_leases_show_the_last_day_covered_and_the_last_day_to_give_notice():
+    row = {"ends_at": "2027-05-01T00:00:00Z", "covered_through": "2027-04-30",
+           "notice_deadline": "2027-04-01T00:00:00Z", "notice_by": "2027-03-31"}
+    assert lease_days(row) == ("2027-04-30", "2027-03-31")
+    # An inventory without the new fields: the day before each exclusive midnight, not the midnight's own day.
+    older = {"ends_at": "2027-05-01T00:00:00+00:00", "notice_deadline": "2027-04-01T00:00:00Z"}
+    assert lease_days(older) == ("2027-04-30", "2027-03-31")
+    assert lease_days({"ends_at": "2027-05-01T00:00:00Z", "notice_deadline": None}) == ("2027-04-30", "")
+
+
+def test_up_and_compose_point_inventory_at_billing_and_the_others_at_inventory():
+    services = {n: f"http://127.0.0.1:{8700 + i}" for i, n in
+                enumerate(("telemetry", "scheduler", "alerting", "billing", "inventory"), 1)}
+    assert linked_env("inventory", services) == {"WHALEFLUX_BILLING_URL": services["billing"]}
+    assert linked_env("billing", services) == {"WHALEFLUX_INVENTORY_URL": services["inventory"]}
+    assert linked_env("telemetry", services) == {}
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for name, peers in SERVICE_LINKS.items():
+        env = compose[name]["environment"]
+        for peer in peers:
+            assert env[f"WHALEFLUX_{peer.upper()}_URL"] == f"http://{peer}:8000", (name, peer)

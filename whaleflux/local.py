@@ -64,6 +64,19 @@ class Child:
         log.close()
 
 
+# Who asks whom over HTTP (WHALEFLUX_<PEER>_URL; docker-compose.yml sets the same): billing asks inventory for
+# ownership terms, alerting for its findings (cost guardians), the scheduler for lease ends; inventory asks
+# billing for its price book (owned GPUs valued as billing charges them).
+SERVICE_LINKS: dict[str, tuple[str, ...]] = {
+    "billing": ("inventory",), "alerting": ("inventory",), "scheduler": ("inventory",), "inventory": ("billing",),
+}
+
+
+def linked_env(name: str, services: dict[str, str]) -> dict[str, str]:
+    """The WHALEFLUX_<PEER>_URL variables of service `name`, from the base URLs `services` (name -> URL)."""
+    return {f"WHALEFLUX_{peer.upper()}_URL": services[peer] for peer in SERVICE_LINKS.get(name, ())}
+
+
 def listen(preferred: int) -> socket.socket:
     """A listening socket on `preferred`, else on a free port: bound here, so nobody can take it before the child
     serves on it (probing a port and binding it later leaves a window for another process)."""
@@ -174,11 +187,9 @@ class Stack:
                 Child(name, [sys.executable, "-m", "whaleflux", "service", name], child_env, logs / f"{name}.log",
                       listener=listener)
             )
-        # Billing asks inventory for ownership terms, alerting for its findings (cost guardians), the scheduler
-        # for lease ends, wherever `up` put it.
+        # The services each one asks over HTTP, wherever `up` put them (SERVICE_LINKS).
         for child in self.children:
-            if child.name in ("billing", "alerting", "scheduler"):
-                child.env["WHALEFLUX_INVENTORY_URL"] = self.cfg.services["inventory"]
+            child.env.update(linked_env(child.name, self.cfg.services))
         # The console: web pages over the services' APIs (it reads job logs from WHALEFLUX_HOME, as the CLI does).
         console_listener = listen(CONSOLE_PORT)
         console_port = console_listener.getsockname()[1]

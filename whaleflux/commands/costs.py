@@ -95,14 +95,33 @@ def _print_report(conn: Connection, report: dict[str, Any], by: str, share_idle:
                       "(--running shows them)")
     if report["idle"]:
         console.print(_idle_table(report["idle"]))
-    t = report["totals"]
-    console.print(f"fleet ${t['fleet_usd']} = allocated ${t['allocated_usd']}"
-                  + (f" + idle ${t['unshared_idle_usd']} (rest shared back)" if share_idle
-                     else f" + idle ${t['idle_usd']}"))
+    console.print(fleet_identity(report["totals"], share_idle))
     pricing = report["pricing"]
     console.print(f"prices: {escape(pricing['inventory']['basis'])}; price book: {escape(pricing['pricebook'])}")
     for note in group_notes(pricing["notes"]):
         console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
+
+
+def fleet_identity(t: dict[str, Any], share_idle: bool) -> str:
+    """The fleet total as billing adds it up: fleet = allocated + running + idle + rounding (docs/services/billing.md,
+    rounding rule). Shared back, idle is the rows' shares plus what stays unshared. Every term is a shown amount."""
+    from decimal import Decimal
+
+    terms = [("allocated", Decimal(t["allocated_usd"]))]
+    if share_idle:
+        unshared = Decimal(t["unshared_idle_usd"])
+        terms += [("idle shared back", Decimal(t["idle_usd"]) - unshared), ("idle not shared", unshared)]
+    else:
+        terms.append(("idle", Decimal(t["idle_usd"])))
+    running = Decimal(t.get("running_usd") or 0)
+    # Attempts still running are a line of their own unless they are rows (then that line is 0).
+    if running or not t.get("running_as_rows", False):
+        terms.append(("running", running))
+    terms.append(("rounding", Decimal(t.get("rounding_usd") or 0)))
+    out = f"fleet ${t['fleet_usd']} = {terms[0][0]} ${terms[0][1]:.2f}"
+    for name, usd in terms[1:]:
+        out += f" {'-' if usd < 0 else '+'} {name} ${abs(usd):.2f}"
+    return out
 
 
 def _idle_table(lines: list[dict[str, Any]]) -> Table:

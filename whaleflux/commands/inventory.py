@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import typer
@@ -38,19 +39,34 @@ def inventory(
     print_table(table, "no GPUs registered")
 
 
+def lease_days(row: dict[str, Any]) -> tuple[str, str]:
+    """(last day covered, last day to give notice), as declared: inclusive days, not the exclusive instants
+    `ends_at` and `notice_deadline` (an inventory older than `covered_through`/`notice_by` gives only those: the
+    day before each midnight then)."""
+    def day_before(instant: str | None) -> str:
+        if not instant:
+            return ""
+        return (datetime.fromisoformat(instant.replace("Z", "+00:00")) - timedelta(microseconds=1)).date().isoformat()
+
+    covered = row.get("covered_through") or day_before(row["ends_at"])
+    notice = row.get("notice_by") or day_before(row.get("notice_deadline"))
+    return covered, notice
+
+
 def leases() -> None:
-    """Leases: days left, notice deadline, monthly cost, renewal."""
+    """Leases: last day covered, days left, last day to give notice, monthly cost, renewal."""
     rows = _get("/v1/leases")
-    table = Table("contract", "provider", "state", "GPUs", "ends", "days left", "notice by", "monthly cost", "renewal")
+    table = Table("contract", "provider", "state", "GPUs", "covered through", "days left", "give notice by",
+                  "monthly cost", "renewal")
     for r in rows:
         renewal = (f"renewed by {r['renewed_by']}" if r["renewed_by"]
                    else "auto-renews" if r["auto_renew"] else "manual")
-        notice = (r["notice_deadline"] or "")[:10]
+        covered, notice = lease_days(r)
         if r["notice_days_left"] is not None and r["notice_days_left"] < 0 and r["state"] == "active":
             notice += " (passed)"
         table.add_row(
             r["contract_id"], r["provider"], r["state"], f"{r['gpu_count']} {'/'.join(r['gpu_models'])}",
-            r["ends_at"][:10], f"{r['days_left']:.1f}", notice, f"${r['monthly_cost_usd']}", renewal,
+            covered, f"{r['days_left']:.1f}", notice, f"${r['monthly_cost_usd']}", renewal,
         )
     print_table(table, "no leases declared")
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
+from whaleflux.agent.faults import FAULT_HELP, PARAMETERS, Fault
 from whaleflux.client import ClientError, Connection
 
 from .terminal import console, fail
@@ -29,20 +32,56 @@ def monitor(
     raise typer.Exit(code)
 
 
+# `sim inject`'s option for each parameter of a fault (see services/agent/faults.py FAULT_PARAMS).
+OPTION_OF = {"duration_s": "--duration", "leak_mib_per_s": "--leak-rate", "memory_mib": "--memory",
+             "crc_errors": "--crc-errors", "cooling_factor": "--cooling-factor", "bits": "--bits", "gpu": "--gpu",
+             "node": "--node", "kind": "KIND"}
+
+
+def fault_from_options(kind: str, node: str, gpu: int | None, params: dict[str, float | int | None]) -> Fault:
+    """The fault the options describe; typer.BadParameter (exit 2) naming the option that is wrong for it."""
+    if kind not in FAULT_HELP:
+        raise typer.BadParameter(f"{kind!r} is not a fault; one of {', '.join(FAULT_HELP)}", param_hint="KIND")
+    body = {"kind": kind, "node": node, "gpu": gpu, **params}
+    try:
+        return Fault.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        message = str(err["msg"]).removeprefix("Value error, ")
+        field = str(err["loc"][0]) if err["loc"] else message.split(":")[0]
+        message = message.removeprefix(f"{field}: ")
+        # The model's parameter names read as the options that set them.
+        message = re.sub(r"\b(" + "|".join(PARAMETERS) + r")\b", lambda m: OPTION_OF[m.group(1)], message)
+        raise typer.BadParameter(message, param_hint=OPTION_OF.get(field, field)) from None
+
+
 @sim_app.command("inject")
 def sim_inject(
     kind: Annotated[str, typer.Argument(
-        help="cooling | ecc-dbe | xid79 | xid48 | nvlink-crc | vram-leak | gpu-vanish | node-silent")],
+        help=" | ".join(FAULT_HELP) + " (the agent's GET /v1/faults says what each does)")],
     node: Annotated[str, typer.Option(help="simulated node, e.g. h100-01")],
-    gpu: Annotated[int | None, typer.Option(help="GPU index on the node (GPU faults)")] = None,
+    gpu: Annotated[int | None, typer.Option(help="GPU index on the node (every fault but node-silent)")] = None,
     duration: Annotated[float | None, typer.Option(
-        help="node-silent: seconds; default until the agent restarts")] = None,
+        help="node-silent only: seconds of silence (default until the agent restarts); GPU faults last until"
+             " the agent restarts")] = None,
+    leak_rate: Annotated[float | None, typer.Option(
+        help="vram-leak only: MiB/s the job's process grows (default 1024)")] = None,
+    memory: Annotated[float | None, typer.Option(
+        help="foreign-memory only: MiB the foreign process holds (default 65536)")] = None,
+    crc_errors: Annotated[int | None, typer.Option(
+        help="nvlink-crc only: CRC errors in the burst (default 5000)")] = None,
+    cooling_factor: Annotated[float | None, typer.Option(
+        help="cooling only: thermal resistance multiplier, over 1 up to 20 (default 3)")] = None,
+    bits: Annotated[int | None, typer.Option(
+        help="vram-flip only: bits flipped in the cell, 1 or 2 (default 1)")] = None,
 ) -> None:
-    """Inject a fault into the simulated fleet (through the agent's admin endpoint)."""
-    body = {"kind": kind, "node": node, "gpu": gpu, "duration_s": duration}
+    """Inject a fault into the simulated fleet (through the agent's admin endpoint); each kind takes only its own
+    parameters."""
+    params = {"duration_s": duration, "leak_mib_per_s": leak_rate, "memory_mib": memory, "crc_errors": crc_errors,
+              "cooling_factor": cooling_factor, "bits": bits}
+    fault = fault_from_options(kind, node, gpu, params)
     try:
-        done = Connection.discover().post_admin("agent", "/admin/faults",
-                                                {k: v for k, v in body.items() if v is not None})
+        done = Connection.discover().post_admin("agent", "/admin/faults", fault.model_dump(exclude_unset=True))
     except ClientError as exc:
         fail(str(exc))
     console.print(f"injected: {done['injected']}")

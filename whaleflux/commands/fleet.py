@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
 
-from whaleflux.agent.faults import FAULT_HELP, PARAMETERS, Fault
+from whaleflux.agent.fault_kinds import FAULT_HELP, PARAMETERS
 from whaleflux.client import ClientError, Connection
 
 from .terminal import console, fail
+
+if TYPE_CHECKING:
+    from whaleflux.agent.faults import Fault
 
 sim_app = typer.Typer(help="The simulated fleet: inject faults.", no_args_is_help=True)
 
@@ -42,6 +44,10 @@ def fault_from_options(kind: str, node: str, gpu: int | None, params: dict[str, 
     """The fault the options describe; typer.BadParameter (exit 2) naming the option that is wrong for it."""
     if kind not in FAULT_HELP:
         raise typer.BadParameter(f"{kind!r} is not a fault; one of {', '.join(FAULT_HELP)}", param_hint="KIND")
+    from pydantic import ValidationError  # here, not at import: `whaleflux --help` stays free of models
+
+    from whaleflux.agent.faults import Fault
+
     body = {"kind": kind, "node": node, "gpu": gpu, **params}
     try:
         return Fault.model_validate({k: v for k, v in body.items() if v is not None})

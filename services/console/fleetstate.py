@@ -8,8 +8,8 @@ every `details_every_s` or ten times as long as the last read took (sooner after
 inside a build once anything is known. A console
 that has heard nothing yet reads `/v1/gpus` once and waits for it, so its first page is complete.
 
-The summaries (`summary`, `node_summaries`) and the flags are pure; the flags follow telemetry's rule
-(`services/telemetry/flags.py`): the console may not import another service.
+The summaries (`summary`, `node_summaries`) are pure; the flags are the rule telemetry shows too
+(`shared/gpu_flags.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from itertools import groupby
 from pydantic import TypeAdapter, ValidationError
 
 from whaleflux.shared.events import GpuSample, GpuTelemetry, InvalidEvent, decode
+from whaleflux.shared.gpu_flags import flags
 
 from .models import FleetSummary, GpuJob, GpuRow, NodeStatus, NodeTelemetry
 from .upstream import Upstream, UpstreamError
@@ -31,8 +32,6 @@ STALE_AFTER_S = 15.0  # telemetry's default `stale_after_s`
 DETAILS_EVERY_S = 5.0
 DETAILS_MIN_GAP_S = 1.0  # job events ask for a fresh read, at most this often
 STATUSES_TTL_S = 2.0  # the scheduler's node states are read at most this often (a build every second)
-HOT_MARGIN_C = 5.0
-THERMAL_REASONS = {"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown", "hw_power_brake_slowdown"}
 _ROWS = TypeAdapter(list[GpuRow])
 _STATUSES = TypeAdapter(list[NodeStatus])
 
@@ -43,25 +42,6 @@ class Latest:
     node: str
     sample_time: datetime
     gpu: GpuSample
-
-
-def flags(sample: GpuSample, last_xid: int | None, stale: bool) -> list[str]:
-    """Short names the pages highlight: stale, hot, throttled, xid, ecc, nvlink, mem_full (telemetry's rule)."""
-    out = ["stale"] if stale else []
-    slowdown = sample.slowdown_temperature_c
-    if slowdown is not None and sample.temperature_c >= slowdown - HOT_MARGIN_C:
-        out.append("hot")
-    if THERMAL_REASONS & set(sample.throttle_reasons):
-        out.append("throttled")
-    if sample.xid_errors or last_xid:
-        out.append("xid")
-    if sample.ecc_uncorrected or sample.remapped_rows_uncorrectable or sample.row_remap_failure:
-        out.append("ecc")
-    if sample.nvlink_crc_errors:
-        out.append("nvlink")
-    if sample.memory_used_mib >= 0.98 * sample.memory_total_mib:
-        out.append("mem_full")
-    return out
 
 
 def summary(rows: list[GpuRow]) -> FleetSummary:

@@ -8,8 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from whaleflux.shared.events import GpuSample
-
-from .flags import flags
+from whaleflux.shared.gpu_flags import flags
 
 
 class LatestSample(BaseModel):

@@ -1,8 +1,9 @@
-"""What is wrong with a GPU right now, from its latest sample. No I/O."""
+"""What is wrong with a GPU right now, from its latest sample: the one rule telemetry's views and the console's
+fleet pages both show. No I/O."""
 
 from __future__ import annotations
 
-from whaleflux.shared.events import GpuSample
+from .events import GpuSample
 
 HOT_MARGIN_C = 5.0
 THERMAL_REASONS = {"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown", "hw_power_brake_slowdown"}

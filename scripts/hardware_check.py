@@ -151,6 +151,8 @@ def smi_fields(gpu: Section) -> dict[str, Any]:
         "memory_reserved_mib": _num(gpu, "FB Memory Usage/Reserved"),
         "utilization_gpu_pct": _num(gpu, "Utilization/Gpu"),
         "utilization_memory_pct": _num(gpu, "Utilization/Memory"),
+        "encoder_util_pct": _num(gpu, "Utilization/Encoder"),
+        "decoder_util_pct": _num(gpu, "Utilization/Decoder"),
         "temperature_c": _num(gpu, "Temperature/GPU Current Temp"),
         "memory_temperature_c": _num(gpu, "Temperature/Memory Current Temp"),
         "slowdown_temperature_c": _absolute_limit(gpu, "Slowdown"),

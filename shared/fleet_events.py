@@ -52,6 +52,14 @@ class GpuSample(BaseModel):
     nvlink_bandwidth_bytes: NonNeg | None = Field(None, description="rx + tx bytes over all links since boot")
     tensor_active: Annotated[float, Field(ge=0, le=1)] | None = Field(
         None, description="ratio of cycles the tensor pipe is active")
+    # Added in v1 before release: the rest of dcgm-exporter's default counters; None where the device or the
+    # backend has none (the NVML backend reads no DCGM profiling field: gr_engine_active, dram_active).
+    encoder_util_pct: Percent | None = Field(None, description="video encoder utilization, NVML's average")
+    decoder_util_pct: Percent | None = Field(None, description="video decoder utilization, NVML's average")
+    gr_engine_active: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="ratio of time the graphics or compute engine is active (DCGM profiling)")
+    dram_active: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="ratio of cycles the device memory interface is sending or receiving (DCGM profiling)")
     processes: list[GpuProcess] = Field(default_factory=list)
 
 

@@ -32,6 +32,8 @@ class FakeDevice:
     ecc_dbe: int = 0
     nvlink_links: int = 0
     nvlink_crc: int = 0
+    encoder: int = 0  # % (an H100 has no encoder: NVML reports 0)
+    decoder: int = 0
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used bytes)
     lost: bool = False
 
@@ -184,6 +186,12 @@ def make(devices: list[FakeDevice]) -> types.ModuleType:
                 nvmlReturn=pynvml.NVML_SUCCESS if ok else pynvml.NVML_ERROR_NOT_SUPPORTED,
                 valueType=3, value=types.SimpleNamespace(ullVal=value)))
         return out
+
+    def nvmlDeviceGetEncoderUtilization(h):
+        return [dev(h).encoder, 167_000]  # [%, sampling period in us]
+
+    def nvmlDeviceGetDecoderUtilization(h):
+        return [dev(h).decoder, 167_000]
 
     def nvmlDeviceGetComputeRunningProcesses(h):
         return [types.SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in dev(h).processes]

@@ -35,6 +35,7 @@ def test_h200_capture_reads_as_the_agents_fields():
     assert f["ecc_corrected"] == 0 and f["ecc_uncorrected"] == 0 and f["row_remap_failure"] is False
     assert f["pcie_replay_count"] == 0 and f["pcie_tx_bytes_per_s"] == 657 * 1024
     assert f["throttle_reasons"] == []  # only "Idle" is active
+    assert (f["encoder_util_pct"], f["decoder_util_pct"]) == (0, 0)
     assert f["not_reported.mig_mode"] == "Disabled" and f["not_reported.ecc_mode"] == "Enabled"
     assert (f["not_reported.pcie_gen"], f["not_reported.pcie_width"]) == ("5", "16x")
 

@@ -18,7 +18,8 @@ R4090 = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
 
 def _fleet():
     return [
-        FakeDevice(H100, "NVIDIA H100 80GB HBM3", datacenter=True, total_mib=81559, nvlink_links=18, nvlink_crc=3),
+        FakeDevice(H100, "NVIDIA H100 80GB HBM3", datacenter=True, total_mib=81559, nvlink_links=18, nvlink_crc=3,
+                   decoder=35),
         FakeDevice(R4090, "NVIDIA GeForce RTX 4090", datacenter=False, total_mib=24564),
     ]
 
@@ -34,6 +35,9 @@ def test_datacenter_gpu_reports_everything_it_supports():
     assert h100.nvlink_bandwidth_bytes == 18 * 2 * 1000 * 1024
     assert h100.pcie_replay_count == 7 and h100.pcie_tx_bytes_per_s == 1000 * 1024
     assert h100.sm_clock_mhz == 1980 and h100.mem_clock_mhz == 2619
+    # dcgm-exporter's default video counters come from NVML; its profiling ratios need DCGM: left out.
+    assert (h100.encoder_util_pct, h100.decoder_util_pct) == (0.0, 35.0)
+    assert h100.gr_engine_active is None and h100.dram_active is None and h100.tensor_active is None
 
 
 def test_consumer_card_omits_ecc_nvlink_and_memory_temperature_instead_of_zero():
@@ -45,6 +49,7 @@ def test_consumer_card_omits_ecc_nvlink_and_memory_temperature_instead_of_zero()
                  "thermal_margin_c"):
         assert getattr(rtx, name) is None, name
     assert rtx.utilization_gpu_pct == 50 and rtx.temperature_c == 55 and rtx.power_w == 300
+    assert rtx.encoder_util_pct == 0.0  # a GeForce has encoders: a reading, not None
     ident = {g.uuid: g for g in backend.identities()}[R4090]
     assert ident.serial is None and ident.pci_bus_id == "00000000:28:00.0" and ident.driver_version == "565.57.01"
     # What the card refused once is not asked again.

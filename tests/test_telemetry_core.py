@@ -271,6 +271,30 @@ def test_geforce_cards_before_blackwell_export_no_profiling_metrics():
     assert dcgm.has_profiling(blackwell)
 
 
+def test_dcgm_exporters_default_video_and_engine_counters_are_exported_where_the_model_has_them():
+    families = {f.name: f for f in text_string_to_metric_families(dcgm.render(_states()))}
+    hosts = lambda name: {s.labels["Hostname"] for s in families[name].samples}  # noqa: E731
+    assert hosts("DCGM_FI_DEV_ENC_UTIL") == hosts("DCGM_FI_DEV_DEC_UTIL") == {"h100-01", "r4090-01"}
+    assert hosts("DCGM_FI_PROF_GR_ENGINE_ACTIVE") == hosts("DCGM_FI_PROF_DRAM_ACTIVE") == {"h100-01"}  # no 4090
+    engine = {s.labels["gpu"]: s.value for s in families["DCGM_FI_PROF_GR_ENGINE_ACTIVE"].samples}
+    assert 0.7 < engine["0"] <= 1.0 and engine["1"] == 0.0  # the busy GPU and the idle one
+    dram = {s.labels["gpu"]: s.value for s in families["DCGM_FI_PROF_DRAM_ACTIVE"].samples}
+    assert 0.2 < dram["0"] < engine["0"] and dram["1"] == 0.0
+
+
+def test_the_simulator_decodes_video_for_some_jobs_and_encodes_only_where_there_is_an_encoder():
+    jobs = [f"job-{i}" for i in range(40)]
+    for key, has_encoder in (("H100", False), ("RTX4090", True)):
+        node = SimulatedNode("n", gpu_models()[key], len(jobs), seed=3)
+        for ident, job in zip(node.identities(), jobs, strict=True):
+            node.job_started([ident.uuid], job, pid=1, util_pct=90)
+        samples = node.sample(T0)
+        decoding = [s for s in samples if s.decoder_util_pct]
+        assert 0 < len(decoding) < len(samples) / 2  # a minority of jobs read video
+        assert all(5 < (s.decoder_util_pct or 0) <= 50 for s in decoding)
+        assert all(bool(s.encoder_util_pct) == (has_encoder and bool(s.decoder_util_pct)) for s in samples)
+
+
 def test_unsupported_metrics_are_left_out_not_zero():
     text = dcgm.render(_states())
     families = {f.name: f for f in text_string_to_metric_families(text)}

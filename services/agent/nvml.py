@@ -265,6 +265,7 @@ class NvmlBackend:
             pcie_tx_bytes_per_s=pcie_tx * 1024.0 if pcie_tx is not None else None,
             pcie_rx_bytes_per_s=pcie_rx * 1024.0 if pcie_rx is not None else None,
             **nvlink,
+            **self._video(dev),
             processes=[
                 GpuProcess(pid=p.pid, used_mib=(p.usedGpuMemory or 0) / MIB, job_id=self._job_of(p.pid)) for p in procs
             ],
@@ -278,6 +279,15 @@ class NvmlBackend:
             for kind, err in (("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                               ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
         }
+
+    def _video(self, dev: _Device) -> dict[str, float | None]:
+        """Encoder and decoder utilization, NVML's averages (DCGM_FI_DEV_ENC_UTIL / DEC_UTIL)."""
+        out: dict[str, float | None] = {}
+        for name, fn in (("encoder_util_pct", self.nvml.nvmlDeviceGetEncoderUtilization),
+                         ("decoder_util_pct", self.nvml.nvmlDeviceGetDecoderUtilization)):
+            reading = self._maybe(dev, name, fn, dev.handle)  # [utilization %, its sampling period in us]
+            out[name] = float(reading[0]) if reading is not None else None
+        return out
 
     def _nvlink(self, dev: _Device) -> dict:
         """Link count, error counters and bytes over the active links; empty without NVLink."""

@@ -309,5 +309,19 @@ class SimulatedNode:
             nvlink_recovery_errors=0 if nvlink else None,
             nvlink_bandwidth_bytes=round(g.nvlink_bytes) if nvlink else None,
             tensor_active=round(util / 100 * 0.55, 3) if datacenter else None,
+            **_engines(g.job, util, datacenter),
             processes=processes,
         )
+
+
+def _engines(job: str | None, util: float, datacenter: bool) -> dict[str, float | None]:
+    """Video engines and DCGM's engine ratios. Most jobs encode and decode nothing; about one in five (a video
+    data loader, stable per job) keeps the decoder busy in step with its compute, and a card with an encoder
+    in use (the RTX 4090; an A100, H100 or H200 has none and NVML reports 0 %) encodes a third of that. The
+    graphics engine is active while kernels run (about GPU utilization), DRAM while memory is copied. The
+    profiling ratios exist only on the data-centre models (DCGM has none for a GeForce before Blackwell)."""
+    video = job is not None and stable_fraction(f"video:{job}") < 0.2
+    dec = round(util * (0.2 + 0.3 * stable_fraction(f"dec:{job}")), 1) if video else 0.0
+    return {"encoder_util_pct": round(dec / 3, 1) if not datacenter else 0.0, "decoder_util_pct": dec,
+            "gr_engine_active": round(util / 100 * 0.97, 3) if datacenter else None,
+            "dram_active": round(util / 100 * 0.45, 3) if datacenter else None}

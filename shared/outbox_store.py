@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -21,8 +22,10 @@ from .events import Envelope, encode
 class Outbox:
     """`<prefix>:outbox`: a hash of staged events, field `<staging ns>:<event id>`."""
 
-    def __init__(self, redis: Redis, prefix: str):
+    def __init__(self, redis: Redis, prefix: str, barrier: Callable[[], Awaitable[None]] | None = None):
         self.redis = redis
+        # Behind Sentinel: wait until the staging writes are on the replicas before publishing any of them.
+        self.barrier = barrier
         self.key = f"{prefix}:outbox"
         # One flush at a time per process: two at once would publish an event twice
         # (JetStream stores it once, but plain subscribers would see both).
@@ -44,6 +47,8 @@ class Outbox:
         async with self._flushing:
             entries = await self.redis.hgetall(self.key)
             fields = sorted(entries)
+            if fields and self.barrier is not None:
+                await self.barrier()
             for start in range(0, len(fields), window):
                 chunk = fields[start:start + window]
                 items = [json.loads(entries[f]) for f in chunk]

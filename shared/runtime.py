@@ -43,6 +43,7 @@ from .errors import BadRequest, StateUnavailable
 from .events import Envelope, EventData, make_envelope
 from .logs import configure_logging
 from .outbox_store import Outbox
+from .redis_client import StateConnection
 from .runtime_http import add_error_handlers, add_ops_routes, guard_input, refuse_before_connected
 from .settings import CommonSettings
 from .state_guard import StateGuard
@@ -95,6 +96,7 @@ class Runtime:
         self.log = structlog.get_logger(f"whaleflux.{name}")
         self.parts = ServiceParts()
         self._redis: Redis | None = None
+        self._state: StateConnection | None = None
         self._bus: Bus | None = None
         self._outbox: Outbox | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -218,7 +220,8 @@ class Runtime:
             self.parts = parts
         await self._connect()
         redis, bus = self.redis, self.bus
-        self._outbox = Outbox(redis, self.prefix)
+        barrier = self._state.barrier if self._state is not None else None
+        self._outbox = Outbox(redis, self.prefix, barrier=barrier)
         self.guard.epochs = EpochStore(redis, self.prefix)
         # A failure here (the store went away between connect and now, say) must not leave a
         # service that never becomes ready: nothing has started yet, so it is tried again.
@@ -247,8 +250,8 @@ class Runtime:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._bus is not None:
             await self._bus.close()
-        if self._redis is not None:
-            await self._redis.aclose()
+        if self._state is not None:
+            await self._state.aclose()
         self.running = False
 
     async def readiness(self) -> dict[str, bool]:
@@ -288,14 +291,13 @@ class Runtime:
                                            before_sleep=self._log_retry("startup.waiting"), reraise=True):
             with attempt:
                 if self._redis is None:
-                    redis = Redis.from_url(self.settings.redis_url, password=self.settings.secret("redis_password"),
-                                           decode_responses=True, health_check_interval=10)
+                    state = StateConnection(self.settings, self.prefix)
                     try:
-                        await EpochStore(redis, self.prefix).ping()
+                        await EpochStore(state.redis, self.prefix).ping()
                     except BaseException:
-                        await redis.aclose()
+                        await state.aclose()
                         raise
-                    self._redis = redis
+                    self._state, self._redis = state, state.redis
                 if self._bus is None:
                     self._bus = await Bus.connect(self.settings.nats_url, source=self.source,
                                                   user=self.settings.nats_user,
@@ -325,11 +327,17 @@ class Runtime:
             await self.parts.on_ready()
 
     def _store_guarded(self, handler: Handler | BatchHandler) -> Handler | BatchHandler:
-        """A handler that hits an unreachable store pauses the consumers and asks for a redelivery."""
+        """A handler that hits an unreachable store pauses the consumers and asks for a redelivery.
+
+        Behind Sentinel the handler's writes are on the replicas before it returns (and the event is acked)."""
+        barrier = self._state.barrier if self._state is not None else None
 
         async def guarded(*args: Any) -> Any:
             try:
-                return await handler(*args)
+                outcome = await handler(*args)
+                if barrier is not None:
+                    await barrier()
+                return outcome
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 self.state_down(f"state store unreachable ({type(exc).__name__})")
                 raise Retry(f"state store unreachable: {exc}", delay_s=2.0) from exc

@@ -35,6 +35,11 @@ class CommonSettings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0",
                            validation_alias=AliasChoices("REDIS_URL", "WHALEFLUX_REDIS_URL"))
     redis_password: SecretStr | None = None
+    # Redis behind Sentinel: `host:port,host:port,...` of the sentinels; empty: the one server of REDIS_URL.
+    redis_sentinels: str = ""
+    redis_master: str = "whaleflux"  # the master's name in the sentinels' config
+    # Behind Sentinel: replicas that must confirm a service's writes before it acknowledges or publishes.
+    redis_min_replicas: int = Field(1, ge=0)
     admin_token: SecretStr | None = None
     http_host: str = "127.0.0.1"
     http_port: int = Field(8700, ge=0, le=65535)
@@ -57,6 +62,23 @@ class CommonSettings(BaseSettings):
                 except OSError as exc:
                     raise ValueError(f"{variable}: cannot read {path} ({exc.strerror})") from None
         return data
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels(cls, value: str) -> str:
+        for address in filter(None, (part.strip() for part in value.split(","))):
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise ValueError(f"WHALEFLUX_REDIS_SENTINELS: {address!r} is not host:port")
+        return value
+
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """The sentinels of WHALEFLUX_REDIS_SENTINELS as (host, port)."""
+        out = []
+        for address in filter(None, (part.strip() for part in self.redis_sentinels.split(","))):
+            host, _, port = address.rpartition(":")
+            out.append((host, int(port)))
+        return out
 
     @field_validator("http_port")
     @classmethod

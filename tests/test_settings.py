@@ -57,3 +57,19 @@ def test_the_agent_needs_no_redis_password_in_production(monkeypatch):
     monkeypatch.setenv("WHALEFLUX_ADMIN_TOKEN", "a" * 32)
     monkeypatch.setenv("WHALEFLUX_NATS_PASSWORD", "n" * 32)
     assert AgentSettings().environment == "production"
+
+
+def test_sentinels_are_host_port_pairs_and_a_bad_one_is_named(monkeypatch):
+    monkeypatch.setenv("WHALEFLUX_REDIS_SENTINELS", "redis-sentinel-0.redis:26379, 10.0.0.7:26380,")
+    monkeypatch.setenv("WHALEFLUX_REDIS_MASTER", "wf")
+    s = CommonSettings()
+    assert s.sentinel_addresses() == [("redis-sentinel-0.redis", 26379), ("10.0.0.7", 26380)]
+    assert (s.redis_master, s.redis_min_replicas) == ("wf", 1)
+    for bad in ("sentinel", "sentinel:port", ":26379", "host:70000"):
+        monkeypatch.setenv("WHALEFLUX_REDIS_SENTINELS", bad)
+        with pytest.raises(ValidationError, match="WHALEFLUX_REDIS_SENTINELS"):
+            CommonSettings()
+
+
+def test_without_sentinels_there_are_none():
+    assert CommonSettings(redis_sentinels="").sentinel_addresses() == []

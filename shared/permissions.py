@@ -30,9 +30,11 @@ SCHEDULER_BUCKET = "WHALEFLUX_SCHEDULER_SNAPSHOTS"
 # What each service publishes (grep `publish` in services/<name>): its events, and nothing else.
 PUBLISHES: dict[str, tuple[str, ...]] = {
     "telemetry": (),
-    # job.submitted and job.cancelled from its API; placements, stop orders, rejections and requeues; drains.
+    # job.submitted and job.cancelled from its API; placements, stop orders, rejections and requeues; drains and
+    # undrains; GPU cordons (an operator's, or its quarantine of a faulty GPU) and their ends.
     "scheduler": (s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", f"{s.JOB_PREEMPTED}.>", s.JOB_REJECTED, s.JOB_REQUEUED,
-                  s.JOB_CANCELLED, f"{s.NODE_DRAIN_REQUESTED}.>"),
+                  s.JOB_CANCELLED, f"{s.NODE_DRAIN_REQUESTED}.>", f"{s.NODE_UNDRAINED}.>", f"{s.GPU_CORDONED}.>",
+                  f"{s.GPU_UNCORDONED}.>"),
     # Alerts, and the drains its auto-drain rules ask for.
     "alerting": (s.ALERT_RAISED, s.ALERT_RESOLVED, f"{s.NODE_DRAIN_REQUESTED}.>"),
     "billing": (s.ALERT_RAISED,),  # budget alerts
@@ -104,10 +106,11 @@ def service_consumers(service: str) -> list[ConsumerSpec]:
 
 
 def _scheduler_extra() -> list[str]:
-    """Rebuild: short-lived consumers of any name on the jobs and nodes streams, and its snapshot object store."""
+    """Rebuild: short-lived consumers of any name on the jobs, nodes and validations (GPU cordons) streams, and its
+    snapshot object store."""
     obj = f"OBJ_{SCHEDULER_BUCKET}"
     out = []
-    for stream in ("WHALEFLUX_JOBS", "WHALEFLUX_NODES"):
+    for stream in ("WHALEFLUX_JOBS", "WHALEFLUX_NODES", "WHALEFLUX_VALIDATIONS"):
         out += [f"{API}.CONSUMER.{verb}.{stream}.*" for verb in ("INFO", "CREATE", "DELETE")]
         out += [f"{API}.CONSUMER.CREATE.{stream}.*.>", f"{API}.CONSUMER.MSG.NEXT.{stream}.*"]
     out += [f"{API}.*.*.{obj}", f"{API}.*.*.{obj}.>", f"{API}.*.*.*.{obj}", f"{API}.*.*.*.{obj}.>",

@@ -45,8 +45,10 @@ STREAMS: dict[str, StreamSpec] = {
     for spec in (
         StreamSpec("WHALEFLUX_TELEMETRY", [f"{s.GPU_TELEMETRY}.>"], max_age_s=3600, max_bytes=2 * 1024**3),
         StreamSpec("WHALEFLUX_NODES", ["node.>"], max_age_s=7 * DAY),
-        # Burn-in reports (gpu.validated): how and when each GPU was last validated, kept like the jobs.
-        StreamSpec("WHALEFLUX_VALIDATIONS", [f"{s.GPU_VALIDATED}.>"], max_age_s=400 * DAY),
+        # Burn-in reports (gpu.validated) and cordons (gpu.cordoned / gpu.uncordoned: the scheduler's GPU
+        # quarantine, which its rebuild folds): how each GPU was last judged, kept like the jobs.
+        StreamSpec("WHALEFLUX_VALIDATIONS", [f"{s.GPU_VALIDATED}.>", f"{s.GPU_CORDONED}.>", f"{s.GPU_UNCORDONED}.>"],
+                   max_age_s=400 * DAY),
         # Jobs, leases and alerts are the history services rebuild from: keep them long.
         # Every node agent has its own durable consumer of its placements here, besides the services'.
         StreamSpec("WHALEFLUX_JOBS", ["job.>"], max_age_s=400 * DAY, max_consumers=100_000),
@@ -134,6 +136,9 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("alerting-notify", "WHALEFLUX_ALERTS", f"{s.ALERT_RAISED}", f"{s.ALERT_RESOLVED}"),
         # Topology (rack, pool) from registrations, liveness from heartbeats: idempotent, no id dedup.
         _c("alerting-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
+        # Undrains (the scheduler's node.undrained): incidents forget their drains there. Live only: a replay must
+        # not undo drains asked for since.
+        _c("alerting-undrains", "WHALEFLUX_NODES", f"{s.NODE_UNDRAINED}.>", deliver_new=True),
         # Event rules: live only, so a replay never re-raises last month's failures. Submissions and ends:
         # each running job's workload class, for baselines per GPU model and workload class.
         _c("alerting-jobs", "WHALEFLUX_JOBS", s.JOB_FAILED, s.JOB_REJECTED, s.JOB_SUBMITTED, s.JOB_FINISHED,
@@ -150,6 +155,8 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("inventory-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_REJECTED, f"{s.JOB_PLACED}.>",
            s.JOB_FINISHED, s.JOB_FAILED),
         _c("inventory-validations", "WHALEFLUX_VALIDATIONS", f"{s.GPU_VALIDATED}.>"),
+        # The scheduler's GPU cordons and quarantines: such a GPU is counted unhealthy, not active.
+        _c("inventory-cordons", "WHALEFLUX_VALIDATIONS", f"{s.GPU_CORDONED}.>", f"{s.GPU_UNCORDONED}.>"),
         _c("inventory-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
            dedup=False),
     )

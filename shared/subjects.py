@@ -12,9 +12,12 @@ _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
 GPU_TELEMETRY = "gpu.telemetry"
 GPU_VALIDATED = "gpu.validated"
+GPU_CORDONED = "gpu.cordoned"
+GPU_UNCORDONED = "gpu.uncordoned"
 NODE_REGISTERED = "node.registered"
 NODE_HEARTBEAT = "node.heartbeat"
 NODE_DRAIN_REQUESTED = "node.drain_requested"
+NODE_UNDRAINED = "node.undrained"
 JOB_SUBMITTED = "job.submitted"
 JOB_PLACED = "job.placed"
 JOB_STARTED = "job.started"
@@ -46,6 +49,14 @@ def gpu_validated(cluster: str, node: str) -> str:
     return f"{GPU_VALIDATED}.{token(cluster)}.{token(node)}"
 
 
+def gpu_cordoned(cluster: str, node: str) -> str:
+    return f"{GPU_CORDONED}.{token(cluster)}.{token(node)}"
+
+
+def gpu_uncordoned(cluster: str, node: str) -> str:
+    return f"{GPU_UNCORDONED}.{token(cluster)}.{token(node)}"
+
+
 def node_registered(cluster: str, node: str) -> str:
     return f"{NODE_REGISTERED}.{token(cluster)}.{token(node)}"
 
@@ -66,6 +77,10 @@ def job_preempted(cluster: str, node: str) -> str:
 
 def node_drain_requested(cluster: str, node: str) -> str:
     return f"{NODE_DRAIN_REQUESTED}.{token(cluster)}.{token(node)}"
+
+
+def node_undrained(cluster: str, node: str) -> str:
+    return f"{NODE_UNDRAINED}.{token(cluster)}.{token(node)}"
 
 
 def deadletter(subject: str) -> str:

@@ -8,7 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
-from .commands import alerts, costs, fleet, inventory, jobs, run, schemas, simulation, size, submit, testgpu
+from .commands import alerts, costs, fleet, gpus, inventory, jobs, run, schemas, simulation, size, submit, testgpu
 
 app = typer.Typer(help="WhaleFlux: GPU fleet manager.", no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -19,6 +19,7 @@ app.command()(fleet.monitor)
 app.add_typer(fleet.sim_app, name="sim")
 app.command()(submit.submit)
 app.add_typer(jobs.jobs_app, name="jobs")
+app.add_typer(gpus.gpus_app, name="gpus")
 app.add_typer(costs.costs_app, name="costs")
 app.add_typer(simulation.trace_app, name="trace")
 app.command()(simulation.simulate)

@@ -27,6 +27,7 @@ def build(settings: AlertingSettings | None = None, clock: Clock = system_clock)
             "alerting-telemetry": svc.on_telemetry,
             "alerting-notify": svc.on_alert,
             "alerting-nodes": svc.on_node,
+            "alerting-undrains": svc.on_undrained,
             "alerting-jobs": svc.on_event,
             "alerting-leases": svc.on_event,
         },

@@ -34,6 +34,7 @@ from whaleflux.shared.events import (
     JobSubmitted,
     NodeHeartbeat,
     NodeRegistered,
+    NodeUndrained,
 )
 from whaleflux.shared.runtime import Runtime
 
@@ -156,6 +157,14 @@ class Alerting:
                 self.engine.nodes[(cluster, node)] = info
             return
         self.engine.observe_node(cluster, node, info, seen)
+
+    async def on_undrained(self, env: Envelope, data: EventData) -> None:
+        """An operator undrained a node (the scheduler's node.undrained): the incidents forget their drains there,
+        so a later cause drains it again."""
+        if not isinstance(data, NodeUndrained):
+            return
+        async with self._lock:
+            await self._save(self.intake.undrained(data.cluster, data.node))
 
     async def on_event(self, env: Envelope, data: EventData) -> None:
         if isinstance(data, JobSubmitted):

@@ -1,8 +1,9 @@
 """Inventory service: every GPU agents registered, what was declared about it, leases, rollups and findings.
 
 Consumes node.registered / node.heartbeat (discovery), job.submitted / placed /
-rejected / finished / failed (queue and allocations) and gpu.telemetry
-(utilization); produces lease.expiring and lease.expired through the outbox.
+rejected / finished / failed (queue and allocations), gpu.telemetry
+(utilization), gpu.validated (burn-ins) and gpu.cordoned / gpu.uncordoned (the
+scheduler's GPU quarantine); produces lease.expiring and lease.expired through the outbox.
 This module only wires the parts on the shared `Runtime`: store.py (every
 Redis key), service.py (handlers, lease checks, queries) around the pure
 discovery, allocations, assets, reconcile, leases, rollups and findings
@@ -29,7 +30,8 @@ def build(settings: InventorySettings | None = None, clock: Clock = system_clock
     inventory = Inventory(runtime, settings)
     app = runtime.app(ServiceParts(
         consumers={"inventory-nodes": inventory.on_node_event, "inventory-jobs": inventory.on_job_event,
-                   "inventory-telemetry": inventory.on_telemetry, "inventory-validations": inventory.on_validated},
+                   "inventory-telemetry": inventory.on_telemetry, "inventory-validations": inventory.on_validated,
+                   "inventory-cordons": inventory.on_cordon},
         routers=ROUTERS,
         on_ready=inventory.on_ready,
         background=[inventory.check_loop],

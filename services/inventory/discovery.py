@@ -2,11 +2,14 @@
 
 A node that stops reporting is `missing` (computed on read, against the
 service clock) with the time it was last seen; its GPUs are never deleted.
+A GPU the scheduler keeps out (gpu.cordoned) is `missing` when it went
+missing from telemetry, `unhealthy` for a fault or an operator's cordon.
 `last_seen` is the agent's clock (the envelope `time`) and only moves forward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel
@@ -63,12 +66,23 @@ def seen(current: NodeRecord | None, at: datetime, data: EventData) -> NodeRecor
     return None
 
 
-def gpu_rows(nodes: list[NodeRecord], now: datetime, missing_after: timedelta) -> list[GpuRow]:
-    """Flatten nodes to GPUs with a status: `active`, or `missing` if the node went quiet."""
+def gpu_status(node_quiet: bool, cordon: str | None) -> str:
+    """`missing`: its node went quiet, or the scheduler found it gone from telemetry; `unhealthy`: the scheduler
+    keeps it out for a fault (XID, ECC) or an operator's cordon; else `active`."""
+    if node_quiet or cordon == "missing":
+        return "missing"
+    return "unhealthy" if cordon is not None else "active"
+
+
+def gpu_rows(nodes: list[NodeRecord], now: datetime, missing_after: timedelta,
+             cordons: Mapping[str, str] | None = None) -> list[GpuRow]:
+    """Flatten nodes to GPUs with a status (`gpu_status`; `cordons`: uuid -> why the scheduler keeps it out)."""
+    cordons = cordons or {}
     rows = []
     for n in nodes:
-        status = "missing" if now - n.last_seen > missing_after else "active"
+        quiet = now - n.last_seen > missing_after
         for g in n.gpus:
+            status = gpu_status(quiet, cordons.get(g.uuid))
             rows.append(
                 GpuRow(
                     uuid=g.uuid, index=g.index, model=g.model, name=g.name, serial=g.serial,
@@ -80,10 +94,11 @@ def gpu_rows(nodes: list[NodeRecord], now: datetime, missing_after: timedelta) -
     return sorted(rows, key=lambda r: (r.node, r.index))
 
 
-def discovered(nodes: list[NodeRecord], now: datetime, missing_after: timedelta) -> list[DiscoveredGpu]:
+def discovered(nodes: list[NodeRecord], now: datetime, missing_after: timedelta,
+               cordons: Mapping[str, str] | None = None) -> list[DiscoveredGpu]:
     """The registered GPUs as reconciliation takes them."""
     return [
         DiscoveredGpu(r.uuid, r.index, r.model, r.node, r.cluster, r.rack, r.pool, r.status, r.last_seen,
                       r.registered_at or r.last_seen)
-        for r in gpu_rows(nodes, now, missing_after)
+        for r in gpu_rows(nodes, now, missing_after, cordons)
     ]

@@ -23,7 +23,7 @@ class DiscoveredGpu:
     cluster: str
     rack: str | None
     pool: str | None
-    status: str  # active | missing
+    status: str  # active | missing | unhealthy (discovery.gpu_status)
     last_seen: datetime
     registered_at: datetime
 

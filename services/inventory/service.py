@@ -22,7 +22,9 @@ from whaleflux.shared.contracts.holders import JOB_EVENTS as HOLDER_EVENTS
 from whaleflux.shared.events import (
     Envelope,
     EventData,
+    GpuCordoned,
     GpuTelemetry,
+    GpuUncordoned,
     GpuValidated,
     LeaseExpired,
     NodeHeartbeat,
@@ -84,6 +86,13 @@ class Inventory:
             await self.store.save_validation(fnd.Validation(card.uuid, data.cluster, data.node, card.index,
                                                             card.verdict, data.finished_at, tuple(card.reasons)))
 
+    async def on_cordon(self, env: Envelope, data: EventData) -> None:
+        """The scheduler keeps a GPU out (gpu.cordoned: counted missing or unhealthy), or lets it back in."""
+        if isinstance(data, GpuCordoned):
+            await self.store.set_cordon(data.gpu_uuid, data.cause)
+        elif isinstance(data, GpuUncordoned):
+            await self.store.set_cordon(data.gpu_uuid, None)
+
     async def on_telemetry(self, env: Envelope, data: EventData) -> None:
         if not isinstance(data, GpuTelemetry) or not data.gpus:
             return
@@ -98,7 +107,7 @@ class Inventory:
         return timedelta(seconds=self.settings.missing_after_s)
 
     async def gpus(self, now: datetime) -> list[GpuRow]:
-        return gpu_rows(await self.store.nodes(), now, self._missing_after())
+        return gpu_rows(await self.store.nodes(), now, self._missing_after(), await self.store.cordons())
 
     async def declarations(self) -> Declarations:
         """The declarations in force (empty until a good file or upload arrives)."""
@@ -107,7 +116,8 @@ class Inventory:
 
     async def reconciliation(self, now: datetime, decl: Declarations | None = None) -> Reconciliation:
         decl = decl if decl is not None else await self.declarations()
-        return reconcile(decl, discovered(await self.store.nodes(), now, self._missing_after()), now)
+        found = discovered(await self.store.nodes(), now, self._missing_after(), await self.store.cordons())
+        return reconcile(decl, found, now)
 
     async def leases(self, now: datetime) -> list[Lease]:
         decl = await self.declarations()

@@ -73,6 +73,19 @@ class InventoryStore:
     async def node_count(self) -> int:
         return int(await self.redis.hlen(self.key("nodes")))
 
+    # ------------------------------------------------------------------ the scheduler's cordons (gpu.cordoned)
+
+    async def set_cordon(self, uuid: str, cause: str | None) -> None:
+        """A GPU the scheduler cordoned or quarantined, and why (`cause`; None: it takes work again)."""
+        if cause is None:
+            await self.redis.hdel(self.key("cordons"), uuid)
+        else:
+            await self.redis.hset(self.key("cordons"), uuid, cause)
+
+    async def cordons(self) -> dict[str, str]:
+        """GPU uuid -> why the scheduler keeps it out (operator, xid, ecc, missing)."""
+        return _map(await self.redis.hgetall(self.key("cordons")))
+
     # ------------------------------------------------------------------ burn-ins (gpu.validated)
 
     async def save_validation(self, v: Validation) -> None:

@@ -71,8 +71,9 @@ def capacity_row(r: CapacityRow) -> contracts.CapacityRow:
 
 def grouped(assets: list[GpuAsset], by: str, allocated: set[str], hours: list[HourRow],
             verdicts: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """Count, allocated now, mean utilization while allocated, and how many passed or failed their last burn-in
-    (`verdicts`: uuid -> the last gpu.validated verdict), per model / pool / ownership."""
+    """Count, active / missing / unhealthy (`discovery.gpu_status`), allocated now, mean utilization while allocated,
+    and how many passed or failed their last burn-in (`verdicts`: uuid -> the last gpu.validated verdict), per
+    model / pool / ownership."""
     verdicts = verdicts or {}
     field = {"model": "model", "pool": "pool", "ownership": "ownership"}[by]
     util: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # uuid -> [util x allocated s, allocated s]
@@ -83,12 +84,12 @@ def grouped(assets: list[GpuAsset], by: str, allocated: set[str], hours: list[Ho
     rows: dict[str, dict[str, Any]] = {}
     for a in assets:
         key = getattr(a, field)
-        row = rows.setdefault(key, {"key": key, "gpus": 0, "active": 0, "missing": 0, "allocated": 0,
-                                    "validated": 0, "quarantined": 0, "_u": [0.0, 0.0]})
+        row = rows.setdefault(key, {"key": key, "gpus": 0, "active": 0, "missing": 0, "unhealthy": 0,
+                                    "allocated": 0, "validated": 0, "quarantined": 0, "_u": [0.0, 0.0]})
         row["gpus"] += 1
         row["validated"] += verdicts.get(a.uuid) in ("pass", "warn")
         row["quarantined"] += verdicts.get(a.uuid) == "fail"
-        row["active" if a.status == "active" else "missing"] += 1
+        row[a.status if a.status in ("active", "unhealthy") else "missing"] += 1
         row["allocated"] += a.uuid in allocated
         row["_u"][0] += util[a.uuid][0]
         row["_u"][1] += util[a.uuid][1]

@@ -1,10 +1,12 @@
-"""The scheduler's HTTP API: jobs (submit, list, show, why, cancel), nodes (list, drain, undrain), sizing, leader."""
+"""The scheduler's HTTP API: jobs (submit, list, show, why, cancel), nodes (list, drain, undrain), GPUs (list,
+cordon, uncordon), sizing, leader."""
 
 from __future__ import annotations
 
 import math
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
@@ -19,9 +21,11 @@ from whaleflux.shared.sizing import SizingError, SizingReport, SizingRequest, es
 
 from .failover import Failover
 from .feeds import Feeds
+from .gpu_health import GpuHealth
 from .leadership import NotLeader
+from .quarantine import Gpu
 from .records import JobRecord, JobStateName
-from .schedule_request import NodeView, infeasible_reason, job_request, node_state
+from .schedule_request import NodeView, infeasible_reason, job_request, node_model, node_state
 from .service import Scheduler
 from .store import SchedulerStore
 from .why import why
@@ -43,6 +47,10 @@ def _feeds(request: Request) -> Feeds:
     return cast(Feeds, request.app.state.feeds)
 
 
+def _health(request: Request) -> GpuHealth:
+    return cast(GpuHealth, request.app.state.health)
+
+
 def _whole_state(scheduler: Annotated[Scheduler, Depends(_scheduler)]) -> None:
     """The leader answers 503 with the reason while its store is down or being rebuilt, never
     from partial state; a standby serves reads from whatever the leader keeps."""
@@ -54,6 +62,7 @@ SchedulerDep = Annotated[Scheduler, Depends(_scheduler)]
 StoreDep = Annotated[SchedulerStore, Depends(_store)]
 FailoverDep = Annotated[Failover, Depends(_failover)]
 FeedsDep = Annotated[Feeds, Depends(_feeds)]
+HealthDep = Annotated[GpuHealth, Depends(_health)]
 WholeState = Depends(_whole_state)
 
 
@@ -177,10 +186,13 @@ async def get_job(job_id: str, store: StoreDep) -> JobRecord:
 
 
 @jobs.get("/v1/jobs/{job_id}/why", dependencies=[WholeState])
-async def job_why(job_id: str, store: StoreDep) -> dict[str, Any]:
-    """Why the job waits (what it needs, the largest free block, jobs ahead), or where and why it runs."""
+async def job_why(job_id: str, store: StoreDep, health: HealthDep) -> dict[str, Any]:
+    """Why the job waits (what it needs, the largest free block, jobs ahead, the quarantined GPUs of the models it
+    may use), or where and why it runs (and which of its GPUs are quarantined)."""
     job = await _job(store, job_id)
-    return {"job_id": job_id, "state": job.state, "attempt": job.attempt, "why": why(job)}
+    quarantined = list((await health.quarantined()).values())
+    models = {r.node: node_model(r) for r in (await store.registrations()).values()}
+    return {"job_id": job_id, "state": job.state, "attempt": job.attempt, "why": why(job, quarantined, models)}
 
 
 @jobs.post("/v1/jobs", status_code=202, dependencies=[AdminDep, WholeState])
@@ -223,21 +235,25 @@ async def cancel(job_id: str, scheduler: SchedulerDep, body: CancelBody | None =
 
 
 @nodes.get("/v1/nodes", dependencies=[WholeState])
-async def list_nodes(store: StoreDep, failover: FailoverDep, feeds: FeedsDep, now: NowDep) -> list[dict[str, Any]]:
-    """Registered nodes: model, GPUs, free GPUs and status (healthy, suspect, lost, draining)."""
+async def list_nodes(store: StoreDep, failover: FailoverDep, feeds: FeedsDep, health: HealthDep,
+                     now: NowDep) -> list[dict[str, Any]]:
+    """Registered nodes: model, GPUs, free GPUs (not quarantined), quarantined GPUs (indices) and status (healthy,
+    suspect, lost, draining)."""
     regs = await store.registrations()
     conditions = await store.conditions()
     alloc = await store.alloc()
     seen = await store.last_seen()
+    quarantined = frozenset(await health.quarantined())
     at = now.timestamp()
     measured = feeds.measured_free()
     out = []
     for key, reg in sorted(regs.items(), key=lambda kv: kv[1].node):
-        view = NodeView(reg, conditions.get(key), key in failover.suspects)
+        view = NodeView(reg, conditions.get(key), key in failover.suspects, quarantined=quarantined)
         n = node_state(view, alloc)
         out.append({
             "node": n.name, "cluster": n.cluster, "model": n.model, "gpus": len(n.gpus),
-            "free": sum(1 for g in n.gpus if g.allocated_to is None), "status": view.status,
+            "free": sum(1 for g in n.gpus if g.allocated_to is None and not g.quarantined),
+            "quarantined": [g.index for g in n.gpus if g.quarantined], "status": view.status,
             "reason": view.condition.reason if view.condition else None,
             "heartbeat_age_s": round(at - seen[key], 1) if key in seen else None,
             # What telemetry says is free on each GPU (in index order; None: no recent sample).
@@ -274,6 +290,82 @@ async def undrain(node: str, store: StoreDep, failover: FailoverDep) -> dict[str
     return {"node": node, "undrained": await failover.undrain(await _node_key(store, node))}
 
 
+class CordonBody(BaseModel):
+    reason: str = Field("cordoned by an operator", min_length=1, max_length=500)
+
+
+class GpuRow(BaseModel):
+    """One registered GPU as the scheduler sees it (GET /v1/gpus)."""
+
+    node: str
+    cluster: str
+    index: int
+    uuid: str
+    model: str
+    status: Literal["free", "allocated", "quarantined"]
+    job_id: str | None = Field(None, description="the job holding it (a quarantined GPU may still hold one)")
+    cause: str | None = Field(None, description="why it is quarantined: operator, xid, ecc or missing")
+    reason: str | None = None
+    since: datetime | None = None
+    healthy_since: datetime | None = Field(None, description="a fault's quarantine: healthy since (the hold runs)")
+
+
+gpus = APIRouter(tags=["gpus"])
+
+
+@gpus.get("/v1/gpus", dependencies=[WholeState])
+async def list_gpus(store: StoreDep, health: HealthDep, status: Literal["free", "allocated", "quarantined"] | None
+                    = None) -> list[GpuRow]:
+    """Every registered GPU: free, allocated or quarantined (why, since when); `status` keeps one kind."""
+    regs = await store.registrations()
+    alloc = await store.alloc()
+    quarantined = await health.quarantined()
+    rows = []
+    for reg in sorted(regs.values(), key=lambda r: (r.node, r.cluster)):
+        model = node_model(reg)
+        for g in sorted(reg.gpus, key=lambda g: g.index):
+            q = quarantined.get(g.uuid)
+            state: Literal["free", "allocated", "quarantined"] = (
+                "quarantined" if q else "allocated" if g.uuid in alloc else "free")
+            if status is not None and state != status:
+                continue
+            rows.append(GpuRow(node=reg.node, cluster=reg.cluster, index=g.index, uuid=g.uuid, model=model,
+                               status=state, job_id=alloc.get(g.uuid), cause=q.cause if q else None,
+                               reason=q.reason if q else None, since=q.since if q else None,
+                               healthy_since=q.healthy_since if q else None))
+    return rows
+
+
+async def _gpu(store: SchedulerStore, node: str, gpu: str) -> Gpu:
+    """A registered GPU by node name and GPU index (or uuid); 404 naming what is not known."""
+    reg = (await store.registrations())[await _node_key(store, node)]
+    for g in reg.gpus:
+        if str(g.index) == gpu or g.uuid == gpu:
+            return Gpu(reg.cluster, reg.node, g.uuid, g.index)
+    raise HTTPException(404, f"gpu {gpu!r} not on node {reg.node!r} (indices {sorted(g.index for g in reg.gpus)})")
+
+
+@gpus.post("/v1/nodes/{node}/gpus/{gpu}/cordon", dependencies=[AdminDep, WholeState])
+async def cordon_gpu(node: str, gpu: str, store: StoreDep, health: HealthDep,
+                     body: CordonBody | None = None) -> dict[str, Any]:
+    """Take one GPU (index or uuid) out of placement until an operator uncordons it (gpu.cordoned). A job on it
+    runs on; undraining its node does not hand it back."""
+    target = await _gpu(store, node, gpu)
+    record = await health.cordon(target, (body or CordonBody()).reason)
+    return {"node": target.node, "gpu": target.index, "uuid": target.uuid, "cordoned": True, "cause": record.cause,
+            "reason": record.reason}
+
+
+@gpus.post("/v1/nodes/{node}/gpus/{gpu}/uncordon", dependencies=[AdminDep, WholeState])
+async def uncordon_gpu(node: str, gpu: str, store: StoreDep, health: HealthDep) -> dict[str, Any]:
+    """Let a cordoned or quarantined GPU take work again (gpu.uncordoned); the ECC errors it has now are accepted,
+    only more quarantine it again. `uncordoned` is false if it was not out."""
+    target = await _gpu(store, node, gpu)
+    lifted = await health.uncordon(target)
+    return {"node": target.node, "gpu": target.index, "uuid": target.uuid, "uncordoned": lifted is not None,
+            "was": lifted.cause if lifted else None}
+
+
 async def _sizing_error(request: Request, exc: SizingError) -> Response:
     return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=400)
 
@@ -282,7 +374,7 @@ async def _not_leader(request: Request, exc: NotLeader) -> Response:
     return JSONResponse({"detail": f"this scheduler replica is not the leader: {exc}"}, status_code=503)
 
 
-ROUTERS = [sizing, ops, jobs, nodes]
+ROUTERS = [sizing, ops, jobs, nodes, gpus]
 EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Any], Awaitable[Response]]] = {
     SizingError: _sizing_error,
     NotLeader: _not_leader,

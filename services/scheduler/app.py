@@ -2,9 +2,10 @@
 
 Consumes job.submitted / started / finished / failed, node.registered,
 node.drain_requested, node.heartbeat and gpu.telemetry; produces job.placed,
-job.preempted, job.requeued and job.rejected through the outbox, so a crash
-never loses or doubles one (docs/services/scheduler.md). The collaborators:
-`Progress` (job events), `Failover` (nodes), `Feeds` (telemetry, leases),
+job.preempted, job.requeued, job.rejected, node.undrained, gpu.cordoned and
+gpu.uncordoned through the outbox, so a crash never loses or doubles one
+(docs/services/scheduler.md). The collaborators: `Progress` (job events),
+`Failover` (nodes), `Feeds` (telemetry, leases), `GpuHealth` (GPU quarantine),
 `PlacementPass` (the queue policy), `Replica` (the lease and rebuilds), all
 around one `Scheduler`.
 """
@@ -18,6 +19,7 @@ from whaleflux.shared.runtime import Clock, Runtime, ServiceParts, serve, system
 from .api import EXCEPTION_HANDLERS, ROUTERS
 from .failover import Failover
 from .feeds import Feeds
+from .gpu_health import GpuHealth
 from .passes import PlacementPass
 from .progress import Progress
 from .replica import Replica
@@ -34,7 +36,8 @@ def build(settings: SchedulerSettings | None = None, clock: Clock = system_clock
     scheduler = Scheduler(runtime, settings)
     progress = Progress(scheduler)
     failover = Failover(scheduler, progress)
-    feeds = Feeds(settings, clock, runtime.log)
+    health = GpuHealth(scheduler, failover)
+    feeds = Feeds(settings, clock, runtime.log, health)
     placement = PlacementPass(scheduler, feeds, failover)
     replica = Replica(scheduler, failover, placement)
     app = runtime.app(ServiceParts(
@@ -47,12 +50,12 @@ def build(settings: SchedulerSettings | None = None, clock: Clock = system_clock
         routers=ROUTERS,
         on_ready=replica.on_ready,
         rebuild=replica.rebuild,
-        background=[placement.loop, failover.liveness_loop, replica.snapshot_loop, feeds.lease_loop],
+        background=[placement.loop, failover.liveness_loop, replica.snapshot_loop, feeds.lease_loop, health.loop],
         on_stop=replica.on_stop,
         publish=scheduler.publish_staged,
         readiness=replica.readiness,
         exception_handlers=EXCEPTION_HANDLERS,
-        state={"scheduler": scheduler, "failover": failover, "feeds": feeds},
+        state={"scheduler": scheduler, "failover": failover, "feeds": feeds, "health": health},
     ))
     return app, scheduler
 

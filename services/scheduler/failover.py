@@ -11,7 +11,15 @@ import asyncio
 from datetime import datetime
 
 from whaleflux.shared import subjects
-from whaleflux.shared.events import Envelope, EventData, JobPreempted, NodeDrainRequested, NodeHeartbeat, NodeRegistered
+from whaleflux.shared.events import (
+    Envelope,
+    EventData,
+    JobPreempted,
+    NodeDrainRequested,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeUndrained,
+)
 
 from . import attempts
 from .liveness import Liveness, LivenessPolicy, assess, watch_start
@@ -51,6 +59,10 @@ class Failover:
         elif isinstance(data, NodeDrainRequested):
             await self.drain(f"{data.cluster}/{data.node}", data.reason)
         self.s.dirty.set()
+
+    def heard_at(self, node_key: str) -> float | None:
+        """When this process last heard the node's heartbeat (epoch s, our clock; None: not since it started)."""
+        return self._heard.get(node_key)
 
     async def on_heartbeat(self, env: Envelope, hb: EventData) -> None:
         """Record liveness by our own clock, as received; a lost node that speaks again is back; what the node
@@ -140,11 +152,16 @@ class Failover:
         return moved
 
     async def undrain(self, node_key: str) -> bool:
-        """Let a drained node take work again; False if it was not draining."""
-        current = (await self.s.store.conditions()).get(node_key)
+        """Let a drained node take work again (its quarantined GPUs stay out); False if it was not draining.
+        node.undrained goes out with the change: alerting's incidents forget their drains there, and a rebuild
+        knows the drain is over."""
+        store = self.s.store
+        current = (await store.conditions()).get(node_key)
         if current is None or current.state != "draining":
             return False
-        await self.s.store.set_condition(node_key, None)
+        reg = (await store.registrations())[node_key]
+        await store.set_condition(node_key, None, NodeUndrained(cluster=reg.cluster, node=reg.node), self.s.clock())
+        await self.s.publish_staged()
         self.s.dirty.set()
         return True
 

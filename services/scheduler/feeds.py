@@ -1,13 +1,16 @@
 """What the placement core filters on that only other services know: measured free GPU memory
-(telemetry's samples, on the bus) and lease ends (inventory's HTTP API).
+(telemetry's samples, on the bus) and lease ends (inventory's HTTP API); the same samples go on to the GPU
+quarantine (`GpuHealth`), which judges their health flags.
 
-Both are kept in memory only: the next sample and the next poll bring them back after a restart.
+Free memory and lease ends are kept in memory only: the next sample and the next poll bring them back
+after a restart (the quarantine is in the store).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import httpx
 from pydantic import ValidationError
@@ -19,6 +22,9 @@ from whaleflux.shared.events import Envelope, EventData, GpuTelemetry
 from whaleflux.shared.runtime import Clock
 
 from .settings import SchedulerSettings
+
+if TYPE_CHECKING:
+    from .gpu_health import GpuHealth
 
 # Memory the driver and CUDA context keep on a GPU beyond what a sample reports used.
 DRIVER_RESERVE_MIB = 256.0
@@ -47,8 +53,10 @@ def lease_ends(leases: Iterable[LeaseRow]) -> dict[str, float]:
 class Feeds:
     """Measured free memory per GPU (from telemetry on the bus) and lease ends per node (from inventory)."""
 
-    def __init__(self, settings: SchedulerSettings, clock: Clock, log: FilteringBoundLogger):
+    def __init__(self, settings: SchedulerSettings, clock: Clock, log: FilteringBoundLogger,
+                 health: GpuHealth | None = None):
         self.settings = settings
+        self.health = health
         self.clock = clock
         self.log = log
         self._memory: dict[str, tuple[float, float]] = {}  # GPU uuid -> (free MiB, when sampled)
@@ -63,6 +71,8 @@ class Feeds:
                 continue  # the telemetry consumer's subjects carry nothing else
             for uuid, free in free_memory(batch).items():
                 self._memory[uuid] = (free, now)
+            if self.health is not None:
+                await self.health.observe(batch)
 
     def measured_free(self) -> dict[str, float]:
         """Free memory per GPU from samples no older than STALE_S."""

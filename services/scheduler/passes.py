@@ -89,7 +89,8 @@ class PlacementPass:
         await store.unqueue(stale)
 
         free, leases, suspects = self.feeds.measured_free(), self.feeds.leases, self.failover.suspects
-        views = [NodeView(reg, conditions.get(key), key in suspects, free, leases.get(reg.node))
+        out = frozenset(await self.feeds.health.quarantined()) if self.feeds.health is not None else frozenset()
+        views = [NodeView(reg, conditions.get(key), key in suspects, free, leases.get(reg.node), out)
                  for key, reg in sorted(regs.items())]
         cluster = ClusterState([node_state(v, alloc) for v in views], self.s.facts)
         queue = PendingQueue(self.s.policy)

@@ -6,7 +6,9 @@ up to its last sequence (the scheduler decides nothing meanwhile), writes the
 records, the queue and the GPU allocations in a few pipelines, and moves the
 `scheduler-jobs` consumer to just after what was folded, so nothing is applied
 twice and nothing is missed. Nodes come back from their latest registration
-(one per node, not the whole NODES stream) and the drains still asked for.
+(one per node, not the whole NODES stream) and the drains still asked for (not
+undrained since); GPU quarantines from the cordons and uncordons on the
+VALIDATIONS stream.
 
 The leader refreshes the snapshot in the background (`snapshot`): the last
 one plus the tail since, less the jobs that ended more than `keep_finished_s`
@@ -28,11 +30,21 @@ from nats.js.object_store import ObjectStore
 
 from whaleflux.shared import subjects as s
 from whaleflux.shared.bus import Bus
-from whaleflux.shared.events import Envelope, EventData, InvalidEvent, NodeDrainRequested, NodeRegistered, decode_typed
+from whaleflux.shared.events import (
+    Envelope,
+    EventData,
+    GpuCordoned,
+    GpuUncordoned,
+    InvalidEvent,
+    NodeDrainRequested,
+    NodeRegistered,
+    NodeUndrained,
+    decode_typed,
+)
 from whaleflux.shared.streams import CONSUMERS
 
 from .history import Fold
-from .records import ACTIVE, NodeCondition
+from .records import ACTIVE, GpuQuarantine, NodeCondition
 from .store import SchedulerStore
 
 # What a job's history is made of (stop orders, job.preempted, change nothing in a record).
@@ -140,27 +152,52 @@ async def snapshot(bus: Bus, hold_s: float, max_restarts: int, now: datetime,
     return upto, len(fold.jobs)
 
 
+async def folded_quarantine(bus: Bus) -> tuple[dict[str, GpuQuarantine], dict[str, int]]:
+    """The GPU quarantine as its events left it (every gpu.cordoned and gpu.uncordoned, in order): the GPUs still
+    out, and the ECC errors operators accepted. A fault's hold counts afresh from the rebuild."""
+    records: dict[str, GpuQuarantine] = {}
+    accepted: dict[str, int] = {}
+    async for _seq, env, data in read_stream(bus, "WHALEFLUX_VALIDATIONS", [f"{s.GPU_CORDONED}.>",
+                                                                              f"{s.GPU_UNCORDONED}.>"]):
+        if isinstance(data, GpuCordoned):
+            records[data.gpu_uuid] = GpuQuarantine(cluster=data.cluster, node=data.node, uuid=data.gpu_uuid,
+                                                   index=data.gpu_index, cause=data.cause, reason=data.reason,
+                                                   since=env.time)
+        elif isinstance(data, GpuUncordoned):
+            records.pop(data.gpu_uuid, None)
+            if data.by == "operator":
+                accepted[data.gpu_uuid] = data.accepted_ecc_errors
+    return records, accepted
+
+
 async def rebuild(bus: Bus, store: SchedulerStore, hold_s: float, max_restarts: int, now: datetime) -> Rebuilt:
     """The latest snapshot, the JOBS stream's tail and the nodes' latest registrations, as a fresh scheduler state."""
     last_jobs = (await bus.js.stream_info("WHALEFLUX_JOBS")).state.last_seq
     fold, events = await folded(bus, hold_s, max_restarts, last_jobs)
     registrations: dict[str, NodeRegistered] = {}
-    drains: dict[str, NodeDrainRequested] = {}
+    drains: dict[str, tuple[int, NodeDrainRequested]] = {}
+    undrains: dict[str, int] = {}
     last_nodes = (await bus.js.stream_info("WHALEFLUX_NODES")).state.last_seq
-    latest = [f"{s.NODE_REGISTERED}.>", f"{s.NODE_DRAIN_REQUESTED}.>"]
-    async for _seq, _env, data in read_stream(bus, "WHALEFLUX_NODES", latest, deliver=DeliverPolicy.LAST_PER_SUBJECT):
+    latest = [f"{s.NODE_REGISTERED}.>", f"{s.NODE_DRAIN_REQUESTED}.>", f"{s.NODE_UNDRAINED}.>"]
+    async for seq, _env, data in read_stream(bus, "WHALEFLUX_NODES", latest, deliver=DeliverPolicy.LAST_PER_SUBJECT):
         if isinstance(data, NodeRegistered):
             registrations[f"{data.cluster}/{data.node}"] = data
         elif isinstance(data, NodeDrainRequested):
-            drains[f"{data.cluster}/{data.node}"] = data
+            drains[f"{data.cluster}/{data.node}"] = (seq, data)
+        elif isinstance(data, NodeUndrained):
+            undrains[f"{data.cluster}/{data.node}"] = seq
+    quarantined, accepted = await folded_quarantine(bus)
 
     jobs = list(fold.jobs.values())
     for job in jobs:
         if job.state in ACTIVE and job.expected_end is None and job.spec.expected_runtime_s and job.placed_at:
             job.expected_end = job.placed_at.timestamp() + job.spec.expected_runtime_s
-    # A drain asked for stays in force (its jobs moved when it was asked; the fold knows where to).
-    conditions = {key: NodeCondition(state="draining", reason=d.reason, since=now) for key, d in drains.items()}
+    # A drain asked for stays in force (its jobs moved when it was asked; the fold knows where to), unless the
+    # node was undrained after it.
+    conditions = {key: NodeCondition(state="draining", reason=d.reason, since=now)
+                  for key, (seq, d) in drains.items() if seq > undrains.get(key, 0)}
     await store.replace_all(jobs, registrations, conditions)
+    await store.replace_quarantines(quarantined, accepted)
     await bus.reposition_consumer(CONSUMERS["scheduler-jobs"], last_jobs + 1)
     await bus.reposition_consumer(CONSUMERS["scheduler-nodes"], last_nodes + 1)
     pending = sum(1 for j in jobs if j.state == "pending")

@@ -1,4 +1,4 @@
-"""What the scheduler stores in Redis: job records and node conditions."""
+"""What the scheduler stores in Redis: job records, node conditions and GPU quarantines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from whaleflux.shared.events import JobSubmitted
+from whaleflux.shared.events import GpuCordonCause, JobSubmitted
 
 JobStateName = Literal["pending", "placed", "running", "succeeded", "failed", "rejected", "cancelled"]
 TERMINAL = {"succeeded", "failed", "rejected", "cancelled"}
@@ -84,3 +84,21 @@ class NodeCondition(BaseModel):
     state: NodeConditionName
     reason: str
     since: datetime
+
+
+class GpuQuarantine(BaseModel):
+    """A GPU the scheduler places nothing new on: an operator's cordon, or a fault it saw (see `quarantine.py`)."""
+
+    cluster: str
+    node: str
+    uuid: str
+    index: int
+    cause: GpuCordonCause
+    reason: str
+    since: datetime
+    # A fault's quarantine ends once the GPU has reported healthy this long without a break (`hold_s`).
+    healthy_since: datetime | None = None
+
+    @property
+    def node_key(self) -> str:
+        return f"{self.cluster}/{self.node}"

@@ -26,6 +26,8 @@ class NodeView:
     # lease ends (epoch seconds, from inventory): both unknown when absent.
     memory_free_mib: Mapping[str, float] = field(default_factory=dict)
     lease_expires_at: float | None = None
+    # GPUs (uuids) in quarantine: no new work, whatever the node's condition.
+    quarantined: frozenset[str] = frozenset()
 
     @property
     def key(self) -> str:
@@ -49,7 +51,8 @@ def node_state(view: NodeView, alloc: Mapping[str, str]) -> NodeState:
     reg = view.registration
     gpus = tuple(
         GpuState(uuid=g.uuid, index=g.index, memory_total_mib=g.memory_total_mib,
-                 memory_free_mib=view.memory_free_mib.get(g.uuid), allocated_to=alloc.get(g.uuid))
+                 memory_free_mib=view.memory_free_mib.get(g.uuid), allocated_to=alloc.get(g.uuid),
+                 quarantined=g.uuid in view.quarantined)
         for g in reg.gpus
     )
     pool = reg.pool or "default"

@@ -46,6 +46,11 @@ class SchedulerSettings(CommonSettings):
     lease_refresh_s: float = Field(60.0, gt=0)
     # The policy's moves of running checkpointable jobs (to faster GPUs, out of a blocked job's way).
     migration: bool = True
+    # GPU quarantine (docs/services/scheduler.md): a GPU out for a fault takes work again once it has reported
+    # healthy this long without a break; a GPU of a live node that sends telemetry is missing after this long
+    # without a sample of its own.
+    gpu_quarantine_hold_s: float = Field(300.0, ge=0)
+    gpu_missing_s: float = Field(30.0, gt=0)
     # Active/standby replicas: the leader's lease lives this long unless renewed
     # (every third of it); a standby takes over within about this long after the leader dies.
     leader_lease_s: float = Field(3.0, ge=0.3, le=60)

@@ -12,14 +12,15 @@ from datetime import datetime
 
 from redis.asyncio.client import Pipeline
 
-from whaleflux.shared.events import NodeRegistered, make_envelope
+from whaleflux.shared import subjects
+from whaleflux.shared.events import NodeRegistered, NodeUndrained, make_envelope
 
 from . import cache as fx
 from . import transitions
 from .cache import Effect
 from .placement import Placement
-from .records import ACTIVE, JobPart, JobRecord, NodeCondition
-from .records_store import RecordStore
+from .records import ACTIVE, GpuQuarantine, JobPart, JobRecord, NodeCondition
+from .records_store import RecordStore, _map
 from .transitions import Announcement
 
 # Job records written per round trip by a rebuild.
@@ -169,12 +170,18 @@ class SchedulerStore(RecordStore):
             self._stage(pipe, [*orders, back.event], job.job_id, now)
             await pipe.execute()
 
-    async def set_condition(self, node_key: str, condition: NodeCondition | None) -> None:
+    async def set_condition(self, node_key: str, condition: NodeCondition | None,
+                            announce: NodeUndrained | None = None, now: datetime | None = None) -> None:
+        """A node's condition (None: none); with `announce`, node.undrained staged in the same MULTI."""
         async with self._transaction([fx.condition_set(node_key, condition)]) as pipe:
             if condition is None:
                 pipe.hdel(self.conditions_key, node_key)
             else:
                 pipe.hset(self.conditions_key, node_key, condition.model_dump_json())
+            if announce is not None and now is not None:
+                event_id = f"undrained-{announce.cluster}-{announce.node}-{int(now.timestamp() * 1000)}"
+                env = make_envelope(announce, source=self.source, subject=announce.node, event_id=event_id, time=now)
+                self.outbox.stage(pipe, subjects.node_undrained(announce.cluster, announce.node), env)
             await pipe.execute()
 
     async def register(self, reg: NodeRegistered) -> None:
@@ -209,3 +216,49 @@ class SchedulerStore(RecordStore):
                 pipe.hset(self.conditions_key, mapping={k: c.model_dump_json() for k, c in conditions.items()})
             await pipe.execute()
         self.drop_cache()
+
+    # ------------------------------------------------------------ GPU quarantine (see quarantine.py)
+
+    @property
+    def quarantine_key(self) -> str:
+        """GPU uuid -> its quarantine (a fault the scheduler saw, or an operator's cordon)."""
+        return f"{self.prefix}:gpu-quarantine"
+
+    @property
+    def accepted_key(self) -> str:
+        """GPU uuid -> the uncorrectable ECC errors an operator accepted when uncordoning it."""
+        return f"{self.prefix}:gpu-ecc-accepted"
+
+    async def quarantines(self) -> dict[str, GpuQuarantine]:
+        raw = _map(await self.redis.hgetall(self.quarantine_key))
+        return {k: GpuQuarantine.model_validate_json(v) for k, v in raw.items()}
+
+    async def accepted_ecc(self) -> dict[str, int]:
+        return {k: int(v) for k, v in _map(await self.redis.hgetall(self.accepted_key)).items()}
+
+    async def set_quarantine(self, uuid: str, node: str, record: GpuQuarantine | None,
+                             announce: Announcement | None, now: datetime, accepted_ecc: int | None = None) -> None:
+        """A GPU's quarantine (None: lifted) with the event that says so, in one fenced MULTI; `accepted_ecc`:
+        the ECC errors an operator accepted (only more quarantine it again)."""
+        async with self._transaction([]) as pipe:
+            if record is None:
+                pipe.hdel(self.quarantine_key, uuid)
+            else:
+                pipe.hset(self.quarantine_key, uuid, record.model_dump_json())
+            if accepted_ecc is not None:
+                pipe.hset(self.accepted_key, uuid, accepted_ecc)
+            if announce is not None:
+                env = make_envelope(announce.data, source=self.source, subject=node, event_id=announce.event_id,
+                                    time=now)
+                self.outbox.stage(pipe, announce.subject, env)
+            await pipe.execute()
+
+    async def replace_quarantines(self, records: dict[str, GpuQuarantine], accepted: dict[str, int]) -> None:
+        """A rebuilt quarantine in place of whatever the store held (unfenced, like `replace_all`)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(self.quarantine_key, self.accepted_key)
+            if records:
+                pipe.hset(self.quarantine_key, mapping={k: r.model_dump_json() for k, r in records.items()})
+            if accepted:
+                pipe.hset(self.accepted_key, mapping={k: v for k, v in accepted.items()})
+            await pipe.execute()

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from .records import JobRecord
+from collections.abc import Iterable, Mapping
+
+from .records import GpuQuarantine, JobRecord
 
 
-def why(job: JobRecord) -> str:
-    """Why the job is where it is, in words."""
+def quarantine_line(q: GpuQuarantine) -> str:
+    held = f", healthy since {q.healthy_since:%H:%M:%S}" if q.healthy_since else ""
+    return f"quarantined: {q.node} GPU {q.index} ({q.cause}: {q.reason}; since {q.since:%Y-%m-%d %H:%M:%S}{held})"
+
+
+def why(job: JobRecord, quarantined: Iterable[GpuQuarantine] = (), models: Mapping[str, str] | None = None) -> str:
+    """Why the job is where it is, in words; with the quarantined GPUs (and each node's model), those that matter
+    to it: a waiting job's of the models it may use, an active job's own."""
     lines = []
     if job.state == "pending":
         lines.append(f"waiting: {job.reason or 'not yet considered by a placement pass'}")
@@ -32,5 +40,12 @@ def why(job: JobRecord) -> str:
             end += f" ({job.reason})"
         where = f" on {', '.join(job.nodes)}" if job.parts else ""
         lines.append(f"{job.state} after attempt {job.attempt}{where}: {end}")
+    out = sorted(quarantined, key=lambda q: (q.node, q.index))
+    if job.state == "pending":
+        allowed = set(job.spec.gpu_models)
+        lines += [quarantine_line(q) for q in out
+                  if not allowed or (models or {}).get(q.node) in allowed]
+    elif job.state in ("placed", "running"):
+        lines += [quarantine_line(q) for q in out if q.uuid in job.gpu_uuids]
     lines += [f"requeued: {r}" for r in job.requeues]
     return "\n".join(lines)

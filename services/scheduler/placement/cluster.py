@@ -68,7 +68,7 @@ class ClusterState:
         self.order[node.name] = len(self.order)
         self.nodes[node.name] = node
         self.gpus[node.name] = {g.index: g for g in node.gpus}
-        free = sorted(g.index for g in node.gpus if g.allocated_to is None)
+        free = sorted(g.index for g in node.gpus if g.allocated_to is None and not g.quarantined)
         self.free[node.name] = free
         self.services_on[node.name] = Counter()
         buckets = self.buckets.setdefault(node.model, [])
@@ -95,6 +95,11 @@ class ClusterState:
             built = build()
             view = self._static[key] = self._interned.setdefault(tuple(built.nodes), built) if built.nodes else built
         return view
+
+    def freeable(self, share: NodeShare) -> int:
+        """How many of a holding's GPUs come free when its job ends (a quarantined GPU does not)."""
+        gpus = self.gpus[share.node]
+        return sum(1 for i in share.gpu_indices if not gpus[i].quarantined)
 
     # ------------------------------------------------------------ changes
 
@@ -143,8 +148,10 @@ class ClusterState:
         for share in shares:
             free = self.free[share.node]
             before = len(free)
-            self.free[share.node] = sorted([*free, *share.gpu_indices])
-            self._move(share.node, before, before + len(share.gpu_indices))
+            gpus = self.gpus[share.node]
+            back = [i for i in share.gpu_indices if not gpus[i].quarantined]  # a quarantined GPU stays out
+            self.free[share.node] = sorted([*free, *back])
+            self._move(share.node, before, before + len(back))
             if service:
                 self.services_on[share.node][service] -= 1
         return shares

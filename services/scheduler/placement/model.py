@@ -15,6 +15,8 @@ class GpuState:
     # What telemetry says is free right now; None until a sample arrives.
     memory_free_mib: float | None = None
     allocated_to: str | None = None
+    # Quarantined (a fault, or an operator's cordon): never free, whoever holds it now.
+    quarantined: bool = False
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def choose_victims(
             continue
         why = victim_reason(job, r, usage, teams, config, now)
         if why:
-            by_node.setdefault(share.node, []).append((r, why, len(share.gpu_indices)))
+            by_node.setdefault(share.node, []).append((r, why, cluster.freeable(share)))
     best: tuple[tuple[int, int, int], list[Preemption]] | None = None
     for node, victims in by_node.items():
         if unavailable(cluster, req, cluster.nodes[node], config.profile, now):

@@ -119,8 +119,8 @@ def reserve(
         start = max(now, end)
         for share in cluster.holdings[r.job_id]:
             if share.node in free:
-                free[share.node] += len(share.gpu_indices)
-                total += len(share.gpu_indices)
+                free[share.node] += cluster.freeable(share)
+                total += cluster.freeable(share)
                 # Only a node that just gained GPUs can newly fit a one-node job.
                 if not gang and free[share.node] >= req.gpus:
                     found = {share.node: req.gpus}

@@ -10,10 +10,11 @@ import pytest
 from whaleflux.inventory import findings as fnd
 from whaleflux.inventory.allocations import JobChange, allocated_at, allocation_key, job_change
 from whaleflux.inventory.assets import AssetsError, parse_declarations
-from whaleflux.inventory.discovery import gpu_rows, seen
+from whaleflux.inventory.discovery import discovered, gpu_rows, seen
 from whaleflux.inventory.leases import due_notices, leases, notice_event
 from whaleflux.inventory.reconcile import DiscoveredGpu, reconcile
 from whaleflux.inventory.rollups import Allocation, UtilSums, allocated_time, rollup
+from whaleflux.inventory.views import grouped
 from whaleflux.shared.contracts import Holder
 from whaleflux.shared.events import (
     GpuIdentity,
@@ -316,6 +317,22 @@ def test_a_node_record_keeps_its_first_registration_and_last_seen_only_moves_for
     assert again is not None and (again.registered_at, again.pool) == (T0, "q")
     rows = gpu_rows([again], T0 + timedelta(hours=2, seconds=31), timedelta(seconds=30))
     assert [(r.uuid, r.status) for r in rows] == [("GPU-0", "missing")]
+
+
+def test_gpus_the_scheduler_keeps_out_count_as_missing_or_unhealthy_never_active():
+    gpus = [GpuIdentity(uuid=f"GPU-{i}", index=i, model="H100", name="NVIDIA H100", memory_total_mib=81559)
+            for i in range(4)]
+    node = seen(None, T0, NodeRegistered(cluster="c", node="n1", pool="p", agent_version="t", gpus=gpus))
+    assert node is not None
+    cordons = {"GPU-0": "xid", "GPU-1": "missing", "GPU-2": "operator"}
+    rows = gpu_rows([node], T0 + timedelta(seconds=1), timedelta(seconds=30), cordons)
+    assert [r.status for r in rows] == ["unhealthy", "missing", "unhealthy", "active"]
+    quiet = gpu_rows([node], T0 + timedelta(seconds=31), timedelta(seconds=30), cordons)
+    assert {r.status for r in quiet} == {"missing"}, "a quiet node's GPUs are missing whatever the scheduler says"
+    found = discovered([node], T0 + timedelta(seconds=1), timedelta(seconds=30), cordons)
+    rec = reconcile(parse_declarations(GOOD, "assets.yaml"), found, T0)
+    [row] = grouped(rec.assets, "model", set(), [])
+    assert (row["gpus"], row["active"], row["missing"], row["unhealthy"]) == (4, 1, 1, 2)
 
 
 def test_job_events_queue_open_and_close_allocations_per_attempt_and_gang_part():

@@ -49,6 +49,15 @@ log = structlog.get_logger("whaleflux.bus")
 REASON_HEADER = "WhaleFlux-Reason"
 
 
+def nats_servers(url: str) -> list[str]:
+    """The servers of a NATS_URL: one URL, or a cluster's URLs comma-separated (a client tries each, and
+    reconnects to another when its server goes away)."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError("NATS_URL names no server")
+    return servers
+
+
 def _header_safe(text: str, limit: int = 1000) -> str:
     return " ".join(text.split())[:limit]
 
@@ -56,8 +65,10 @@ def _header_safe(text: str, limit: int = 1000) -> str:
 class Bus:
     """One NATS connection with JetStream, used by one process; envelopes it makes are timed by `clock`."""
 
-    def __init__(self, nc: nats.NATS, source: str, metrics: BusMetrics | None = None, clock: Clock = system_clock):
+    def __init__(self, nc: nats.NATS, source: str, metrics: BusMetrics | None = None, clock: Clock = system_clock,
+                 replicas: int = 1):
         self.nc = nc
+        self.replicas = replicas  # copies of each stream and bucket this process declares
         self.js = nc.jetstream()
         self.source = source
         self.clock = clock
@@ -78,11 +89,13 @@ class Bus:
         connect_timeout: int = 5,
         reconnect: bool = True,
         clock: Clock = system_clock,
+        replicas: int = 1,
     ) -> Bus:
-        """Connect; services reconnect forever, a one-shot client (`reconnect=False`) fails fast."""
-        bus = cls(nats.NATS(), source, metrics, clock)
+        """Connect to `url` (one server or several, comma-separated); services reconnect forever (to any server
+        of the cluster), a one-shot client (`reconnect=False`) fails fast. `replicas`: see `ensure_streams`."""
+        bus = cls(nats.NATS(), source, metrics, clock, replicas)
         await bus.nc.connect(
-            url,
+            nats_servers(url),
             user=user,
             password=password,
             name=source,
@@ -116,12 +129,13 @@ class Bus:
         return self._stopping.is_set()
 
     async def ensure_streams(self) -> None:
-        """Create or update every declared stream (idempotent)."""
+        """Create or update every declared stream (idempotent), each with `self.replicas` copies."""
         for spec in STREAMS.values():
+            config = spec.config(self.replicas)
             try:
-                await self.js.add_stream(spec.config())
+                await self.js.add_stream(config)
             except BadRequestError:
-                await self.js.update_stream(spec.config())
+                await self.js.update_stream(config)
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
         """Create the durable consumer if missing; one that exists keeps its position unless its

@@ -302,7 +302,8 @@ class Runtime:
                     self._bus = await Bus.connect(self.settings.nats_url, source=self.source,
                                                   user=self.settings.nats_user,
                                                   password=self.settings.secret("nats_password"),
-                                                  metrics=self.bus_metrics, clock=self.clock)
+                                                  metrics=self.bus_metrics, clock=self.clock,
+                                                  replicas=self.settings.nats_replicas)
                 await self._bus.ensure_streams()
 
     async def _rebuild(self) -> None:

@@ -31,6 +31,9 @@ class CommonSettings(BaseSettings):
     environment: Literal["development", "production"] = "development"
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("NATS_URL", "WHALEFLUX_NATS_URL"))
     nats_user: str | None = None
+    # Copies JetStream keeps of every stream and bucket: 1 on one server, 3 in a three-server cluster
+    # (NATS_URL then lists the servers, comma-separated).
+    nats_replicas: int = Field(1, ge=1, le=5)
     nats_password: SecretStr | None = None
     redis_url: str = Field("redis://127.0.0.1:6379/0",
                            validation_alias=AliasChoices("REDIS_URL", "WHALEFLUX_REDIS_URL"))

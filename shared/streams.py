@@ -25,9 +25,11 @@ class StreamSpec:
     # nats-server 2.15 caps a stream at 1,000 consumers unless it sets its own limit (-1 no longer means none).
     max_consumers: int = 1000
 
-    def config(self) -> StreamConfig:
+    def config(self, replicas: int = 1) -> StreamConfig:
+        """The stream's config with `replicas` copies (R1 on one server, R3 in a three-server cluster)."""
         return StreamConfig(
             name=self.name,
+            num_replicas=replicas,
             subjects=self.subjects,
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,

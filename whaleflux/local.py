@@ -114,6 +114,7 @@ class Stack:
     state_dir: Path
     fleet: Path
     assets: Path | None = None
+    nats_cluster: int = 1  # nats-servers `up` runs as one JetStream cluster (1: a single server)
     children: list[Child] = field(default_factory=list)
     servers: LocalServers | None = None
     stopping: bool = False
@@ -134,6 +135,8 @@ class Stack:
                 "WHALEFLUX_ENVIRONMENT": "development",
             }
         )
+        if self.servers is not None and self.servers.cluster is not None:
+            env["WHALEFLUX_NATS_REPLICAS"] = str(min(3, self.nats_cluster))  # R3: every stream on three servers
         # Settings the user exported for the services (e.g. webhook URLs) pass through.
         env.update({k: v for k, v in os.environ.items() if k.startswith("WHALEFLUX_") and k not in env})
         return env
@@ -165,7 +168,7 @@ class Stack:
         self.cfg.nats_user = OPERATOR  # the CLI's, from the config file
         self.servers = LocalServers(
             self.state_dir / "servers", self.cfg.nats_user, self.cfg.nats_password, self.cfg.redis_password,
-            identities=identities,
+            identities=identities, nats_cluster=self.nats_cluster,
         ).start(nats_port=14222, redis_port=16379)
         self.cfg.nats_url, self.cfg.redis_url = self.servers.nats_url, self.servers.redis_url
         console.print(f"  NATS at {self.cfg.nats_url}, Redis at {self.cfg.redis_url} "
@@ -299,7 +302,7 @@ class Stack:
                 child.proc.wait()
 
 
-def up(fleet: Path, assets: Path | None = None) -> int:
+def up(fleet: Path, assets: Path | None = None, nats_cluster: int = 1) -> int:
     state_dir = localconfig.home()
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # Two `up`s on one state folder would share the JetStream store and corrupt it.
@@ -312,7 +315,7 @@ def up(fleet: Path, assets: Path | None = None) -> int:
         return 1
     cfg = localconfig.load_or_create()
     cfg.services = {}
-    stack = Stack(cfg, state_dir, fleet, assets)
+    stack = Stack(cfg, state_dir, fleet, assets, nats_cluster)
 
     def on_signal(signum, frame):  # noqa: ARG001
         stack.stopping = True

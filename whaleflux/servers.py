@@ -2,11 +2,14 @@
 
 Used by `whaleflux up` when NATS_URL / REDIS_URL are not set, and by the test
 run when no servers are configured and no Docker engine answers. Passwords go
-into config files with mode 0600, never onto the command line.
+into config files with mode 0600, never onto the command line. `NatsCluster`
+runs several nats-servers as one JetStream cluster on loopback (`up --nats-cluster 3`,
+the cluster tests and benches).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -15,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -128,23 +133,162 @@ def _start_owned(start, owned, what: str, log: Path, preferred: int | None, trie
 
 
 @dataclass
+class NatsCluster:
+    """`size` nats-servers forming one JetStream cluster on 127.0.0.1, each with its own store folder.
+
+    Every server gets the same `authorization` block (the clients' users); the routes between them have
+    their own user and password. Ports stay fixed for the cluster's life, so a server that was killed
+    (`kill9`) and started again (`restart`) is found at its address by the clients and the other servers,
+    and catches up on what its streams stored meanwhile."""
+
+    state_dir: Path
+    authorization: str
+    size: int = 3
+    name: str = field(default_factory=lambda: f"whaleflux-{secrets.token_hex(4)}")
+    ports: list[int] = field(default_factory=list)
+    route_ports: list[int] = field(default_factory=list)
+    monitor_ports: list[int] = field(default_factory=list)
+    procs: list[subprocess.Popen | None] = field(default_factory=list)
+    _route_password: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{port}" for port in self.ports]
+
+    @property
+    def nats_url(self) -> str:
+        """All servers, comma-separated (NATS_URL): clients reconnect to another when theirs goes away."""
+        return ",".join(self.urls)
+
+    def server_name(self, index: int) -> str:
+        return f"{self.name}-{index}"
+
+    def start(self, first_port: int | None = None) -> NatsCluster:
+        if self.size < 2:
+            raise ValueError("a NATS cluster needs at least two servers (three to survive losing one)")
+        self.ports, self.route_ports, self.monitor_ports = [], [], []
+        for index in range(self.size):
+            # Ports chosen up front: every server's config names every route.
+            taken = set(self.ports + self.route_ports + self.monitor_ports)
+            for ports in (self.ports, self.route_ports, self.monitor_ports):
+                port = free_port(first_port + index if first_port and ports is self.ports else None)
+                while port in taken:
+                    port = free_port()
+                taken.add(port)
+                ports.append(port)
+        self.procs = [None] * self.size
+        try:
+            for index in range(self.size):
+                self._spawn(index)
+            for index in range(self.size):
+                self.wait_current(index)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _config(self, index: int) -> str:
+        store = self.state_dir / f"nats-{index}"
+        routes = ", ".join(json_str(f"nats-route://route:{self._route_password}@127.0.0.1:{port}")
+                           for i, port in enumerate(self.route_ports) if i != index)
+        return (
+            f"server_name: {self.server_name(index)}\nlisten: 127.0.0.1:{self.ports[index]}\n"
+            f"http: 127.0.0.1:{self.monitor_ports[index]}\n"
+            f"jetstream {{ store_dir: {str(store)!r} }}\n"
+            f"cluster {{\n  name: {self.name}\n  listen: 127.0.0.1:{self.route_ports[index]}\n"
+            f"  authorization {{ user: route, password: {json_str(self._route_password)} }}\n"
+            f"  routes: [{routes}]\n}}\n"
+            + self.authorization
+        )
+
+    def _spawn(self, index: int) -> None:
+        conf = self.state_dir / f"nats-{index}.conf"
+        log = self.state_dir / f"nats-{index}.log"
+        write_private(conf, self._config(index))
+        proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf), "-l", str(log)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.procs[index] = proc
+        _wait_port(self.ports[index], proc, f"nats-server {index}", log)
+
+    def healthy(self, index: int) -> bool:
+        """Whether the server answers its health check: connected, JetStream up and its streams current."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_ports[index]}/healthz",  # noqa: S310
+                                        timeout=2) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_current(self, index: int, timeout: float = 60.0) -> None:
+        """Until server `index` reports healthy (after a restart: caught up with the cluster)."""
+        deadline = time.monotonic() + timeout
+        log = self.state_dir / f"nats-{index}.log"
+        while time.monotonic() < deadline:
+            proc = self.procs[index]
+            if proc is None or proc.poll() is not None:
+                tail = log.read_text()[-2000:] if log.exists() else ""
+                raise RuntimeError(f"nats-server {index} is not running:\n{tail}")
+            if self.healthy(index):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"nats-server {index} not healthy within {timeout}s")
+
+    def kill9(self, index: int) -> None:
+        """SIGKILL server `index` (no shutdown, as a crashed machine)."""
+        proc = self.procs[index]
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.procs[index] = None
+
+    def restart(self, index: int) -> None:
+        """Start server `index` again on its ports and store folder (it then catches up from the others)."""
+        if self.procs[index] is not None:
+            raise RuntimeError(f"nats-server {index} is running")
+        self._spawn(index)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        running = [proc for proc in self.procs if proc is not None and proc.poll() is None]
+        for proc in running:
+            proc.terminate()
+        for proc in running:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs = [None] * len(self.procs)
+
+
+def json_str(text: str) -> str:
+    """A quoted string for a nats-server config (JSON strings are valid there; no `$` variable expansion)."""
+    return json.dumps(text)
+
+
+@dataclass
 class LocalServers:
     """A nats-server and a redis-server owned by this process.
 
     Without `identities`, NATS has one user (`nats_user`) allowed everything (the test run's servers);
-    with them, one user per (identity, password), each allowed only its permissions (`whaleflux up`)."""
+    with them, one user per (identity, password), each allowed only its permissions (`whaleflux up`).
+    `nats_cluster` > 1: that many nats-servers as one JetStream cluster (`NatsCluster`) instead of one."""
 
     state_dir: Path
     nats_user: str
     nats_password: str
     redis_password: str
     identities: list[tuple[Identity, str]] = field(default_factory=list)
+    nats_cluster: int = 1
+    cluster: NatsCluster | None = None
     nats_port: int = 0
     redis_port: int = 0
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     @property
     def nats_url(self) -> str:
+        if self.cluster is not None:
+            return self.cluster.nats_url
         return f"nats://127.0.0.1:{self.nats_port}"
 
     @property
@@ -162,6 +306,10 @@ class LocalServers:
         return self
 
     def _start_nats(self, preferred: int | None) -> None:
+        if self.nats_cluster > 1:
+            self.cluster = NatsCluster(self.state_dir, self._authorization(), self.nats_cluster).start(preferred)
+            self.nats_port = self.cluster.ports[0]
+            return
         store = self.state_dir / "nats"
         conf = self.state_dir / "nats.conf"
         log = self.state_dir / "nats-server.log"
@@ -216,6 +364,8 @@ class LocalServers:
                                        "redis-server", log, preferred)
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self.cluster is not None:
+            self.cluster.stop(timeout)
         for proc in self.procs:
             if proc.poll() is None:
                 proc.terminate()

@@ -262,7 +262,8 @@ async def _connect(settings: AgentSettings) -> Bus:
     async for attempt in AsyncRetrying(wait=backoff, before_sleep=_waiting, reraise=True):
         with attempt:
             bus = await Bus.connect(settings.nats_url, source=f"whaleflux/agent/{settings.instance}",
-                                    user=settings.nats_user, password=settings.secret("nats_password"))
+                                    user=settings.nats_user, password=settings.secret("nats_password"),
+                                    replicas=settings.nats_replicas)
             try:
                 await bus.ensure_streams()
             except BaseException:

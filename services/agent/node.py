@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import structlog
-from tenacity import AsyncRetrying, wait_exponential
+from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
 from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus, Retry
@@ -42,6 +42,8 @@ PLANNED_STOP = "agent stopped: planned shutdown"
 # An ended attempt stays listed in heartbeats this long after its end was published, so a
 # scheduler that missed or has not yet handled that job.finished can end the attempt from it.
 LISTED_AFTER_END_S = 60.0
+# How long a telemetry sample or heartbeat is retried before it is dropped (the next one is due anyway).
+LIVE_RETRY_S = 10.0
 
 
 def _base(placed: JobPlaced) -> dict:
@@ -179,6 +181,15 @@ class NodeAgent:
                 await self.bus.publish_envelope(subject, env)
         return env
 
+    async def _publish_live(self, subject: str, env: Envelope) -> None:
+        """Publish a sample or heartbeat, retrying for up to LIVE_RETRY_S: a NATS server lost from a cluster
+        (reconnect, stream leader elected again) takes a few seconds, and the sample must not be lost to it.
+        The envelope keeps its id, so a retry of a publish that was stored after all is stored once."""
+        async for attempt in AsyncRetrying(wait=wait_exponential(multiplier=0.1, max=1), reraise=True,
+                                           stop=stop_after_delay(LIVE_RETRY_S)):
+            with attempt:
+                await self.bus.publish_envelope(subject, env)
+
     async def _telemetry_loop(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
@@ -208,11 +219,11 @@ class NodeAgent:
         if self.gate is not None:
             self.gate.watch(batch.gpus, now)
         env = make_envelope(batch, source=self.source, time=now)
-        await self.bus.publish_envelope(subjects.gpu_telemetry(cluster, name), env)
+        await self._publish_live(subjects.gpu_telemetry(cluster, name), env)
         heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq,
                                   running_jobs=sorted({k[0] for k in self.jobs}), attempts=self.attempt_reports())
         beat = make_envelope(heartbeat, source=self.source, time=now)
-        await self.bus.publish_envelope(subjects.node_heartbeat(cluster, name), beat)
+        await self._publish_live(subjects.node_heartbeat(cluster, name), beat)
         # Only a heartbeat the bus took counts as a sign of life: a node the scheduler no longer
         # hears is declared lost, and its supervisors stop their jobs (supervise.py).
         (self.node_dir / attempts.ALIVE).touch()

@@ -17,6 +17,8 @@ import nats
 import nats.errors
 import structlog
 
+from whaleflux.shared.bus import nats_servers
+
 log = structlog.get_logger("whaleflux.console.live")
 
 # SSE event name -> data; one render of a view yields several (e.g. the fleet's table and its heat map).
@@ -74,7 +76,7 @@ class LiveHub:
         delay = 0.5
         while True:
             try:
-                self.nc = await nats.connect(url, user=user, password=password, connect_timeout=3,
+                self.nc = await nats.connect(nats_servers(url), user=user, password=password, connect_timeout=3,
                                              max_reconnect_attempts=-1, name="whaleflux-console")
                 break
             except (TimeoutError, nats.errors.Error, OSError) as exc:

@@ -117,7 +117,7 @@ async def snapshot_store(bus: Bus) -> ObjectStore:
     try:
         return await bus.js.object_store(SNAPSHOT_BUCKET)
     except BucketNotFoundError:
-        return await bus.js.create_object_store(SNAPSHOT_BUCKET,
+        return await bus.js.create_object_store(SNAPSHOT_BUCKET, replicas=bus.replicas,
                                                 description="scheduler: job history folded up to a sequence")
 
 

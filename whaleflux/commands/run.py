@@ -19,6 +19,8 @@ def up(
     fleet: Annotated[Path, typer.Option(help="fleet file to simulate")] = DEFAULT_FLEET,
     assets: Annotated[Path | None, typer.Option(
         help="declared ownership and leases; default: the demo fleet's")] = None,
+    nats_cluster: Annotated[int, typer.Option(
+        min=1, max=5, help="nats-servers to run as one JetStream cluster (3: R3 streams, survives losing one)")] = 1,
 ) -> None:
     """Run everything locally: NATS, Redis, the five services and a simulated fleet."""
     from whaleflux.local import up as run_up
@@ -27,7 +29,9 @@ def up(
         assets = DEFAULT_ASSETS
     if assets is not None and not assets.exists():
         fail(f"assets file {assets} does not exist")
-    raise typer.Exit(run_up(fleet, assets))
+    if nats_cluster == 2:
+        fail("--nats-cluster 2 cannot lose a server (a JetStream cluster needs a majority): use 3 or 5")
+    raise typer.Exit(run_up(fleet, assets, nats_cluster))
 
 
 def service(

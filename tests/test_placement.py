@@ -181,3 +181,47 @@ def test_job_that_fits_80_gb_leaves_the_141_gb_gpus_to_jobs_only_they_can_hold()
     # A job that needs the memory is not penalized, and a full H100 does not stop the 80 GB job.
     assert placed(replace(fits_80, min_memory_mib=100 * GB), nodes, facts=facts).node == "h200"
     assert placed(fits_80, [nodes[0], node("h100", model="H100", taken=range(8))], facts=facts).node == "h200"
+
+
+def test_a_dynamic_filter_without_a_may_reject_entry_is_asked_about_every_node(monkeypatch):
+    """Healthy nodes skip the built-in dynamic filters (filters.MAY_REJECT); a filter that names no such
+    predicate is still asked about each node, so a new filter is never skipped by that shortcut."""
+    from dataclasses import replace
+
+    from whaleflux.scheduler.placement import ClusterState, place_on
+    from whaleflux.scheduler.placement import filters as F
+    from whaleflux.scheduler.placement.framework import Profile, explain_wait
+
+    asked: list[str] = []
+
+    def not_b(req, n, now, settings):
+        asked.append(n.name)
+        return "b is out" if n.name == "b" else None
+
+    monkeypatch.setitem(F.DYNAMIC_FILTERS, "not_b", not_b)
+    profile = replace(Profile(), dynamic_filters=(*Profile().dynamic_filters, "not_b"))
+    cluster = ClusterState([node("a", taken=range(7)), node("b")])
+    decision = place_on(cluster, JobRequest("j", 2), profile, 0.0)
+    assert isinstance(decision, Unschedulable) and "b is out (b)" in decision.reason
+    assert "largest free block is 1 on a" in decision.reason
+    assert "b" in asked
+    # The built-in filters alone: b (healthy) is used.
+    assert place_on(cluster, JobRequest("j", 2), Profile(), 0.0).node == "b"
+    cordoned = ClusterState([node("a", taken=range(7)), replace(node("b"), cordoned=True)])
+    assert "unavailable: cordoned (b)" in explain_wait(cordoned, JobRequest("j", 2), Profile(), 0.0)
+
+
+def test_cluster_state_knows_the_jobs_on_each_node_and_the_nodes_with_free_gpus():
+    from whaleflux.scheduler.placement import ClusterState, place_on
+    from whaleflux.scheduler.placement.framework import Profile, eligible
+
+    cluster = ClusterState([node("a", taken=(0,)), node("b", taken=range(8)), node("c", gpus=4)])
+    assert cluster.jobs_on == {"a": {"other": None}, "b": {"other": None}, "c": {}}
+    view = eligible(cluster, JobRequest("j", 1), Profile())
+    assert cluster.with_free(view) == ["a", "c"]
+    p = place_on(cluster, JobRequest("j", 4), Profile(), 0.0)
+    assert isinstance(p, Placement) and p.node == "c"
+    cluster.allocate("j", p)
+    assert cluster.jobs_on["c"] == {"j": None} and cluster.with_free(view) == ["a"]
+    cluster.release("j")
+    assert cluster.jobs_on["c"] == {} and cluster.with_free(view) == ["a", "c"]

@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TypeVar, cast
 
 from .model import GpuState, Interconnects, ModelFacts, NodeShare, NodeState, Placement
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -48,11 +51,14 @@ class ClusterState:
         self.total_gpus = 0
         self.total_free = 0
         self.holdings: dict[str, tuple[NodeShare, ...]] = {}
+        self.jobs_on: dict[str, dict[str, None]] = {}  # node -> the jobs holding GPUs on it
         self.services_on: dict[str, Counter[str]] = {}
         self._service_of: dict[str, str] = {}
         self._static: dict[tuple[object, ...], StaticView] = {}
         # Shapes with the same eligible nodes share one view (and so one cache key in a pass).
         self._interned: dict[tuple[str, ...], StaticView] = {}
+        # Facts derived from the nodes' states (not their free GPUs), kept until a node changes.
+        self._derived: dict[tuple[object, ...], object] = {}
         self.has_memory_telemetry = False
         self.has_leases = False
         for node in nodes:
@@ -63,6 +69,7 @@ class ClusterState:
                 if gpu.allocated_to is not None:
                     held = self.holdings.get(gpu.allocated_to, ())
                     self.holdings[gpu.allocated_to] = _add_gpu(held, node, gpu)
+                    self.jobs_on[node.name][gpu.allocated_to] = None
 
     def _add(self, node: NodeState) -> None:
         self.order[node.name] = len(self.order)
@@ -71,6 +78,7 @@ class ClusterState:
         free = sorted(g.index for g in node.gpus if g.allocated_to is None and not g.quarantined)
         self.free[node.name] = free
         self.services_on[node.name] = Counter()
+        self.jobs_on[node.name] = {}
         buckets = self.buckets.setdefault(node.model, [])
         while len(buckets) <= len(node.gpus):
             buckets.append({})
@@ -101,6 +109,19 @@ class ClusterState:
         gpus = self.gpus[share.node]
         return sum(1 for i in share.gpu_indices if not gpus[i].quarantined)
 
+    def derived(self, key: tuple[object, ...], build: Callable[[], T]) -> T:
+        """A fact computed from the nodes' states (health, labels, leases) once, until a node changes."""
+        if key not in self._derived:
+            self._derived[key] = build()
+        return cast(T, self._derived[key])
+
+    def with_free(self, view: StaticView) -> list[str]:
+        """The view's nodes that have a free GPU, in fleet order (from the buckets: few on a busy fleet)."""
+        members, order = view.members, self.order
+        names = [n for m in view.models for bucket in self.buckets[m][1:] for n in bucket if n in members]
+        names.sort(key=order.__getitem__)
+        return names
+
     # ------------------------------------------------------------ changes
 
     def update_node(self, node: NodeState) -> None:
@@ -114,6 +135,7 @@ class ClusterState:
         self.has_memory_telemetry = self.has_memory_telemetry or any(g.memory_free_mib is not None for g in node.gpus)
         self._static.clear()
         self._interned.clear()
+        self._derived.clear()
 
     def _move(self, name: str, before: int, after: int) -> None:
         model = self.nodes[name].model
@@ -135,6 +157,7 @@ class ClusterState:
                 raise ValueError(f"GPUs {sorted(taken - set(free))} of {share.node} are not free")
             self.free[share.node] = [i for i in free if i not in taken]
             self._move(share.node, before, before - len(taken))
+            self.jobs_on[share.node][job_id] = None
             if service:
                 self.services_on[share.node][service] += 1
         self.holdings[job_id] = placement.shares
@@ -152,6 +175,7 @@ class ClusterState:
             back = [i for i in share.gpu_indices if not gpus[i].quarantined]  # a quarantined GPU stays out
             self.free[share.node] = sorted([*free, *back])
             self._move(share.node, before, before + len(back))
+            self.jobs_on[share.node].pop(job_id, None)
             if service:
                 self.services_on[share.node][service] -= 1
         return shares

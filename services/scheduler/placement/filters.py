@@ -127,3 +127,25 @@ DYNAMIC_FILTERS: dict[str, DynamicFilter] = {
     "healthy": healthy,
     "lease_covers_runtime": lease_covers_runtime,
 }
+
+
+def may_be_unhealthy(node: NodeState) -> bool:
+    """Whether `healthy` can reject this node at any time (else it passes whatever `now` is)."""
+    temp, limit = node.temperature_c, node.thermal_limit_c
+    return (node.cordoned or node.draining or not node.schedulable or node.last_critical_xid_at is not None
+            or (temp is not None and limit is not None and temp >= limit))
+
+
+def may_lack_lease(node: NodeState) -> bool:
+    """Whether `lease_covers_runtime` can reject this node (only a leased node can)."""
+    return node.lease_expires_at is not None
+
+
+# For each dynamic filter, which nodes it can ever reject: the others are not asked, so a pass over a
+# healthy fleet never calls a filter per node. A filter with no entry here is asked about every node.
+# Dynamic filters look at the job only through its expected runtime and workload class (the pass caches
+# what one job shape may do, queueing/schedule.py `_shape`).
+MAY_REJECT: dict[str, Callable[[NodeState], bool]] = {
+    "healthy": may_be_unhealthy,
+    "lease_covers_runtime": may_lack_lease,
+}

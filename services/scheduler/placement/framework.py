@@ -77,11 +77,7 @@ def place_on(
                 f"{_needs(req, req.allow_multi_node)}; the nodes it may use have {view.total_gpus} GPUs in all,"
                 f" only {view.max_gpus_per_node} GPUs per node"
             )
-        sizes: dict[tuple[str, str], int] = {}
-        for name in view.nodes:
-            node = cluster.nodes[name]
-            sizes[_group(node)] = sizes.get(_group(node), 0) + len(node.gpus)
-        (cl, pool), largest = max(sizes.items(), key=lambda kv: kv[1])
+        (cl, pool), largest = max(_group_sizes(cluster, view).items(), key=lambda kv: kv[1])
         if largest < req.gpus:
             return Infeasible(
                 f"{_needs(req, req.allow_multi_node)}; a gang stays within one cluster and pool, and the largest it"
@@ -136,12 +132,30 @@ def eligible(cluster: ClusterState, req: JobRequest, profile: Profile) -> Static
 
 def unavailable(cluster: ClusterState, req: JobRequest, node: NodeState, profile: Profile, now: float) -> str | None:
     """Why the node cannot take the job now (dynamic filters), or None."""
+    flagged = _flagged(cluster, profile)
+    if flagged is not None and node.name not in flagged:
+        return None
     return _dynamic_reason(req, node, now, profile, F.FilterSettings(profile.xid_quarantine_s, cluster.speed))
 
 
 def usable(cluster: ClusterState, req: JobRequest, node: str) -> list[int]:
     """The node's free GPUs that have enough memory for the job."""
     return _usable(cluster, req, node, None)
+
+
+def _flagged(cluster: ClusterState, profile: Profile) -> dict[str, None] | None:
+    """The nodes (fleet order) some dynamic filter of the profile may reject; None: any node may be rejected.
+
+    The others pass every dynamic filter whatever `now` is, so they are never asked (`filters.MAY_REJECT`)."""
+
+    def build() -> dict[str, None] | None:
+        guards = [F.MAY_REJECT.get(name) for name in profile.dynamic_filters]
+        checks = [g for g in guards if g is not None]
+        if len(checks) < len(guards):
+            return None
+        return {name: None for name, node in cluster.nodes.items() if any(g(node) for g in checks)}
+
+    return cluster.derived(("flagged", profile.dynamic_filters), build)
 
 
 def _dynamic_reason(
@@ -165,11 +179,12 @@ def _first_fit(
     cluster: ClusterState, req: JobRequest, profile: Profile, now: float, view: StaticView,
     settings: F.FilterSettings, caps: Mapping[str, int] | None,
 ) -> Placement | None:
+    flagged = _flagged(cluster, profile)
     for name in view.nodes:
         if len(cluster.free[name]) < req.gpus:
             continue
         node = cluster.nodes[name]
-        if _dynamic_reason(req, node, now, profile, settings):
+        if (flagged is None or name in flagged) and _dynamic_reason(req, node, now, profile, settings):
             continue
         usable = _usable(cluster, req, name, caps)
         if len(usable) >= req.gpus:
@@ -184,6 +199,7 @@ def _candidates(
     settings: F.FilterSettings, caps: Mapping[str, int] | None,
 ) -> list[S.Candidate]:
     out: list[S.Candidate] = []
+    flagged = _flagged(cluster, profile)
     for model in view.models:
         buckets = cluster.buckets[model]
         found = 0
@@ -192,7 +208,7 @@ def _candidates(
                 if name not in view.members:
                     continue
                 node = cluster.nodes[name]
-                if _dynamic_reason(req, node, now, profile, settings):
+                if (flagged is None or name in flagged) and _dynamic_reason(req, node, now, profile, settings):
                     continue
                 usable = _usable(cluster, req, name, caps)
                 if len(usable) < req.gpus:
@@ -237,6 +253,19 @@ def _single(node: NodeState, chosen: tuple[int, ...], speed: float, why: str) ->
     return Placement(node.name, node.cluster, node.model, uuids, chosen, speed=speed, explanation=why)
 
 
+def _group_sizes(cluster: ClusterState, view: StaticView) -> dict[tuple[str, str], int]:
+    """GPUs of the view's nodes per cluster and pool (computed once per view)."""
+
+    def build() -> dict[tuple[str, str], int]:
+        sizes: dict[tuple[str, str], int] = {}
+        for name in view.nodes:
+            node = cluster.nodes[name]
+            sizes[_group(node)] = sizes.get(_group(node), 0) + len(node.gpus)
+        return sizes
+
+    return cluster.derived(("group sizes", id(view)), build)
+
+
 def _group(node: NodeState) -> tuple[str, str]:
     """What a gang stays within: a cluster (its network) and a pool (whose GPUs, at what price)."""
     return node.cluster, node.pool or "default"
@@ -248,11 +277,10 @@ def _place_gang(
 ) -> Decision:
     """All or nothing across nodes of one cluster and pool, for a job larger than any node."""
     groups: dict[tuple[str, str], list[tuple[NodeState, list[int]]]] = {}
-    for name in view.nodes:
-        if not cluster.free[name]:
-            continue
+    flagged = _flagged(cluster, profile)
+    for name in cluster.with_free(view):
         node = cluster.nodes[name]
-        if _dynamic_reason(req, node, now, profile, settings):
+        if (flagged is None or name in flagged) and _dynamic_reason(req, node, now, profile, settings):
             continue
         usable = _usable(cluster, req, name, caps)
         if usable:
@@ -315,12 +343,18 @@ def explain_wait(
     view = _static_view(cluster, req, profile)
     settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
     unhealthy: dict[str, list[str]] = {}
-    best, best_node = 0, None
-    held: dict[str, int] = {}
-    for name in view.nodes:
+    flagged = _flagged(cluster, profile)
+    ruled_out: set[str] = set()
+    for name in view.nodes if flagged is None else [n for n in flagged if n in view.members]:
         reason = _dynamic_reason(req, cluster.nodes[name], now, profile, settings)
         if reason:
             unhealthy.setdefault(reason, []).append(name)
+            ruled_out.add(name)
+    best, best_node = 0, None
+    held: dict[str, int] = {}
+    # Only nodes with a free GPU can hold a block or memory held elsewhere: few on a busy fleet.
+    for name in cluster.with_free(view):
+        if name in ruled_out:
             continue
         usable = _usable(cluster, req, name, caps)
         # Free by our bookkeeping, but telemetry says something else holds the memory.

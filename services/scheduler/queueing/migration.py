@@ -26,7 +26,7 @@ down and up again without end. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from ..placement import ClusterState, JobRequest, NodeShare, Placement, Profile, place_on
@@ -62,11 +62,16 @@ class _Movable:
 
 def movable(r: RunningJob, now: float, config: PolicyConfig) -> _Movable | None:
     """The job as a candidate for a move, or None (no request, estimate or checkpoint; moved too often)."""
-    if r.request is None or r.expected_end is None or not r.checkpointable or not r.speed:
-        return None
-    if r.migrations >= config.max_migrations_per_job:
-        return None
+    if not may_move(r, config) or r.request is None or r.expected_end is None or r.speed is None:
+        return None  # (may_move checked the last three; mypy needs them said here)
     return _Movable(r, r.request, r.speed, r.expected_end - now)
+
+
+def may_move(r: RunningJob, config: PolicyConfig) -> bool:
+    """Whether the policy may move the job: it has a request, an estimate and a checkpoint, and was not
+    moved too often."""
+    return (r.request is not None and r.expected_end is not None and r.checkpointable and bool(r.speed)
+            and r.migrations < config.max_migrations_per_job)
 
 
 def _up_candidates(
@@ -190,15 +195,8 @@ def make_room(
     """
     req = job.request
     view = eligible(cluster, req, config.profile)
-    by_node: dict[str, list[_Movable]] = {}
-    for r in running.values():
-        c = movable(r, now, config)
-        shares = cluster.holdings.get(r.job_id, ())
-        if c is not None and len(shares) == 1 and shares[0].node in view.members:
-            by_node.setdefault(shares[0].node, []).append(c)
-    for jobs in by_node.values():
-        jobs.sort(key=lambda c: (c.left, c.job.job_id))  # cheapest first: the least remaining work moves
     if req.gpus > view.max_gpus_per_node:
+        by_node = {n: jobs for n in view.nodes if (jobs := _movable_on(cluster, n, running, now, config))}
         picked = _room_for_gang(cluster, req, view, by_node, config, now)
         if picked is None:
             return None
@@ -206,7 +204,7 @@ def make_room(
         where = f"{len({cluster.holdings[c.job.job_id][0].node for c in chosen})} node(s)"
         caps = dict.fromkeys(view.nodes, 0)  # the moved jobs go to nodes the gang cannot use
     else:
-        best = _room_on_one_node(cluster, req, by_node, config, now)
+        best = _room_on_one_node(cluster, req, view, running, config, now)
         if best is None:
             return None
         where, chosen = best
@@ -237,30 +235,64 @@ def _room_for_gang(
     return chosen if chosen and have + freed >= req.gpus else None
 
 
+def _movable_on(
+    cluster: ClusterState, node: str, running: Mapping[str, RunningJob], now: float, config: PolicyConfig
+) -> list[_Movable]:
+    """The jobs running on this node alone that may move, cheapest first (the least remaining work)."""
+    out = [c for job_id in cluster.jobs_on[node]
+           if (r := running.get(job_id)) is not None and len(cluster.holdings[job_id]) == 1
+           and (c := movable(r, now, config)) is not None]
+    out.sort(key=lambda c: (c.left, c.job.job_id))
+    return out
+
+
+def _most_free_first(cluster: ClusterState, view: StaticView) -> Iterator[tuple[str, int]]:
+    """The view's nodes with how many GPUs each has free, most free first (from the buckets)."""
+    buckets = [cluster.buckets[m] for m in view.models]
+    for free in range(max(len(b) for b in buckets) - 1, -1, -1):
+        for b in buckets:
+            if free < len(b):
+                yield from ((n, free) for n in b[free] if n in view.members)
+
+
 def _room_on_one_node(
-    cluster: ClusterState, req: JobRequest, by_node: dict[str, list[_Movable]], config: PolicyConfig, now: float
+    cluster: ClusterState, req: JobRequest, view: StaticView, running: Mapping[str, RunningJob],
+    config: PolicyConfig, now: float,
 ) -> tuple[str, list[_Movable]] | None:
-    """The node that frees with the fewest GPUs moved (then the least work), and the jobs to move off it."""
-    best: tuple[tuple[int, float, int], str, list[_Movable]] | None = None
-    for n, jobs in by_node.items():
+    """The node that frees with the fewest GPUs moved (then the least work), and the jobs to move off it.
+
+    Nodes come most free first: one with fewer GPUs free needs at least `req.gpus - free` moved, so the
+    walk stops once that is more than the best found (on a full fleet it visits a few nodes, not all)."""
+    best: tuple[tuple[int, float, int], str, list[RunningJob]] | None = None
+    for n, free in _most_free_first(cluster, view):
+        if best is not None and req.gpus - free > best[0][0]:
+            break
         if unavailable(cluster, req, cluster.nodes[n], config.profile, now):
             continue
         need = req.gpus - len(usable(cluster, req, n))
-        if need <= 0:
+        if need <= 0 or (best is not None and need > best[0][0]):
             continue
-        picked: list[_Movable] = []
+        # (remaining time, job) of the jobs on this node alone that may move, cheapest first.
+        jobs = sorted((r.expected_end - now, job_id, r) for job_id in cluster.jobs_on[n]
+                      if (r := running.get(job_id)) is not None and r.expected_end is not None
+                      and len(cluster.holdings[job_id]) == 1 and may_move(r, config))
+        picked: list[RunningJob] = []
         freed = 0
-        for c in jobs:
+        left = 0.0
+        for job_left, _, r in jobs:
             if freed >= need:
                 break
-            picked.append(c)
-            freed += c.job.gpus
+            picked.append(r)
+            freed += r.gpus
+            left += job_left
         if freed < need:
             continue
-        cost = (freed, sum(c.left for c in picked), cluster.order[n])
+        cost = (freed, left, cluster.order[n])
         if best is None or cost < best[0]:
             best = (cost, n, picked)
-    return None if best is None else (best[1], best[2])
+    if best is None:
+        return None
+    return best[1], [c for r in best[2] if (c := movable(r, now, config)) is not None]
 
 
 def _move_all(

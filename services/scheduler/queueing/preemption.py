@@ -70,6 +70,8 @@ def choose_victims(
         return None  # gang jobs do not preempt (whole-node sets of victims are not searched)
     by_node: dict[str, list[tuple[RunningJob, str, int]]] = {}
     for r in running.values():
+        if not r.preemptible:
+            continue  # never a victim (victim_reason), and most running jobs are not preemptible
         shares = cluster.holdings.get(r.job_id, ())
         if not shares or (len(shares) > 1):
             continue  # victims span one node only, so freeing them frees GPUs where they are needed

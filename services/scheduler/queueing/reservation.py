@@ -14,6 +14,7 @@ fitting on, not the whole fleet.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -102,18 +103,17 @@ def reserve(
     req = job.request
     gang = req.gpus > eligible(cluster, req, profile).max_gpus_per_node
     free = _usable_now(cluster, req, profile, now, gang, taken)
-    ends = sorted(
-        (r for r in running.values() if r.job_id in cluster.holdings),
-        key=lambda r: (_end(r) is None, _end(r) or 0.0, r.job_id),
-    )
     found = _fits(free, req.gpus, gang)
     total = sum(free.values())
     start: float | None = now
-    for r in ends:
-        if found:
-            break
-        end = _end(r)
-        if end is None:
+    # Running jobs by their end (unknown ends last), popped only until the job fits. Only jobs on the nodes
+    # it could use count: the others never make it fit, and the answer is the same without them.
+    ends = _ends_on(cluster, running, free) if not found else []
+    heapq.heapify(ends)
+    while ends and not found:
+        unknown, end, job_id = heapq.heappop(ends)
+        r = running[job_id]
+        if unknown:
             start = None
             break
         start = max(now, end)
@@ -154,6 +154,23 @@ def _usable_now(
         if rest and (gang or any(len(cluster.nodes[n].gpus) >= req.gpus for n in rest)):
             return rest
     return free
+
+
+def _ends_on(
+    cluster: ClusterState, running: Mapping[str, RunningJob], nodes: Mapping[str, int]
+) -> list[tuple[bool, float, str]]:
+    """(end unknown, end, job) of the running jobs holding GPUs on these nodes."""
+    out: list[tuple[bool, float, str]] = []
+    seen: set[str] = set()
+    for node in nodes:
+        for job_id in cluster.jobs_on[node]:
+            r = running.get(job_id)
+            if r is None or job_id in seen:
+                continue
+            seen.add(job_id)
+            end = _end(r)
+            out.append((end is None, end or 0.0, job_id))
+    return out
 
 
 def _end(r: RunningJob) -> float | None:

@@ -206,7 +206,8 @@ def test_a_dynamic_filter_without_a_may_reject_entry_is_asked_about_every_node(m
     assert "largest free block is 1 on a" in decision.reason
     assert "b" in asked
     # The built-in filters alone: b (healthy) is used.
-    assert place_on(cluster, JobRequest("j", 2), Profile(), 0.0).node == "b"
+    healthy = place_on(cluster, JobRequest("j", 2), Profile(), 0.0)
+    assert isinstance(healthy, Placement) and healthy.node == "b"
     cordoned = ClusterState([node("a", taken=range(7)), replace(node("b"), cordoned=True)])
     assert "unavailable: cordoned (b)" in explain_wait(cordoned, JobRequest("j", 2), Profile(), 0.0)
 

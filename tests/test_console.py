@@ -178,10 +178,17 @@ def test_a_job_submitted_from_the_form_runs_shows_its_log_and_a_focus_export_dow
     page.wait_for_url("**/jobs/*")
     long_id = urlparse(page.url).path.rsplit("/", 1)[1]
     expect(page.locator("[data-testid=job-state]")).to_have_text("running", timeout=60_000)
+    # The fleet page shows it on the GPU it holds (the console folds job events from the bus).
+    page.goto(console.url + "/fleet")
+    holding = page.locator(f"tr[data-gpu] a[href='/jobs/{long_id}']")
+    expect(holding).to_have_count(1, timeout=15_000)
+    page.goto(console.url + f"/jobs/{long_id}")
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("[data-testid=cancel-job]")
     expect(page.locator("[data-testid=job-state]")).to_have_text("cancelled", timeout=15_000)
     expect(page.locator("[data-testid=cancel-job]")).to_have_count(0)
+    page.goto(console.url + "/fleet")
+    expect(holding).to_have_count(0, timeout=15_000)  # its GPU is free again
     record = httpx.get(procs["scheduler"].url + f"/v1/jobs/{long_id}").json()
     assert record["state"] == "cancelled" and record["reason"] == "cancelled: cancelled from the console", record
     assert outside == []

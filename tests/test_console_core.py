@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
 
 from whaleflux.console.auth import Signer, safe_next
-from whaleflux.console.heatmap import BUSY, ERROR, STALE, heat_cells
+from whaleflux.console.heatmap import BUSY, ERROR, HOT, STALE
 from whaleflux.console.live import LiveHub, encode
-from whaleflux.console.models import GpuRow, NodeStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,23 +41,42 @@ def test_after_login_only_local_paths_are_followed():
         assert safe_next(bad) == "/"
 
 
-def _row(node: str, index: int, util: float, temp: float, flags: list[str], job: bool = False) -> GpuRow:
-    return GpuRow.model_validate({
-        "cluster": "c", "node": node, "sample_time": datetime.now(UTC).isoformat(), "age_s": 0.5,
-        "stale": "stale" in flags, "flags": flags, "job": {"job_id": "j1"} if job else None,
-        "gpu": {"uuid": f"GPU-{node}-{index}", "index": index, "model": "H100", "utilization_gpu_pct": util,
-                "memory_used_mib": 1024, "memory_total_mib": 81559, "temperature_c": temp,
-                "slowdown_temperature_c": 90},
-    })
+def _entry(node: str, index: int, util: float, temp: float, at: float, **extra: object):
+    from whaleflux.console.fleetfold import gpu_entry
+    from whaleflux.shared.events import GpuSample
+
+    gpu = GpuSample.model_validate({"uuid": f"GPU-{node}-{index}", "index": index, "model": "H100",
+                                    "utilization_gpu_pct": util, "memory_used_mib": 1024, "memory_total_mib": 81559,
+                                    "temperature_c": temp, "slowdown_temperature_c": 90, "power_w": 100, **extra})
+    return gpu_entry("c", node, datetime.fromtimestamp(at, UTC), at, gpu, None)
 
 
 def test_heat_map_cells_are_grouped_by_node_in_index_order_with_their_flags():
-    rows = [_row("b", 1, 50, 45, ["ecc"]), _row("a", 0, 99.6, 90, [], job=True), _row("b", 0, 0, 30, ["stale"])]
-    statuses = {"b": NodeStatus(node="b", cluster="c", gpus=2, free=2, status="draining")}
-    cells = heat_cells(rows, statuses)
-    assert cells["gpus"] == 3
-    assert cells["nodes"] == [["a", "unknown", [[100, 100, BUSY]]],
-                              ["b", "draining", [[0, 33, STALE], [50, 50, ERROR]]]]
+    from whaleflux.console.fleetfold import NodeEntry, fleet_numbers
+
+    now = 1_000_000.0
+    a, b = NodeEntry("c", "a"), NodeEntry("c", "b")
+    b.put(_entry("b", 1, 50, 45, now, ecc_uncorrected=1))
+    a.put(_entry("a", 0, 99.6, 90, now))
+    b.put(_entry("b", 0, 0, 30, now - 60))  # silent for a minute: stale
+    held = {"GPU-a-0": "job-1"}
+    numbers = fleet_numbers([a, b], now, 15, held, {"b": "draining"})
+    assert json.loads(numbers.heat) == {"gpus": 3, "nodes": [
+        ["a", "unknown", [[100, 100, HOT | BUSY]]],
+        ["b", "draining", [[0, 33, STALE], [50, 50, ERROR]]]]}
+    s = numbers.summary
+    assert (s.gpus, s.nodes, s.stale, s.hot, s.erroring, s.with_job, s.power_w) == (3, 2, 1, 1, 1, 1, 300)
+    assert [(n.node, n.gpus, n.util_mean_pct, n.flagged_gpus, n.stale) for n in numbers.nodes] == [
+        ("a", 1, 99.6, 1, False), ("b", 2, 25, 2, False)]
+
+    # Nothing it shows changed: the same node texts again, not built anew. A job ending changes its node only.
+    again = fleet_numbers([a, b], now + 1, 15, {}, {"b": "draining"})
+    assert again.nodes[1] is numbers.nodes[1] and again.nodes[0] is not numbers.nodes[0]
+    assert json.loads(again.heat)["nodes"][0][2] == [[100, 100, HOT]]
+    # A name is safe inside the page's <script> element.
+    odd = NodeEntry("c", "</script>")
+    odd.put(_entry("</script>", 0, 1, 1, now))
+    assert "</script>" not in fleet_numbers([odd], now, 15, {}, {}).heat
 
 
 def test_fifty_browsers_on_one_view_cost_one_build_per_tick():
@@ -159,15 +178,20 @@ def _telemetry(node: str, at: datetime, util: float, **extra: object) -> bytes:
     return encode(make_envelope(data, source="test"))
 
 
-def test_the_fleet_state_keeps_each_gpus_newest_sample_from_the_bus_and_flags_it_as_telemetry_does():
+def _state():
     import time as clock
 
-    from whaleflux.console.fleetstate import FleetState, node_summaries, summary
+    from whaleflux.console.fleetstate import FleetState
     from whaleflux.console.upstream import Upstream
 
     # Nothing is read from telemetry here: the details were "just read" (empty).
     state = FleetState(Upstream({"telemetry": "http://127.0.0.1:9"}, ""), details_every_s=3600, stale_after_s=15)
     state.details_at = clock.monotonic()
+    return state
+
+
+def test_the_fleet_state_keeps_each_gpus_newest_sample_from_the_bus_and_flags_it_as_telemetry_does():
+    state = _state()
     now = datetime.now(UTC)
     state.on_telemetry(_telemetry("b", now, 70, ecc_uncorrected=1))
     state.on_telemetry(_telemetry("a", now, 10, xid_errors=[79]))
@@ -175,20 +199,58 @@ def test_the_fleet_state_keeps_each_gpus_newest_sample_from_the_bus_and_flags_it
     state.on_telemetry(b'{"not": "an event"}')
     assert state.ignored == 1
 
-    rows, errors = asyncio.run(state.rows())
-    assert errors == []
+    assert asyncio.run(state.ready()) == []
+    rows = state.rows()
     assert [(r.node, r.gpu.index, r.gpu.utilization_gpu_pct) for r in rows] == [
         ("a", 0, 10), ("a", 1, 10), ("b", 0, 70), ("b", 1, 70)]
     assert [r.flags for r in rows] == [[], ["hot", "xid"], [], ["hot", "ecc"]]
-    one, _ = asyncio.run(state.rows("b"))
-    assert [r.gpu.uuid for r in one] == ["GPU-b-0", "GPU-b-1"]
+    assert [r.gpu.uuid for r in state.rows("b")] == ["GPU-b-0", "GPU-b-1"] and state.rows("nope") == []
 
-    fleet = summary(rows)
+    numbers = state.numbers({})
+    fleet = numbers.summary
     assert (fleet.gpus, fleet.nodes, fleet.hot, fleet.erroring, fleet.stale) == (4, 2, 2, 2, 0)
-    nodes = node_summaries(rows)
-    assert [(n.node, n.gpus, n.util_mean_pct, n.flagged_gpus) for n in nodes] == [("a", 2, 10, 1), ("b", 2, 70, 1)]
+    assert [(n.node, n.gpus, n.util_mean_pct, n.flagged_gpus) for n in numbers.nodes] == [
+        ("a", 2, 10, 1), ("b", 2, 70, 1)]
 
     # A GPU silent longer than stale_after_s is stale, and its node too once all its GPUs are.
     state.on_telemetry(_telemetry("old", now.replace(year=now.year - 1), 0))
-    rows, _ = asyncio.run(state.rows("old"))
-    assert all("stale" in r.flags and r.stale for r in rows) and node_summaries(rows)[0].stale
+    rows = state.rows("old")
+    assert all("stale" in r.flags and r.stale for r in rows)
+    assert [n.stale for n in state.numbers({}).nodes if n.node == "old"] == [True]
+
+
+def _job_event(data: dict[str, object], kind: str) -> bytes:
+    from whaleflux.shared import events
+    from whaleflux.shared.events import encode, make_envelope
+
+    return encode(make_envelope(getattr(events, kind).model_validate(data), source="test"))
+
+
+def test_the_job_holding_a_gpu_shows_from_the_bus_at_once_and_an_older_read_of_telemetry_never_overrides_it():
+    from whaleflux.console.models import GpuJob, GpuRow
+
+    state = _state()
+    now = datetime.now(UTC)
+    state.on_telemetry(_telemetry("a", now, 50))
+    # What telemetry answered when the console started: GPU 1 held by a job placed before then.
+    read = GpuRow.model_validate({**state.rows("a")[1].model_dump(), "job": {"job_id": "old", "team": "t0"}})
+    state._take_details([read])
+    assert [r.job.job_id if r.job else None for r in state.rows("a")] == [None, "old"]
+
+    where = {"cluster": "c", "node": "a", "attempt": 1}
+    state.on_job(_job_event({"job_id": "j1", "name": "train", "team": "web", "project": "p", "command": ["x"]},
+                            "JobSubmitted"))
+    state.on_job(_job_event({**where, "job_id": "j1", "gpu_model": "H100", "gpu_uuids": ["GPU-a-0"],
+                             "gpu_indices": [0], "command": ["x"], "team": "web", "project": "p"}, "JobPlaced"))
+    jobs = [r.job for r in state.rows("a")]
+    assert jobs[0] == GpuJob(job_id="j1", name="train", team="web", project="p")  # at once, not at the next read
+    assert state.numbers({}).summary.with_job == 2
+    ended = {**where, "exit_code": 0, "started_at": now, "finished_at": now}
+    state.on_job(_job_event({**ended, "job_id": "old"}, "JobFinished"))  # heard on the bus: released
+    state.on_job(_job_event({**ended, "job_id": "j1"}, "JobFinished"))
+    assert [r.job for r in state.rows("a")] == [None, None]
+    # A read of telemetry made before those events still shows both jobs: it changes nothing.
+    stale_read = GpuRow.model_validate({**read.model_dump(), "job": {"job_id": "old"}})
+    first = GpuRow.model_validate({**state.rows("a")[0].model_dump(), "job": {"job_id": "j1"}})
+    state._take_details([first, stale_read])
+    assert [r.job for r in state.rows("a")] == [None, None] and state.numbers({}).summary.with_job == 0

@@ -35,7 +35,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     app = FastAPI(title="WhaleFlux console", version="0.1.0", lifespan=_lifespan(settings, hub, upstream),
                   docs_url=None, redoc_url=None)
     fleet_state = FleetState(upstream, stale_after_s=settings.stale_after_s)
-    hub.taps.update({"gpu.telemetry.": fleet_state.on_telemetry, "job.": lambda _: fleet_state.on_job_event()})
+    hub.taps.update({"gpu.telemetry.": fleet_state.on_telemetry, "job.": fleet_state.on_job})
     app.state.console = Console(settings, upstream, hub, Signer(settings.secret("admin_token") or ""), fleet_state)
     mount_api_docs(app)
     guard_input(app)  # body limit, NaN/Infinity refused, 422s that render any bytes (no 500), as on every service

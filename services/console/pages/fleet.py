@@ -9,9 +9,8 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from .. import fleetstate
 from ..charts import WINDOWS_S, series
-from ..heatmap import QUARANTINED, heat_json
+from ..heatmap import QUARANTINED
 from ..live import Frames
 from ..models import FleetSummary, GpuHistory, GpuRow, NodeStatus, NodeTelemetry
 from ..paging import page_of
@@ -27,11 +26,12 @@ NODES_PER_PAGE = 100
 
 @dataclass
 class FleetView:
-    summary: FleetSummary | None
+    summary: FleetSummary | None  # None: nothing could be read
     nodes: list[NodeTelemetry]
     statuses: dict[str, NodeStatus]
-    gpus: list[GpuRow]
+    gpus: list[GpuRow]  # the GPU table's rows: a node's, or the fleet's up to GPU_TABLE_MAX
     errors: list[str] = field(default_factory=list)
+    heat: str = '{"nodes":[],"gpus":0}'
 
     @property
     def quarantined(self) -> list[NodeStatus]:
@@ -40,20 +40,22 @@ class FleetView:
 
 async def fleet_view(c: Console, node: str | None = None) -> FleetView:
     """GPUs from the console's own fold of the bus (`fleetstate.py`), node states from the scheduler."""
-    values, errors = await fetch_all({
-        "statuses": c.fleet.node_statuses(),
-        "gpus": c.fleet.rows(node),
-    })
-    rows, unread = values["gpus"]
+    values, errors = await fetch_all({"statuses": c.fleet.node_statuses(), "unread": c.fleet.ready()})
+    unread: list[str] = values["unread"]
     statuses = {s.node: s for s in values["statuses"] or []}
-    summary = fleetstate.summary(rows) if rows or not unread else None
-    return FleetView(summary, fleetstate.node_summaries(rows), statuses, rows, unread + errors)
+    if node is not None:
+        rows = c.fleet.rows(node)
+        return FleetView(None, [], statuses, rows, unread + errors)
+    numbers = c.fleet.numbers({n: s.status for n, s in statuses.items()})
+    gpus = c.fleet.rows() if numbers.summary.gpus <= GPU_TABLE_MAX else []
+    summary = numbers.summary if numbers.summary.gpus or not unread else None
+    return FleetView(summary, numbers.nodes, statuses, gpus, unread + errors, numbers.heat)
 
 
 def fleet_frames(view: FleetView, page: int = 1) -> Frames:
     nodes = page_of(view.nodes, page, NODES_PER_PAGE)
-    return [("fleet", fragment("_fleet_live.html", v=view, nodes=nodes, gpu_table_max=GPU_TABLE_MAX)),
-            ("heat", heat_json(view.gpus, view.statuses))]
+    return [("fleet", fragment("_fleet_live.html", v=view, nodes=nodes)),
+            ("heat", view.heat)]
 
 
 @router.get("/", include_in_schema=False)
@@ -77,7 +79,7 @@ async def fleet_live(c: ConsoleDep, _: SessionDep, nodes: int = 1) -> Response:
     async def render() -> Frames:
         return fleet_frames(await fleet_view(c), number)
 
-    return sse(c.hub.stream("fleet" if number == 1 else f"fleet:{number}", {"gpu", "node"}, render))
+    return sse(c.hub.stream("fleet" if number == 1 else f"fleet:{number}", {"gpu", "node", "job"}, render))
 
 
 @router.get("/fleet/nodes/{node}", response_class=HTMLResponse)
@@ -93,7 +95,7 @@ async def node_live(node: str, c: ConsoleDep, _: SessionDep) -> Response:
     async def render() -> Frames:
         return [("node", fragment("_node_live.html", v=await fleet_view(c, node), node=node))]
 
-    return sse(c.hub.stream(f"node:{node}", {"gpu", "node"}, render))
+    return sse(c.hub.stream(f"node:{node}", {"gpu", "node", "job"}, render))
 
 
 @router.get("/fleet/gpus/{uuid}", response_class=HTMLResponse)

@@ -11,7 +11,7 @@ import sys
 
 import httpx
 
-from whaleflux.shared.events import JobPreempted, JobRequeued
+from whaleflux.shared.events import JobPreempted, JobRequeued, JobSubmitted
 
 from .processes import make_cluster, wait_until
 from .test_crash_recovery import _job_history
@@ -41,8 +41,17 @@ def test_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_che
         big = {"name": "big", "command": ["true"], "gpus": 8}
         too_big = httpx.post(scheduler.url + "/v1/jobs", json=big, headers=AUTH)
         assert too_big.status_code == 422 and "only 4 GPUs per node" in too_big.text
-        nowhere = cluster.cli("submit", "--label", "pool=nowhere", "--wait", "--", "true")
-        assert nowhere.returncode == 1 and "rejected" in nowhere.stdout and "pool dev, not nowhere" in nowhere.stdout
+        # The CLI asks first (POST /v1/jobs/check): exit 1 with the reason, and nothing is submitted.
+        refusals = ((("--gpus", "8"), "only 4 GPUs per node"), (("--label", "pool=nowhere"), "pool dev, not nowhere"))
+        for args, reason in refusals:
+            refused = cluster.cli("submit", *args, "--", "true")
+            out = refused.stdout + refused.stderr
+            assert refused.returncode == 1 and "not submitted" in out and reason in out, out
+            assert "submitted job" not in out, out
+        fits = httpx.post(scheduler.url + "/v1/jobs/check", json={"name": "small", "command": ["true"], "gpus": 2})
+        assert fits.status_code == 200 and fits.json() == {"feasible": True, "reason": None}
+        bad = httpx.post(scheduler.url + "/v1/jobs/check", json={"name": "x", "command": ["true"], "gpus": 0})
+        assert bad.status_code == 422 and "gpus" in bad.text
 
         def submit(*args: str, steps: int) -> str:
             out = cluster.cli("submit", "--gpus", *args, "--", sys.executable, str(script), str(steps), str(gate))
@@ -78,6 +87,8 @@ def test_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_che
         assert "requeued: attempt 1 on r4090-01" in cluster.cli("jobs", "why", low).stdout
 
         history = asyncio.run(_job_history(clean_servers))
+        # The refused submissions never reached the bus.
+        assert sorted(e.job_id for e in history if isinstance(e, JobSubmitted)) == sorted([low, waiter, high])
         preempted = [(e.job_id, e.attempt, e.grace_s) for e in history if isinstance(e, JobPreempted)]
         assert preempted == [(low, 1, 3)], preempted
         [requeued] = [e for e in history if isinstance(e, JobRequeued)]

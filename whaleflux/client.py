@@ -25,6 +25,10 @@ class NotFound(ClientError):
     """The service answered 404: no such job, node, alert..."""
 
 
+class Unreachable(ClientError):
+    """The service did not answer (not running, wrong address, timed out), or said it cannot now (503)."""
+
+
 @dataclass
 class Connection:
     nats_url: str
@@ -92,15 +96,22 @@ class Connection:
 
     def post_admin(self, service: str, path: str, body: dict[str, Any]) -> Any:
         """POST to an admin endpoint with the admin token; the service's `detail` becomes the error."""
+        return self.post(service, path, body, admin=True)
+
+    def post(self, service: str, path: str, body: dict[str, Any], admin: bool = False) -> Any:
+        """POST JSON (with the admin token if `admin`); no answer or a 503 is `Unreachable`, the service's
+        `detail` of another error answer a ClientError."""
         import httpx
 
         url = self.services[service] + path
-        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        headers = {"Authorization": f"Bearer {self.admin_token}"} if admin and self.admin_token else {}
         try:
             resp = httpx.post(url, json=body, headers=headers, timeout=10)
         except httpx.HTTPError as exc:
-            raise ClientError(
+            raise Unreachable(
                 f"cannot reach the {service} at {self.services[service]} ({type(exc).__name__})") from None
+        if resp.status_code == 503:
+            raise Unreachable(f"{service} cannot answer now (503): {resp.text[:300]}")
         if resp.status_code >= 400:
             try:
                 detail = resp.json().get("detail", resp.text)

@@ -204,15 +204,31 @@ async def submit(body: SubmitRequest, scheduler: SchedulerDep, runtime: RuntimeD
         submitted = [JobSubmitted(job_id=i, submitted_by="api", **fields) for i in replica_ids(base, body.replicas)]
     except ValidationError as exc:
         raise BadRequest(str(exc)) from exc
-    # Judged against the registered nodes, all free: a job no node could ever hold is refused now.
-    regs = await scheduler.store.registrations()
-    reason = infeasible_reason(regs.values(), job_request(base, submitted[0]), scheduler.policy.profile)
+    reason = await _never_fits(scheduler, submitted[0])
     if reason:
         raise HTTPException(422, f"infeasible: {reason}")
     for data in submitted:
         env = runtime.envelope(data, subject=data.job_id, correlation_id=data.job_id)
         await runtime.bus.publish_envelope(subjects.JOB_SUBMITTED, env)
     return {"job_id": submitted[0].job_id, "job_ids": [j.job_id for j in submitted]}
+
+
+@jobs.post("/v1/jobs/check", dependencies=[WholeState])
+async def check(body: SubmitRequest, scheduler: SchedulerDep) -> dict[str, Any]:
+    """Whether the fleet could ever run the job (`whaleflux submit` asks before it publishes): `feasible`, and
+    the reason when it is not. Reads only, so no token."""
+    try:
+        job = JobSubmitted(job_id="check", submitted_by="api", **body.job_fields())
+    except ValidationError as exc:
+        raise BadRequest(str(exc)) from exc
+    reason = await _never_fits(scheduler, job)
+    return {"feasible": reason is None, "reason": reason}
+
+
+async def _never_fits(scheduler: Scheduler, job: JobSubmitted) -> str | None:
+    """Why no registered node, all free and healthy, could ever hold the job; None if one could."""
+    regs = await scheduler.store.registrations()
+    return infeasible_reason(regs.values(), job_request(job.job_id, job), scheduler.policy.profile)
 
 
 @jobs.post("/v1/jobs/{job_id}/cancel", dependencies=[AdminDep, WholeState])

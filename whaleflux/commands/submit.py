@@ -88,6 +88,7 @@ def submit(
     )
     jobs = _job_specs(ids, spec)
     conn = Connection.discover()
+    _check(conn, spec)
     _publish(conn, jobs)
     for one in jobs:
         console.print(f"submitted job [bold]{one.job_id}[/bold]")
@@ -116,6 +117,24 @@ def _job_specs(ids: list[str], spec: dict[str, Any]) -> list[JobSubmitted]:
         return [JobSubmitted(job_id=one, **spec) for one in ids]
     except ValidationError as exc:
         fail(flag_error(exc))
+
+
+def _check(conn: Connection, spec: dict[str, Any]) -> None:
+    """Ask the scheduler whether the fleet could ever run the job; an infeasible one ends the command (exit 1)
+    with the reason and is not submitted. A scheduler that does not answer only earns a warning: the job
+    waits on the bus for it."""
+    from whaleflux.client import Unreachable
+
+    body = {k: v for k, v in spec.items() if k != "submitted_by"}
+    try:
+        answer = conn.post("scheduler", "/v1/jobs/check", body)
+    except Unreachable as exc:
+        console.print(f"[yellow]warning:[/yellow] not checked against the fleet: {exc}", soft_wrap=True)
+        return
+    except ClientError as exc:
+        fail(str(exc))
+    if not answer.get("feasible", True):
+        fail(f"not submitted: no node could ever run it: {answer.get('reason')}")
 
 
 def _publish(conn: Connection, jobs: list[JobSubmitted]) -> None:

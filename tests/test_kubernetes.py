@@ -213,3 +213,20 @@ def test_issued_secrets_are_valid_and_are_the_ones_the_pods_mount(overlay, args,
     before = out.read_text()
     assert module.main([*args, "--out", str(out)]) == 0
     assert out.read_text() == before
+
+
+def test_the_nats_servers_config_with_the_issued_users_is_valid_for_nats_server(tmp_path):
+    from whaleflux.servers import nats_server_binary
+
+    conf = named(rendered("production"), "ConfigMap", "nats-config")["data"]["nats.conf"]
+    conf = conf.replace("store_dir: /data", f"store_dir: {tmp_path / 'data'}")
+    conf = conf.replace("/var/run/nats/nats.pid", str(tmp_path / "nats.pid"))
+    (tmp_path / "auth").mkdir()
+    issued = issue_secrets_module().secrets_for([("onprem", "gpu-node-01")], {})
+    auth = next(d for d in issued if d["metadata"]["name"] == "whaleflux-nats-auth")["stringData"]["auth.conf"]
+    (tmp_path / "auth" / "auth.conf").write_text(auth)
+    (tmp_path / "nats.conf").write_text(conf)
+    checked = subprocess.run([nats_server_binary(), "-c", str(tmp_path / "nats.conf"), "-t"], capture_output=True,
+                             text=True, timeout=60, env={"SERVER_NAME": "nats-0"})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "is valid" in checked.stdout + checked.stderr

@@ -41,9 +41,9 @@ def test_the_agent_refuses_to_start_with_a_root_job_user(monkeypatch):
 
 
 def test_the_job_environment_is_the_job_users():
-    assert jobuser.environment(None) == {} and jobuser.popen_args(None) == {}
+    assert jobuser.environment(None) == {} and jobuser.popen_args(None) == (None, None, None, -1)
     assert jobuser.environment("nobody") == {"HOME": NOBODY.pw_dir, "USER": "nobody", "LOGNAME": "nobody"}
-    assert jobuser.popen_args("nobody")["extra_groups"] == []
+    assert jobuser.popen_args("nobody")[2:] == ([], 0o077)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root supervisor")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,32 +26,47 @@ SPEC, PLACED, RUNNING, EXIT = "spec.json", "placed.json", "running.json", "exit.
 STOP_REQUEST, REPORTED = "stop-request", "reported"
 
 
-@dataclass(frozen=True)
-class Spec:
+class _Record:
+    """A plain record: its fields are its attributes (`__dict__`, as JSON writes them), equal when those are.
+
+    Not a dataclass: the supervisor imports this module at each job's start, and `dataclasses` (which imports
+    `inspect`) would be about a quarter of that start."""
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.__dict__ == self.__dict__
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
+
+
+class Spec(_Record):
     """What the supervisor runs, and when it stops the job on its own."""
 
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str | None
-    alive: str  # the agent's liveness file
-    grace_s: float  # SIGTERM to SIGKILL when it stops the job itself
-    fence_after_s: float  # agent silence after which it does
-    user: str | None = None  # the user the job runs as (None: the supervisor's own); set only by a root agent
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None, alive: str, grace_s: float,
+                 fence_after_s: float, user: str | None = None) -> None:
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.alive = alive  # the agent's liveness file
+        self.grace_s = grace_s  # SIGTERM to SIGKILL when it stops the job itself
+        self.fence_after_s = fence_after_s  # agent silence after which it does
+        self.user = user  # the user the job runs as (None: the supervisor's own); set only by a root agent
 
 
-@dataclass(frozen=True)
-class Running:
-    supervisor_pid: int
-    job_pid: int
-    started_at: datetime
+class Running(_Record):
+    def __init__(self, supervisor_pid: int, job_pid: int, started_at: datetime) -> None:
+        self.supervisor_pid = supervisor_pid
+        self.job_pid = job_pid
+        self.started_at = started_at
 
 
-@dataclass(frozen=True)
-class Exit:
-    finished_at: datetime
-    exit_code: int | None = None  # negative: killed by that signal; None: the command never started
-    interrupted: str | None = None  # why the node stopped the job (planned stop, self-fencing)
-    error: str | None = None  # why the command could not start
+class Exit(_Record):
+    def __init__(self, finished_at: datetime, exit_code: int | None = None, interrupted: str | None = None,
+                 error: str | None = None) -> None:
+        self.finished_at = finished_at
+        self.exit_code = exit_code  # negative: killed by that signal; None: the command never started
+        self.interrupted = interrupted  # why the node stopped the job (planned stop, self-fencing)
+        self.error = error  # why the command could not start
 
 
 def utcnow() -> datetime:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import pwd
 from pathlib import Path
-from typing import Any
+
+# No `typing` here: the supervisor imports this module at each job's start (typing alone costs it ~25 ms).
 
 
 def resolve(job_user: str | None, allow_root: bool, euid: int | None = None) -> str | None:
@@ -30,12 +31,13 @@ def resolve(job_user: str | None, allow_root: bool, euid: int | None = None) -> 
     return entry.pw_name if euid == 0 and entry.pw_uid != euid else None
 
 
-def popen_args(user: str | None) -> dict[str, Any]:
-    """subprocess.Popen arguments that start the command as `user` (none for None)."""
+def popen_args(user: str | None) -> tuple[int | None, int | None, list[int] | None, int]:
+    """subprocess.Popen's (user, group, extra_groups, umask) that start the command as `user`; Popen's own
+    defaults (None, None, None, -1) for None."""
     if user is None:
-        return {}
+        return None, None, None, -1
     entry = pwd.getpwnam(user)
-    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": [], "umask": 0o077}
+    return entry.pw_uid, entry.pw_gid, [], 0o077
 
 
 def environment(user: str | None) -> dict[str, str]:

@@ -61,9 +61,10 @@ def supervise(attempt_dir: Path) -> None:
     """Run the attempt's command to its end and record how it started and ended."""
     spec = attempts.read_spec(attempt_dir)
     begun = time.time()
+    uid, gid, groups, umask = jobuser.popen_args(spec.user)
     try:
         job = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL, start_new_session=True,
-                               **jobuser.popen_args(spec.user))
+                               user=uid, group=gid, extra_groups=groups, umask=umask)
     except OSError as exc:
         reason = f"cannot start command: {exc.strerror or exc}"
         attempts.write_exit(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), error=reason))

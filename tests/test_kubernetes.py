@@ -242,3 +242,55 @@ def test_the_redis_and_sentinel_start_scripts_are_valid_shell():
         checked = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True, timeout=30)
         assert checked.returncode == 0, (name, checked.stderr)
     assert subprocess.run(["sh", "-n"], input="if then fi", capture_output=True, text=True).returncode != 0
+
+
+def test_the_first_redis_pod_starts_as_master_and_its_sentinel_monitors_it(tmp_path):
+    """redis.sh and sentinel.sh as the first pod runs them (no sentinel answers yet), with the redis-server of
+    the test run: their configs are accepted, the server takes the password, the sentinel names it master.
+    Paths, ports and the pod's DNS names are rewritten to this machine's (never the system Redis on 6379)."""
+    import time
+
+    from whaleflux.servers import free_port, redis_server_binary
+
+    scripts = named(rendered("production"), "ConfigMap", "redis-scripts")["data"]
+    port, sentinel_port, password = free_port(), free_port(), "p" * 24
+    binary = Path(redis_server_binary())
+    (tmp_path / "password").write_text(password)
+    for sub in ("conf", "data", "bin"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "bin" / "redis-cli").symlink_to(binary.parent / "redis-cli")
+
+    def local(text: str) -> str:
+        for old, new in (("26379", str(sentinel_port)), ("6379", str(port)), ("/run/secrets/redis/password",
+                         str(tmp_path / "password")), ("/scripts/", f"{tmp_path}/"), ("/conf/", f"{tmp_path}/conf/"),
+                         ("dir /tmp", f"dir {tmp_path / 'data'}"), ("dir /data", f"dir {tmp_path / 'data'}"),
+                         ('"redis-$i.redis-headless"', "127.0.0.1"), ('"redis-0.redis-headless"', "127.0.0.1"),
+                         ('"$(hostname).redis-headless"', "127.0.0.1"), ("exec redis-server", f"exec {binary}")):
+            text = text.replace(old, new)
+        return text
+
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(local(text))
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}
+    procs = []
+    try:
+        for script, answering in (("redis.sh", port), ("sentinel.sh", sentinel_port)):
+            procs.append(subprocess.Popen(["sh", str(tmp_path / script)], env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+            deadline = time.monotonic() + 60
+            while subprocess.run(["sh", str(tmp_path / "ping.sh"), str(answering)], env=env).returncode != 0:
+                assert procs[-1].poll() is None, f"{script} exited {procs[-1].returncode}"
+                assert time.monotonic() < deadline, f"{script}: nothing answered on {answering}"
+                time.sleep(0.2)
+        assert "replicaof" not in (tmp_path / "conf" / "redis.conf").read_text()
+        master = subprocess.run([str(tmp_path / "bin" / "redis-cli"), "--no-auth-warning", "-p", str(sentinel_port),
+                                 "sentinel", "get-master-addr-by-name", "whaleflux"], capture_output=True, text=True,
+                                env={**env, "REDISCLI_AUTH": password}, timeout=30)
+        assert master.stdout.split() == ["127.0.0.1", str(port)]
+        refused = subprocess.run([str(tmp_path / "bin" / "redis-cli"), "-p", str(port), "ping"], capture_output=True,
+                                 text=True, env=env, timeout=30)
+        assert "NOAUTH" in refused.stdout + refused.stderr
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(15)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from whaleflux.billing.allocation import EnergyUse, Interval, JobInfo, chargeback, showback
+from whaleflux.billing.allocation import EnergyUse, Interval, IntervalTable, JobInfo, chargeback, showback
 from whaleflux.billing.budgets import Budget, evaluate
 from whaleflux.billing.exports import FOCUS_COLUMNS, focus_csv, focus_rows
 from whaleflux.billing.ownership import GpuTerms, gpu_cost, to_ms
@@ -172,6 +172,62 @@ def test_time_held_before_a_cloud_gpus_declared_start_is_reported():
                     gpus, to_ms(MAR), to_ms(APR))
     assert cb.jobs["j:1"].usd == Decimal("32.000000")  # the 8 h from its declared start
     assert any("job j:1" in n and "2.00 GPU-h outside their declared terms" in n for n in cb.notes)
+
+
+def test_each_job_and_segment_is_priced_exactly_to_the_micro_dollar_even_at_a_tie():
+    """The column path prices GPU-ms sums with floats only where the rounding is certain; ties (a cost of
+    exactly n + 0.5 micro-dollars) and near-ties must round half-even as Decimal does."""
+    # $0.0018/h = 5e-10 USD/ms: 1,000 ms cost 0.5 micro-dollars (rounds to 0), 3,000 ms 1.5 (rounds to 2).
+    # GPU X costs $3,600,000.0018/h: a 3,000 ms job's ~$3,000 is past where floats are exact to the micro-dollar.
+    book = parse_pricebook(BOOK)
+    hourly = {"C": Decimal("0.0018"), "X": Decimal("3600000.0018")}
+    gpus = {u: gpu_cost(GpuTerms(uuid=u, model="A100", ownership="cloud", pool="c", cloud_hourly=h,
+                                 in_fleet_since=MAR), book, MAR, APR) for u, h in hourly.items()}
+    t0 = to_ms(MAR)
+    cases = {"tie-low:1": ("C", 1_000), "tie-high:1": ("C", 3_000), "above:1": ("C", 3_001),
+             "huge:1": ("X", 3_000), "huge-long:1": ("X", 400 * 3_600_000 + 1_000)}
+    ivs, jobs = [], {}
+    for i, (key, (gpu, ms)) in enumerate(cases.items()):
+        jobs[key] = JobInfo(key[:-2], 1, "t", "p", "A100")
+        ivs.append(Interval(gpu, t0 + i * 2_000_000_000 // 10, t0 + i * 2_000_000_000 // 10 + ms, key))
+    cb = chargeback(ivs, jobs, gpus, to_ms(MAR), to_ms(APR))
+    for key, (gpu, ms) in cases.items():
+        expected = (ms * (hourly[gpu] / 3_600_000)).quantize(Decimal("0.000001"), rounding="ROUND_HALF_EVEN")
+        assert cb.jobs[key].fixed_usd == expected, key
+    assert cb.jobs["tie-low:1"].fixed_usd == 0 and cb.jobs["tie-high:1"].fixed_usd == Decimal("0.000002")
+
+
+def test_chargeback_over_columns_equals_one_priced_interval_at_a_time():
+    """An independent, one-interval-at-a-time Decimal computation of every job's fixed cost and GPU-ms (each
+    job's ms per rate segment summed, then priced), against the column path, over random windows."""
+    rng = random.Random(11)
+    book = parse_pricebook(BOOK)
+    start, end = datetime(2026, 2, 1, tzinfo=UTC), datetime(2026, 5, 1, tzinfo=UTC)
+    gpus = _random_fleet(rng, book, start, end)
+    ivs, jobs = _random_jobs(rng, gpus, start, end, n=400)
+    table = IntervalTable.of(ivs)
+    assert table.rows() == ivs
+    for _ in range(10):
+        a = to_ms(start) + rng.randrange(0, to_ms(end) - to_ms(start))
+        b = a + rng.randrange(1, to_ms(end) - a + 1)
+        cb = chargeback(table, jobs, gpus, a, b)
+        held: dict[tuple[str, int, int, Decimal], int] = {}
+        for iv in ivs:
+            for seg in gpus[iv.gpu].segments:
+                lo, hi = max(iv.start_ms, seg.start_ms, a), min(iv.end_ms, seg.end_ms, b)
+                if hi > lo:
+                    k = (iv.job, seg.start_ms, seg.end_ms, seg.usd_per_ms)
+                    held[k] = held.get(k, 0) + hi - lo
+        fixed: dict[str, Decimal] = {}
+        for (job, _, _, rate), ms in held.items():
+            fixed[job] = fixed.get(job, Decimal(0)) + (ms * rate).quantize(Decimal("0.000001"),
+                                                                           rounding="ROUND_HALF_EVEN")
+        assert {j: c.fixed_usd for j, c in cb.jobs.items() if c.fixed_usd} == {j: v for j, v in fixed.items() if v}
+        clipped = {iv.job: 0 for iv in ivs if min(iv.end_ms, b) > max(iv.start_ms, a)}
+        for iv in ivs:
+            if iv.job in clipped:
+                clipped[iv.job] += max(min(iv.end_ms, b) - max(iv.start_ms, a), 0)
+        assert {j: c.gpu_ms for j, c in cb.jobs.items()} == clipped
 
 
 def _random_fleet(rng: random.Random, book, start, end):

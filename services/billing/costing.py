@@ -20,7 +20,7 @@ from typing import Any
 from whaleflux.shared.contracts import Asset
 
 from . import allocation as alloc
-from .allocation import Chargeback, EnergyUse, Interval, JobInfo
+from .allocation import Chargeback, EnergyUse, Interval, IntervalTable, JobInfo
 from .budgets import day_windows
 from .energy import Series
 from .metering import Overlap, UsageRecord, intervals, without_overlaps
@@ -206,10 +206,11 @@ def daily_spend(inp: Inputs, book: PriceBook, first: date, now: datetime) -> dic
     energy = energy_uses(inp.series, ivs, gpus, to_ms(start), to_ms(now))
     prices = kwh_prices(energy, gpus, book)
     daily: dict[tuple[str, str], dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    table = IntervalTable.of(ivs)  # once for every day's chargeback
     for lo, hi in day_windows(first, now):
         day_gpus = {u: gpu_cost(g.terms, book, lo, hi) if not g.usage_only or g.segments else g
                     for u, g in gpus.items()}
-        cb = alloc.chargeback(ivs, jobs, day_gpus, to_ms(lo), to_ms(hi), energy, prices)
+        cb = alloc.chargeback(table, jobs, day_gpus, to_ms(lo), to_ms(hi), energy, prices)
         d = lo.date()
         daily[("cluster", "all")][d] += cb.fleet_usd
         for jc in cb.jobs.values():

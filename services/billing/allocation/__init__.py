@@ -15,11 +15,12 @@ Rounding rule (extends pricing.py):
   breakdowns of one fleet rounded apart: their difference is shown as
   `rounding_usd` (a few cents at most), never hidden in a line.
 
-`chargeback.py` computes the exact amounts, `showback.py` groups and shows them.
+`chargeback.py` computes the exact amounts over the intervals as numpy columns
+(integer micro-dollars, the same roundings), `showback.py` groups and shows them.
 """
 
-from .chargeback import Chargeback, EnergyUse, GroupCost, Interval, JobCost, JobInfo, chargeback
+from .chargeback import Chargeback, EnergyUse, GroupCost, Interval, IntervalTable, JobCost, JobInfo, chargeback
 from .showback import GROUP_KEYS, IdleLine, Row, Showback, showback
 
-__all__ = ["GROUP_KEYS", "Chargeback", "EnergyUse", "GroupCost", "IdleLine", "Interval", "JobCost", "JobInfo", "Row",
-           "Showback", "chargeback", "showback"]
+__all__ = ["GROUP_KEYS", "Chargeback", "EnergyUse", "GroupCost", "IdleLine", "Interval", "IntervalTable", "JobCost",
+           "JobInfo", "Row", "Showback", "chargeback", "showback"]

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from decimal import ROUND_FLOOR, Decimal
+from dataclasses import dataclass
+from decimal import Decimal
+from operator import attrgetter
 
-from ..pricing import MICRO, to_cents
-from .chargeback import MS_PER_HOUR, Chargeback, JobCost
+import numpy as np
+import numpy.typing as npt
+
+from ..pricing import to_cents
+from .chargeback import I64, MS_PER_HOUR, Chargeback, JobColumns, JobInfo, codes, from_micro
 
 
 @dataclass
@@ -55,74 +59,101 @@ class Showback:
     rounding_usd: Decimal = Decimal("0.00")
 
 
-GROUP_KEYS: dict[str, Callable[[JobCost], str]] = {
-    "job": lambda j: j.info.job_id,
-    "team": lambda j: j.info.team,
-    "project": lambda j: j.info.project,
-    "model": lambda j: j.info.model,
+GROUP_KEYS: dict[str, Callable[[JobInfo], str]] = {
+    "job": attrgetter("job_id"),
+    "team": attrgetter("team"),
+    "project": attrgetter("project"),
+    "model": attrgetter("model"),
 }
+_IS_RUNNING, _ATTEMPT = attrgetter("running"), attrgetter("attempt")
 _RUNNING = "\0running"  # the key of attempts still running, when they are one line rather than rows
 
 
 @dataclass
 class _Tally:
-    """Job costs summed per row key."""
+    """Job costs summed per row key (index: `names`); `row[i]` is column i's row."""
 
-    cost: dict[str, Decimal] = field(default_factory=lambda: defaultdict(Decimal))
-    ms: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    jobs: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
-    util_w: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
-    in_flight: Decimal = Decimal(0)
-
-
-def _tally(cb: Chargeback, keyf: Callable[[JobCost], str], running: bool) -> _Tally:
-    t = _Tally()
-    for jc in cb.jobs.values():
-        if jc.info.running and not running:
-            t.in_flight += jc.usd
-            continue
-        k = keyf(jc)
-        t.cost[k] += jc.usd
-        t.ms[k] += jc.gpu_ms
-        t.jobs[k].add(jc.info.job_id)
-        if jc.util_mean is not None:
-            t.util_w[k][0] += jc.util_mean * jc.gpu_ms
-            t.util_w[k][1] += jc.gpu_ms
-    return t
+    names: list[str]
+    row: I64
+    cost: I64  # micro-dollars
+    ms: I64
+    jobs: I64  # distinct job ids
+    util_w: npt.NDArray[np.float64]  # utilization x GPU-ms
+    util_ms: npt.NDArray[np.float64]  # GPU-ms with a utilization
 
 
-def _split(amount: Decimal, users: dict[str, int]) -> dict[str, Decimal]:
+def _sum(into: int, at: I64, values: I64) -> I64:
+    out = np.zeros(into, dtype=np.int64)
+    np.add.at(out, at, values)
+    return out
+
+
+def _tally(cb: Chargeback, keyf: Callable[[JobInfo], str], running: bool) -> _Tally:
+    c = cb.columns
+    keys = list(map(keyf, c.infos))  # C-level passes over the attempts: there may be a million
+    if not running and any(map(_IS_RUNNING, c.infos)):
+        keys = [_RUNNING if info.running else k for info, k in zip(c.infos, keys, strict=True)]
+    names, rows = codes(keys)
+    n = len(names)
+    w = np.zeros(n, dtype=np.float64)
+    wm = np.zeros(n, dtype=np.float64)
+    if c.util_mean.count(None) < len(c.util_mean):
+        util = np.array(c.util_mean, dtype=np.float64)  # None -> nan
+        has = ~np.isnan(util)
+        np.add.at(w, rows[has], util[has] * c.gpu_ms[has])
+        np.add.at(wm, rows[has], c.gpu_ms[has].astype(np.float64))
+    return _Tally(names, rows, _sum(n, rows, c.usd_micro), _sum(n, rows, c.gpu_ms),
+                  _distinct_jobs(c, rows, n), w, wm)
+
+
+def _distinct_jobs(c: JobColumns, rows: I64, n: int) -> I64:
+    """Job ids per row: its attempts, less each attempt with an earlier attempt of its job in the same row."""
+    out = np.bincount(rows, minlength=n).astype(np.int64)
+    later = np.flatnonzero(np.fromiter(map(_ATTEMPT, c.infos), np.int64, len(c.infos)) > 1).tolist()
+    if later:
+        index = dict(zip(c.keys, range(len(c.keys)), strict=True))
+        for i in later:
+            info = c.infos[i]
+            earlier = (index.get(f"{info.job_id}:{a}") for a in range(1, info.attempt))
+            if any(j is not None and rows[j] == rows[i] for j in earlier):
+                out[rows[i]] -= 1
+    return out
+
+
+def _split(amount: int, users: dict[str, int]) -> dict[str, int]:
     """Exact micro-dollar split in proportion to use, remainders by largest fraction, summing to `amount`."""
     total_ms = sum(users.values())
     names = sorted(users)
-    raw = [amount * users[n] / total_ms for n in names]
-    parts = [r.quantize(MICRO, rounding=ROUND_FLOOR) for r in raw]
-    short = int((amount - sum(parts, Decimal(0))) / MICRO)
-    for i in sorted(range(len(raw)), key=lambda i: (-(raw[i] - parts[i]), i))[:max(short, 0)]:
-        parts[i] += MICRO
+    raw = [amount * users[n] for n in names]
+    parts = [r // total_ms for r in raw]
+    short = amount - sum(parts)
+    for i in sorted(range(len(raw)), key=lambda i: (-(raw[i] % total_ms), i))[:max(short, 0)]:
+        parts[i] += 1
     return dict(zip(names, parts, strict=True))
 
 
-def _idle_shares(cb: Chargeback, keyf: Callable[[JobCost], str], running: bool,
-                 group_keys: list[tuple[str, str]]) -> tuple[dict[str, Decimal], dict[tuple[str, str], Decimal]]:
+def _idle_shares(cb: Chargeback, t: _Tally, group_keys: list[tuple[str, str]]
+                 ) -> tuple[dict[str, Decimal], dict[tuple[str, str], Decimal]]:
     """Each row key's share of the idle cost, and per (pool, model) how much of its idle was shared to rows."""
-    names = {job: (_RUNNING if jc.info.running and not running else keyf(jc)) for job, jc in cb.jobs.items()}
-    use: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for gid, d in enumerate(cb.accs):
-        for job, gms in d.items():
-            # A running attempt takes its idle share too, so the rows' shares stay proportional to use.
-            use[cb.seg_group[gid]][names[job]] += gms
-    share: dict[str, Decimal] = defaultdict(Decimal)
+    # A running attempt takes its idle share too, so the rows' shares stay proportional to use.
+    n = max(len(t.names), 1)
+    pairs, inverse = np.unique(cb.use.group * n + t.row[cb.use.job], return_inverse=True)
+    ms = _sum(len(pairs), inverse, cb.use.ms)
+    use: dict[int, dict[str, int]] = defaultdict(dict)
+    for pair, gms in zip(pairs.tolist(), ms.tolist(), strict=True):
+        if gms:
+            use[pair // n][t.names[pair % n]] = gms
+    share: dict[str, int] = defaultdict(int)
     shared: dict[tuple[str, str], Decimal] = {g: Decimal(0) for g in group_keys}
-    for g in group_keys:
+    for i, g in enumerate(group_keys):
         idle = cb.groups[g].idle_usd
-        users = use.get(g)
+        users = use.get(i)
         if not users or idle == 0:
             continue
-        for n, p in _split(idle, users).items():
-            share[n] += p
-        shared[g] = idle - share.pop(_RUNNING, Decimal(0))
-    return share, shared
+        for name, p in _split(int(idle.scaleb(6)), users).items():
+            share[name] += p
+        shared[g] = idle - from_micro(share.pop(_RUNNING, 0))
+    return {k: from_micro(v) for k, v in share.items()}, shared
 
 
 def _idle_lines(cb: Chargeback, group_keys: list[tuple[str, str]],
@@ -149,21 +180,23 @@ def showback(cb: Chargeback, by: str = "team", share_idle: bool = False, running
     the cent; totals are sums of lines: allocated = rows, idle = idle lines, unshared idle = idle - rows'
     shares, fleet = idle lines' fleet = allocated + running + idle + `rounding_usd`.
     """
-    keyf = GROUP_KEYS[by]
-    t = _tally(cb, keyf, running)
+    t = _tally(cb, GROUP_KEYS[by], running)
     group_keys = sorted(cb.groups)
-    share: dict[str, Decimal] = defaultdict(Decimal)
+    share: dict[str, Decimal] = {}
     shared = {g: Decimal(0) for g in group_keys}
     if share_idle:
-        share, shared = _idle_shares(cb, keyf, running, group_keys)
+        share, shared = _idle_shares(cb, t, group_keys)
     rows = []
-    for k in sorted(t.cost):
-        w = t.util_w.get(k)
-        cost, idle_share = to_cents(t.cost[k]), to_cents(share.get(k, Decimal(0)))
+    in_flight = Decimal("0.00")
+    for i, k in enumerate(t.names):
+        if k == _RUNNING:
+            in_flight = to_cents(from_micro(int(t.cost[i])))
+            continue
+        cost, idle_share = to_cents(from_micro(int(t.cost[i]))), to_cents(share.get(k, Decimal(0)))
         rows.append(Row(
-            key=k, jobs=len(t.jobs[k]), gpu_hours=(Decimal(t.ms[k]) / MS_PER_HOUR).quantize(Decimal("0.0001")),
+            key=k, jobs=int(t.jobs[i]), gpu_hours=(Decimal(int(t.ms[i])) / MS_PER_HOUR).quantize(Decimal("0.0001")),
             cost_usd=cost, idle_share_usd=idle_share, total_usd=cost + idle_share,
-            efficiency_pct=round(w[0] / w[1], 1) if w and w[1] else None,
+            efficiency_pct=round(float(t.util_w[i] / t.util_ms[i]), 1) if t.util_ms[i] else None,
         ))
     rows.sort(key=lambda r: (-r.total_usd, r.key))
     lines = _idle_lines(cb, group_keys, shared)
@@ -171,6 +204,5 @@ def showback(cb: Chargeback, by: str = "team", share_idle: bool = False, running
     allocated = sum((r.cost_usd for r in rows), zero)
     idle = sum((line.idle_usd for line in lines), zero)
     fleet = sum((line.fleet_usd for line in lines), zero)
-    in_flight = to_cents(t.in_flight)
     return Showback(by, rows, lines, fleet, allocated, idle, idle - sum((r.idle_share_usd for r in rows), zero),
                     share_idle, in_flight, fleet - allocated - in_flight - idle)

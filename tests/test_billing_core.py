@@ -433,6 +433,69 @@ def test_focus_export_has_every_mandatory_column_with_its_type_and_rules():
     assert set(FOCUS_COLUMNS) == set(parsed[0])
 
 
+def test_focus_idle_shared_back_is_split_cost_allocation_that_adds_up_to_its_origin():
+    """FOCUS 1.3 split cost allocation (AllocatedMethodId, AllocatedMethodDetails, AllocatedResourceId/Name,
+    AllocatedTags) for idle shared back to teams: each idle row split by the teams' GPU-hours in its pool, every
+    summable column adding up exactly to the idle row it came from, the ratios to 1, the export's total
+    unchanged, and each team's share within rounding of the showback's idle share."""
+    book = parse_pricebook(BOOK)
+    rng = random.Random(5)
+    gpus = _random_fleet(rng, book, MAR, APR)
+    ivs, jobs = _random_jobs(rng, gpus, MAR, APR, n=80)
+    hour = to_ms(MAR) + 5 * 3_600_000
+    energy = [EnergyUse("O1", hour, 7.2e6, ((next(iter(jobs)), 3.6e6),))]
+    prices = {("O1", hour): Decimal("0.20")}
+    plain = focus_rows(ivs, jobs, gpus, to_ms(MAR), to_ms(APR), energy, prices)
+    split = focus_rows(ivs, jobs, gpus, to_ms(MAR), to_ms(APR), energy, prices, share_idle_by="team")
+    parsed = list(csv.DictReader(io.StringIO(focus_csv(split))))
+    spec = _focus_spec()
+    allocated_columns = ["AllocatedMethodId", "AllocatedMethodDetails", "AllocatedResourceId",
+                         "AllocatedResourceName", "AllocatedTags"]
+    for c in allocated_columns:
+        assert c in spec and spec[c]["Introduced"] == "1.3" and c in parsed[0]
+    plain_parsed = list(csv.DictReader(io.StringIO(focus_csv(plain))))
+    assert all(r[c] == "" for r in plain_parsed for c in allocated_columns)  # no split asked: none allocated
+    total = lambda rows: sum((Decimal(r["EffectiveCost"]) for r in rows), Decimal(0))  # noqa: E731
+    assert total(parsed) == total(plain_parsed)  # exactly, not just to the cent
+    origins = [r for r in plain_parsed if r["x_Idle"] == "true" and r["ChargeCategory"] == "Usage"]
+    assert origins
+    by_origin: dict[tuple, list[dict]] = {}
+    for r in parsed:
+        if r["AllocatedMethodId"]:
+            assert r["AllocatedMethodId"] == "whaleflux-idle-by-gpu-hours" and r["x_Idle"] == "true"
+            assert r["AllocatedResourceId"] == f"team/{r['AllocatedResourceName']}"
+            assert json.loads(r["AllocatedTags"]) == {"team": r["AllocatedResourceName"]}
+            assert "team" not in json.loads(r["Tags"])  # AllocatedTags never repeats Tags
+            [element] = json.loads(r["AllocatedMethodDetails"])["Elements"]
+            assert element["UsageUnit"] == "GPU-Hours" and 0 <= element["AllocatedRatio"] <= 1
+            by_origin.setdefault((r["ResourceId"], r["ChargePeriodStart"], r["PricingUnit"]), []).append(r)
+        else:
+            assert all(r[c] == "" for c in allocated_columns)
+    used_pools = {(r["x_Pool"], r["x_GpuModel"]) for r in plain_parsed
+                  if r["x_JobId"] and r["PricingUnit"] == "GPU-Hours"}
+    for o in origins:
+        parts = by_origin.get((o["ResourceId"], o["ChargePeriodStart"], o["PricingUnit"]))
+        if (o["x_Pool"], o["x_GpuModel"]) not in used_pools:
+            assert parts is None
+            continue
+        assert parts, o
+        for c in ("EffectiveCost", "BilledCost", "ListCost", "ContractedCost", "ConsumedQuantity", "PricingQuantity"):
+            assert sum((Decimal(p[c]) for p in parts), Decimal(0)) == Decimal(o[c]), c
+        ratios = [Decimal(str(json.loads(p["AllocatedMethodDetails"])["Elements"][0]["AllocatedRatio"]))
+                  for p in parts]
+        assert abs(sum(ratios, Decimal(0)) - 1) < Decimal("1e-9")
+        assert all(p[c] == o[c] for p in parts for c in ("ContractedUnitPrice", "ListUnitPrice", "SkuId",
+                                                         "ResourceName", "RegionId", "ChargePeriodEnd"))
+    cb = chargeback(ivs, jobs, gpus, to_ms(MAR), to_ms(APR), energy, prices)
+    sb = showback(cb, "team", share_idle=True)
+    shares: dict[str, Decimal] = {}
+    for r in split:
+        if r["AllocatedMethodId"]:
+            shares[r["AllocatedResourceName"]] = shares.get(r["AllocatedResourceName"], Decimal(0)) + r["EffectiveCost"]
+    for row in sb.rows:
+        assert abs(shares.get(row.key, Decimal(0)).quantize(Decimal("0.01")) - row.idle_share_usd) <= Decimal("0.02")
+
+
 # --------------------------------------------------------------------------- TCO
 
 

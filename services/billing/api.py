@@ -82,6 +82,8 @@ async def export(
     fmt: Annotated[Literal["focus", "focus-commitments", "csv", "json"], Query(alias="format")] = "focus",
     start: Annotated[datetime | None, Query(alias="from")] = None,
     end: Annotated[datetime | None, Query(alias="to")] = None, by: GroupBy = "job",
+    share_idle_by: Annotated[Literal["team", "project"] | None, Query(
+        description="FOCUS: idle rows become split cost allocation rows per team or project, by GPU-hours")] = None,
 ) -> JSONResponse | PlainTextResponse:
     """FOCUS 1.3 cost and usage CSV, the FOCUS 1.3 contract commitment CSV (the leases), a CSV of job attempts
     and idle lines, or the JSON report; FOCUS answers declare their version (`X-FOCUS-Version`)."""
@@ -97,7 +99,7 @@ async def export(
         return PlainTextResponse(text, media_type="text/csv", headers=version)
     ctx = FocusContext(billing.settings.billing_account_id, billing.settings.billing_account_name)
     rows = focus_rows(c.intervals, c.jobs, c.gpus, to_ms(lo), to_ms(hi), c.energy,
-                      kwh_prices(c.energy, c.gpus, c.book), ctx)
+                      kwh_prices(c.energy, c.gpus, c.book), ctx, share_idle_by)
     return PlainTextResponse(focus_csv(rows), media_type="text/csv", headers=version)
 
 

@@ -48,7 +48,9 @@ def costs(
     from_: Annotated[str | None, typer.Option(
         "--from", help="start, ISO 8601 (default: start of this month, UTC)")] = None,
     to: Annotated[str | None, typer.Option(help="end, ISO 8601 (default: now)")] = None,
-    share_idle: Annotated[bool, typer.Option(help="share idle cost back in proportion to use")] = False,
+    share_idle: Annotated[bool, typer.Option(help=(
+        "share idle cost back in proportion to use (with --export focus: FOCUS 1.3 split cost allocation rows "
+        "per team or project)"))] = False,
     export: Annotated[str | None, typer.Option(help="focus | csv | json: print the export instead of tables")] = None,
     running: Annotated[bool, typer.Option(help="include jobs still running, at their cost up to now (marked)")] = True,
 ) -> None:
@@ -59,11 +61,15 @@ def costs(
         _fail(f"--by: {by!r} is not one of job, team, project, model")
     if export not in (None, "focus", "csv", "json"):
         _fail(f"--export: {export!r} is not one of focus, csv, json")
+    if export == "focus" and share_idle and by not in ("team", "project"):
+        _fail("--export focus --share-idle: idle is split cost allocated to teams or projects; give --by team or "
+              "--by project")
     window = {"from": _utc(from_), "to": _utc(to)}
     conn = Connection.discover()
     try:
         if export:
-            sys.stdout.write(_get_text(conn, "/v1/costs/export", {"format": export, "by": by, **window}))
+            split = {"share_idle_by": by} if share_idle and export == "focus" else {}
+            sys.stdout.write(_get_text(conn, "/v1/costs/export", {"format": export, "by": by, **split, **window}))
             return
         report = conn.get("billing", "/v1/costs", by=by, share_idle=str(share_idle).lower(),
                           running=str(running).lower(), **window)

@@ -20,7 +20,7 @@ Rounding rule (extends pricing.py):
 """
 
 from .chargeback import Chargeback, EnergyUse, GroupCost, Interval, IntervalTable, JobCost, JobInfo, chargeback
-from .showback import GROUP_KEYS, IdleLine, Row, Showback, showback
+from .showback import GROUP_KEYS, IdleLine, Row, Showback, showback, split_by_use
 
 __all__ = ["GROUP_KEYS", "Chargeback", "EnergyUse", "GroupCost", "IdleLine", "Interval", "IntervalTable", "JobCost",
-           "JobInfo", "Row", "Showback", "chargeback", "showback"]
+           "JobInfo", "Row", "Showback", "chargeback", "showback", "split_by_use"]

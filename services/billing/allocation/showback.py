@@ -120,8 +120,9 @@ def _distinct_jobs(c: JobColumns, rows: I64, n: int) -> I64:
     return out
 
 
-def _split(amount: int, users: dict[str, int]) -> dict[str, int]:
-    """Exact micro-dollar split in proportion to use, remainders by largest fraction, summing to `amount`."""
+def split_by_use(amount: int, users: dict[str, int]) -> dict[str, int]:
+    """`amount` (whole units: micro-dollars, say) split in proportion to use, remainders by largest fraction,
+    summing to `amount` exactly."""
     total_ms = sum(users.values())
     names = sorted(users)
     raw = [amount * users[n] for n in names]
@@ -150,7 +151,7 @@ def _idle_shares(cb: Chargeback, t: _Tally, group_keys: list[tuple[str, str]]
         users = use.get(i)
         if not users or idle == 0:
             continue
-        for name, p in _split(int(idle.scaleb(6)), users).items():
+        for name, p in split_by_use(int(idle.scaleb(6)), users).items():
             share[name] += p
         shared[g] = idle - from_micro(share.pop(_RUNNING, 0))
     return {k: from_micro(v) for k, v in share.items()}, shared

@@ -172,3 +172,45 @@ def test_a_gpu_with_xid_79_or_cordoned_is_never_handed_out_even_after_an_undrain
         assert [(e.gpu_index, e.by) for e in uncordons if isinstance(e, GpuUncordoned)] == [(spare, "operator")]
     finally:
         cluster.stop()
+
+
+def test_a_fault_ends_after_the_hold_and_a_gpu_gone_from_telemetry_is_quarantined_missing(clean_servers, tmp_path):
+    """On r4090-01 (no ECC memory, so an XID 48 leaves no error count behind): the XID's quarantine ends once the
+    GPU has reported healthy for the hold; a GPU that vanishes without an XID is quarantined `missing` after
+    GPU_MISSING_S and inventory counts it missing."""
+    node = "r4090-01"
+    cluster = make_cluster(clean_servers, tmp_path)
+    scheduler = cluster.service("scheduler", **FAST_FAILOVER, WHALEFLUX_GPU_QUARANTINE_HOLD_S="2",
+                                WHALEFLUX_GPU_MISSING_S="2")
+    inventory = cluster.service("inventory")
+    agent = cluster.agent(node, interval_s=0.25, name="agent-r4090", http=True)
+    try:
+        scheduler.wait_ready()
+        inventory.wait_ready()
+        wait_until(lambda: httpx.get(agent.url + "/healthz").status_code == 200, what="agent admin port")
+        wait_until(lambda: [n for n in httpx.get(scheduler.url + "/v1/nodes").json()
+                            if n["status"] == "healthy" and n["heartbeat_age_s"] is not None], what="node heartbeating")
+
+        def out() -> dict[int, dict]:
+            rows = httpx.get(scheduler.url + "/v1/gpus", params={"status": "quarantined"}).json()
+            return {g["index"]: g for g in rows}
+
+        resp = httpx.post(agent.url + "/admin/faults", json={"kind": "xid48", "node": node, "gpu": 1}, headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        got = wait_until(out, what="XID 48 quarantined")
+        assert list(got) == [1] and got[1]["cause"] == "xid"
+        wait_until(lambda: not out(), what="released after the hold")
+        uncordons = asyncio.run(_stored(clean_servers, subjects.GPU_UNCORDONED + ".>"))
+        assert [(e.gpu_index, e.by) for e in uncordons if isinstance(e, GpuUncordoned)] == [(1, "scheduler")]
+
+        resp = httpx.post(agent.url + "/admin/faults", json={"kind": "gpu-vanish", "node": node, "gpu": 2},
+                          headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        got = wait_until(out, what="the vanished GPU quarantined")
+        assert list(got) == [2] and got[2]["cause"] == "missing" and "no telemetry" in got[2]["reason"]
+        rows = wait_until(lambda: (r := [x for x in httpx.get(inventory.url + "/v1/inventory").json()
+                                         if x["key"] == "RTX4090"]) and r[0]["missing"] == 1 and r,
+                          what="inventory counts it missing")
+        assert rows[0]["active"] == 3 and rows[0]["unhealthy"] == 0
+    finally:
+        cluster.stop()

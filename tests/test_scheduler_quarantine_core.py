@@ -209,3 +209,6 @@ def test_why_names_the_quarantined_gpus_that_matter_to_the_job():
                         gpu_model="H100", gpu_uuids=["h100-01-3", "h100-01-2"], attempt=1)
     text = why(running, [q, other], models)
     assert "running on h100-01" in text and "h100-01 GPU 3" in text and "a100-01" not in text
+    many = [faulty(Problem("xid", "XID 79"), gpu=Gpu("c1", f"h100-{n:02d}", f"u{n}", 0)) for n in range(2, 15)]
+    lines = why(waiting, many, {f"h100-{n:02d}": "H100" for n in range(2, 15)}).splitlines()
+    assert len(lines) == 12 and lines[-1] == "quarantined: 3 more GPU(s) (whaleflux gpus list)"

@@ -6,6 +6,9 @@ from collections.abc import Iterable, Mapping
 
 from .records import GpuQuarantine, JobRecord
 
+# A waiting job's `why` names at most this many quarantined GPUs (then how many more).
+QUARANTINE_LINES = 10
+
 
 def quarantine_line(q: GpuQuarantine) -> str:
     held = f", healthy since {q.healthy_since:%H:%M:%S}" if q.healthy_since else ""
@@ -43,8 +46,10 @@ def why(job: JobRecord, quarantined: Iterable[GpuQuarantine] = (), models: Mappi
     out = sorted(quarantined, key=lambda q: (q.node, q.index))
     if job.state == "pending":
         allowed = set(job.spec.gpu_models)
-        lines += [quarantine_line(q) for q in out
-                  if not allowed or (models or {}).get(q.node) in allowed]
+        mine = [q for q in out if not allowed or (models or {}).get(q.node) in allowed]
+        lines += [quarantine_line(q) for q in mine[:QUARANTINE_LINES]]
+        if len(mine) > QUARANTINE_LINES:
+            lines.append(f"quarantined: {len(mine) - QUARANTINE_LINES} more GPU(s) (whaleflux gpus list)")
     elif job.state in ("placed", "running"):
         lines += [quarantine_line(q) for q in out if q.uuid in job.gpu_uuids]
     lines += [f"requeued: {r}" for r in job.requeues]

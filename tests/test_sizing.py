@@ -152,6 +152,101 @@ def test_qlora_70b_at_8k_fits_one_h100_and_one_a100_but_not_one_rtx4090():
     assert 40 * GiB < report.memory_total_bytes < 75 * GiB
 
 
+# ---------------------------------------------------------------- attention variants, budgets, training stacks
+
+# Gemma 2 9B's published config.json, the values the estimator reads (google/gemma-2-9b): 42 layers alternating
+# 4,096-token sliding-window (even layers) and global attention.
+GEMMA2_9B_CONFIG = {
+    "model_type": "gemma2", "num_hidden_layers": 42, "hidden_size": 3584, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 14336, "vocab_size": 256000,
+    "max_position_embeddings": 8192, "sliding_window": 4096, "tie_word_embeddings": True,
+}
+
+
+def test_a_mistral_style_sliding_window_caps_every_layers_kv_cache_at_the_window():
+    cfg = {**LLAMA3_8B_CONFIG, "model_type": "mistral", "max_position_embeddings": 32768, "sliding_window": 4096}
+    req = SizingRequest(config=cfg, context=32768, batch=2)
+    kv = item(stage_memory(resolve(req), Split()), "kv_cache")
+    assert kv.bytes == 128 * KiB * 4096 * 2  # 1/8 of full attention at 32K
+    assert "sliding-window layers x 4096 tokens" in kv.note
+    report = estimate(req)
+    assert any("32 of 32 layers use a 4096-token sliding window" in a for a in report.assumptions)
+    assert any("sliding-window attention" in n for n in report.notes)
+    # Shorter than the window: the same as full attention.
+    short = SizingRequest(config=cfg, context=2048)
+    assert item(stage_memory(resolve(short), Split()), "kv_cache").bytes == 128 * KiB * 2048
+
+
+def test_gemma2_alternating_local_and_global_layers_cache_the_window_in_half_of_them():
+    w = resolve(SizingRequest(config=GEMMA2_9B_CONFIG, context=8192))
+    assert (w.arch.sliding_window, w.arch.sliding_layers) == (4096, 21)
+    per_layer_token = 2 * 8 * 256 * 2  # K and V, 8 KV heads x 256 x bf16
+    assert item(stage_memory(w, Split()), "kv_cache").bytes == per_layer_token * (21 * 8192 + 21 * 4096)
+    # Two pipeline stages hold half the layers each, and half of each kind.
+    first = stage_memory(w, Split(pp=2), "first")
+    assert item(first, "kv_cache").bytes == per_layer_token * (10.5 * 8192 + 10.5 * 4096)
+    # The same from an explicit layer list (newer configs), and none when the window is switched off (Qwen2).
+    listed = {**GEMMA2_9B_CONFIG, "model_type": "gemma3_text",
+              "layer_types": ["sliding_attention"] * 35 + ["full_attention"] * 7}
+    assert from_hf_config(listed).sliding_layers == 35
+    assert from_hf_config({**GEMMA2_9B_CONFIG, "use_sliding_window": False}).sliding_window == 0
+
+
+def _h100_serving_batch_between(lo: float, hi: float) -> int:
+    """A batch of Llama 3 8B 8K sequences whose one-GPU memory is between lo and hi of an H100's."""
+    capacity = gpu_models()["H100"].memory_mib * 1024**2
+    for batch in range(1, 200):
+        total = stage_memory(resolve(SizingRequest(model="llama-3-8b", context=8192, batch=batch)), Split()).total_bytes
+        if lo * capacity < total <= hi * capacity:
+            return batch
+    raise AssertionError("no batch in the band")
+
+
+def test_serving_fits_within_vllms_default_90_percent_budget_and_the_budget_is_settable():
+    batch = _h100_serving_batch_between(0.905, 0.99)  # fits the GPU, not vLLM's default budget
+    base = dict(model="llama-3-8b", context=8192, batch=batch, gpus=["H100"])
+    default = estimate(SizingRequest(**base))
+    assert default.workload["memory_budget"] == 0.9 and default.workload["stack"] == "vllm"
+    assert not any(o.count == 1 for o in default.options)
+    assert any("90% of the GPU's memory" in a and "gpu_memory_utilization" in a for a in default.assumptions)
+    full = estimate(SizingRequest(**base, gpu_memory_utilization=1.0))
+    [one] = [o for o in full.options if o.count == 1 and o.best_split]
+    assert one.budget_bytes == one.capacity_bytes and one.per_gpu_bytes <= one.capacity_bytes
+    small = _h100_serving_batch_between(0.5, 0.85)
+    fits = estimate(SizingRequest(**{**base, "batch": small}))
+    [one] = [o for o in fits.options if o.count == 1 and o.best_split]
+    assert one.budget_bytes == int(one.capacity_bytes * 0.9)
+    assert "budget (90% of" in fits.per_gpu_model[0]
+
+
+# Unsloth's published minimum VRAM for QLoRA (4-bit), unsloth.ai/docs/get-started/fine-tuning-for-beginners/
+# unsloth-requirements: "8B 6 GB", "70B 41 GB" (docs/sizing.md: read as GiB of the allocator's peak, which
+# leaves out the CUDA context).
+UNSLOTH_QLORA_MINIMUM_GIB = {"llama-3.1-8b": 6, "llama-3.1-70b": 41}
+
+
+@pytest.mark.parametrize("model", sorted(UNSLOTH_QLORA_MINIMUM_GIB))
+def test_qlora_on_the_unsloth_stack_matches_unsloths_published_minimum(model):
+    published = UNSLOTH_QLORA_MINIMUM_GIB[model]
+    w = resolve(SizingRequest(model=model, task="qlora", context=512, training_stack="unsloth"))
+    mem = stage_memory(w, Split())
+    allocator = mem.total_bytes - GiB  # without the CUDA context torch's memory statistics leave out
+    assert allocator / GiB == pytest.approx(published, rel=0.10)
+    assert w.optimizer == "adamw-8bit"  # Unsloth's default
+    peft = stage_memory(resolve(SizingRequest(model=model, task="qlora", context=512)), Split())
+    assert peft.total_bytes > mem.total_bytes  # fp32 adapters, fp32 logits copy, checkpoints on the GPU
+    assert "offloaded to CPU RAM" in item(mem, "activations_checkpointed").note
+    assert item(mem, "lora_weights").note.endswith("bf16") and item(peft, "lora_weights").note.endswith("fp32")
+
+
+def test_the_report_states_the_training_stack_it_assumes():
+    for stack, words in (("peft", "Hugging Face PEFT + bitsandbytes"), ("unsloth", "Unsloth (fused kernels)")):
+        report = estimate(SizingRequest(model="llama-3-8b", task="qlora", training_stack=stack))
+        assert report.workload["stack"] == stack
+        assert any(a.startswith(f"Stack: {words}") for a in report.assumptions)
+    assert estimate(SizingRequest(model="llama-3-8b", task="lora")).workload["stack"] == "peft"
+
+
 # ---------------------------------------------------------------- memory line items
 
 
@@ -343,6 +438,10 @@ def test_memory_floor_for_the_scheduler_shrinks_with_more_gpus():
         ({"model": "llama-3-8b", "task": "lora", "lora_targets": ["attn"]}, "lora_targets", ["'attn'"]),
         ({"model": "llama-3-8b", "gpus": ["V100"]}, "gpus", ["'V100'"]),
         ({"model": "llama-3-8b", "prices": {"H100": 0}}, "prices", ["positive number"]),
+        ({"model": "llama-3-8b", "training_stack": "unsloth"}, "training_stack", ["lora/qlora only"]),
+        ({"model": "llama-3-8b", "task": "full", "training_stack": "unsloth"}, "training_stack", ["lora/qlora"]),
+        ({"model": "llama-3-8b", "task": "qlora", "gpu_memory_utilization": 0.8}, "gpu_memory_utilization",
+         ["serving only"]),
     ],
 )
 def test_bad_input_raises_an_error_naming_the_field(fields, field, words):
@@ -361,7 +460,11 @@ def test_bad_input_raises_an_error_naming_the_field(fields, field, words):
         ({k: v for k, v in LLAMA3_8B_CONFIG.items() if k != "num_hidden_layers"}, ["missing num_hidden_layers"]),
         ({**LLAMA3_8B_CONFIG, "num_key_value_heads": 5}, ["not a multiple of num_key_value_heads 5"]),
         ({**LLAMA3_8B_CONFIG, "model_type": "gpt2"}, ["'gpt2'"]),
-        ({**LLAMA3_8B_CONFIG, "kv_lora_rank": 512}, ["multi-head latent attention"]),
+        ({**LLAMA3_8B_CONFIG, "kv_lora_rank": 512}, ["multi-head latent attention", "compressed latent"]),
+        ({**LLAMA3_8B_CONFIG, "attention_chunk_size": 8192}, ["chunked local attention", "not modelled"]),
+        ({**LLAMA3_8B_CONFIG, "layer_types": ["linear_attention"] * 32}, ["layer_types linear_attention"]),
+        ({**LLAMA3_8B_CONFIG, "sliding_window": 4096, "layer_types": ["sliding_attention"] * 3},
+         ["one type per layer (32)"]),
         ([1, 2], ["expected a JSON object"]),
     ],
 )

@@ -100,7 +100,7 @@ def _options_table(shown: list[Option], training: bool, all_splits: bool) -> Tab
     title = ("Every feasible configuration" if all_splits
              else "Feasible configurations (fastest split per GPU count)")
     table = Table(title=f"{title}, cheapest first", title_justify="left")
-    for col in ("#", "GPU", "count", "split", "memory / GPU"):
+    for col in ("#", "GPU", "count", "split", "memory / budget"):
         table.add_column(col, justify="right" if col in ("#", "count") else "left", no_wrap=True)
     if training:
         table.add_column("tokens/s", justify="right")
@@ -116,7 +116,7 @@ def _options_table(shown: list[Option], training: bool, all_splits: bool) -> Tab
     # Ranks among the rows shown (the JSON ranks every feasible option).
     by_time = {id(o): r for r, o in enumerate(sorted(shown, key=lambda o: o.time_rank), 1)}
     for rank, o in enumerate(shown, 1):
-        mem = f"{_gib(o.per_gpu_bytes)} / {o.capacity_bytes / GiB:.0f}"
+        mem = f"{_gib(o.per_gpu_bytes)} / {o.budget_bytes / GiB:.0f}"  # of the stack's budget
         row = [str(rank), o.gpu, str(o.count), o.split, mem, f"{o.tokens_per_s:,.0f}"]
         if training:
             row += [_duration(o.seconds) if o.seconds else "-", _usd(o.cost_usd), _usd(o.usd_per_million_tokens)]

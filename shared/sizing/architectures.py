@@ -56,6 +56,10 @@ class Architecture(BaseModel):
     experts_per_token: int = 0
     expert_intermediate: int = 0
     shared_expert_intermediate: int = 0
+    # Sliding-window attention: `sliding_layers` of the layers attend to (and cache) only the last
+    # `sliding_window` tokens; the others attend to the whole context.
+    sliding_window: int = 0
+    sliding_layers: int = 0
     notes: tuple[str, ...] = ()
 
     # ------------------------------------------------------------ shapes
@@ -162,8 +166,16 @@ class Architecture(BaseModel):
         return self.layers * per_layer
 
     def kv_bytes_per_token(self, bytes_per_value: float) -> float:
-        """K and V for every layer: 2 x layers x KV heads x head dim x bytes."""
+        """K and V for every layer: 2 x layers x KV heads x head dim x bytes (before any sliding window)."""
         return 2 * self.layers * self.kv_heads * self.head_dim * bytes_per_value
+
+    def kv_tokens(self, layers: int, context: int) -> float:
+        """Tokens of K and V that `layers` of this model's layers cache for one sequence of `context` tokens: a
+        sliding-window layer keeps at most its window; a stage of a pipeline holds its share of sliding layers."""
+        if not self.sliding_window:
+            return float(layers * context)
+        sliding = layers * self.sliding_layers / self.layers
+        return (layers - sliding) * context + sliding * min(context, self.sliding_window)
 
     def summary(self) -> dict[str, int]:
         return {
@@ -266,10 +278,15 @@ def from_hf_config(config: Any, name: str = "config.json", source: str = "config
     if tied is None:
         tied = model_type not in UNTIED_BY_DEFAULT  # transformers' PretrainedConfig default is True
     bias = bool(config.get("attention_bias", False))
+    window, sliding = _sliding_window(config, read, model_type, layers)
+    if sliding:
+        kind = "every layer" if sliding == layers else f"{sliding} of {layers} layers (the others global)"
+        notes.append(f"sliding-window attention: {kind} cache at most {window} tokens")
     return Architecture(
         name=name, source=source, model_type=model_type, layers=layers, hidden=hidden, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, intermediate=inter, vocab=vocab, max_context=max_context,
         tied_embeddings=bool(tied), qkv_bias=bias or model_type in QKV_BIAS_TYPES, o_bias=bias, notes=tuple(notes),
+        sliding_window=window, sliding_layers=sliding,
         **_mixture_of_experts(read, experts, inter),
     )
 
@@ -290,8 +307,51 @@ def _model_type(config: Any, name: str) -> str:
             f"supported: {', '.join(sorted(GATED_TYPES))}",
         )
     if "kv_lora_rank" in config:
-        raise SizingError("config", f"{name}: multi-head latent attention (kv_lora_rank, DeepSeek) is not modelled")
+        raise SizingError("config", f"{name}: multi-head latent attention (kv_lora_rank, DeepSeek) is not modelled: "
+                                    "its KV cache is a compressed latent per token, not K and V per head")
+    for key, what in _UNMODELLED_ATTENTION.items():
+        if config.get(key):
+            raise SizingError("config", f"{name}: {what} ({key}) is not modelled")
+    kinds = set(config.get("layer_types") or ()) - {"full_attention", "sliding_attention"}
+    if kinds:
+        raise SizingError("config", f"{name}: layer_types {', '.join(sorted(map(str, kinds)))} are not modelled "
+                                    "(only full_attention and sliding_attention layers)")
     return model_type
+
+
+# Attention variants whose KV cache or cost the estimator does not model: refused rather than miscounted.
+_UNMODELLED_ATTENTION = {
+    "attention_chunk_size": "chunked local attention (Llama 4)",
+    "linear_attention": "linear attention",
+    "linear_num_value_heads": "linear attention (gated delta net)",
+    "state_size": "a state-space (Mamba) layer",
+    "mamba_d_state": "a state-space (Mamba) layer",
+    "ssm_cfg": "a state-space (Mamba) layer",
+}
+
+
+def _sliding_window(config: dict[str, Any], read: _ConfigReader, model_type: str, layers: int) -> tuple[int, int]:
+    """(window, layers that use it) from a config: every layer (Mistral, Mixtral), alternating local and global
+    layers (Gemma 2: even layers local), a pattern of N (Gemma 3: N-1 local then 1 global), the listed
+    `layer_types`, or Qwen2's layers from `max_window_layers` on when `use_sliding_window`; (0, 0) for none."""
+    if config.get("sliding_window") is None or config.get("use_sliding_window") is False:
+        return 0, 0
+    window = read.integer("sliding_window")
+    if config.get("layer_types"):
+        types = config["layer_types"]
+        if not isinstance(types, list) or len(types) != layers:
+            raise SizingError("config", f"{read.name}: layer_types must list one type per layer ({layers})")
+        sliding = sum(t == "sliding_attention" for t in types)
+    elif config.get("sliding_window_pattern") is not None:
+        pattern = read.integer("sliding_window_pattern")
+        sliding = layers - layers // pattern
+    elif model_type == "gemma2":
+        sliding = (layers + 1) // 2
+    elif config.get("use_sliding_window") and config.get("max_window_layers") is not None:
+        sliding = max(layers - read.integer("max_window_layers", minimum=0), 0)
+    else:
+        sliding = layers
+    return (window, sliding) if sliding else (0, 0)
 
 
 class _ConfigReader:

@@ -23,7 +23,7 @@ CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context, cuBLAS/cuDNN workspaces
 NCCL_BYTES = GiB // 2  # NCCL communicator buffers, multi-GPU only
 FRAGMENTATION = 0.05  # caching-allocator fragmentation and short-lived buffers
 PREFILL_CHUNK_TOKENS = 8192  # serving: tokens one prefill step processes (chunked prefill)
-ADAPTER_BYTES = 4  # PEFT keeps LoRA weights in fp32 under bf16 autocast
+ADAPTER_BYTES = {"peft": 4, "unsloth": 2}  # PEFT keeps LoRA weights fp32 under bf16 autocast; Unsloth bf16
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adamw-8bit": 2, "sgd": 4}  # per trained parameter
 OPTIMIZER_NOTES = {
     "adamw": "Adam m and v, fp32",
@@ -148,13 +148,16 @@ class _StageMemory:
         kv_heads = ceil_div(a.kv_heads, split.tp)  # tp beyond the KV heads replicates them
         kv_bytes = DTYPE_BYTES[w.kv_cache_dtype]
         per_token = 2 * layers * kv_heads * a.head_dim * kv_bytes
-        self.add(
-            "kv_cache",
-            f"KV cache ({w.kv_cache_dtype})",
-            per_token * w.context * w.batch,
-            f"2 x {layers} layers x {kv_heads} KV heads x {a.head_dim} x {kv_bytes:g} B = "
-            f"{per_token / 1024:g} KiB/token x {w.context} tokens x {w.batch} sequences",
-        )
+        note = (f"2 x {layers} layers x {kv_heads} KV heads x {a.head_dim} x {kv_bytes:g} B = "
+                f"{per_token / 1024:g} KiB/token x {w.context} tokens x {w.batch} sequences")
+        tokens = a.kv_tokens(layers, w.context)
+        if a.sliding_window and w.context > a.sliding_window:
+            sliding = layers * a.sliding_layers / a.layers
+            note = (f"2 x {kv_heads} KV heads x {a.head_dim} x {kv_bytes:g} B x ({layers - sliding:g} global layers "
+                    f"x {w.context} tokens + {sliding:g} sliding-window layers x {a.sliding_window} tokens) x "
+                    f"{w.batch} sequences")
+        self.add("kv_cache", f"KV cache ({w.kv_cache_dtype})",
+                 2 * kv_heads * a.head_dim * kv_bytes * tokens * w.batch, note)
         chunk = min(PREFILL_CHUNK_TOKENS, w.context * w.batch)
         prefill = activation_elements_per_token(w) * chunk * 2 / split.tp
         logits = w.batch * a.vocab * 4 / split.tp if self.has_head else 0
@@ -167,17 +170,27 @@ class _StageMemory:
         act_bytes = 4 if w.weight_dtype == "fp32" else 2
         tokens = w.context * w.batch
         full_layer = activation_elements_per_token(w) * tokens * act_bytes / split.tp
-        with_ckpt = a.hidden * tokens * act_bytes / split.tp * layers * in_flight + full_layer
-        without = full_layer * layers * in_flight
+        layer_input = a.hidden * tokens * act_bytes / split.tp
         batches = f"{in_flight} micro-batch{'es' if in_flight > 1 else ''}"
         where = f"{layers} layers x {batches} of {w.batch} x {w.context} tokens"
-        self.add("activations_checkpointed", "activations, with checkpointing", with_ckpt,
-                 f"layer inputs of {where}, plus one layer recomputed", counted=w.checkpointing)
+        if w.stack == "unsloth":  # its checkpoints go to CPU RAM: the GPU holds the one being used and the next
+            with_ckpt = 2 * layer_input + full_layer
+            how = f"layer inputs of {where} offloaded to CPU RAM (two on the GPU), plus one layer recomputed"
+        else:
+            with_ckpt = layer_input * layers * in_flight + full_layer
+            how = f"layer inputs of {where}, plus one layer recomputed"
+        without = full_layer * layers * in_flight
+        self.add("activations_checkpointed", "activations, with checkpointing", with_ckpt, how,
+                 counted=w.checkpointing)
         self.add("activations_full", "activations, without checkpointing", without, where,
                  counted=not w.checkpointing)
         if self.has_head:
-            self.add("logits", "logits and loss", tokens * a.vocab * (act_bytes + 4) / split.tp,
-                     f"{tokens} tokens x {a.vocab} vocab, {act_bytes} B logits + fp32 copy for the loss")
+            if w.stack == "unsloth":
+                self.add("logits", "logits and loss", tokens * a.vocab * act_bytes / split.tp,
+                         f"{tokens} tokens x {a.vocab} vocab, {act_bytes} B logits; fused cross-entropy, no fp32 copy")
+            else:
+                self.add("logits", "logits and loss", tokens * a.vocab * (act_bytes + 4) / split.tp,
+                         f"{tokens} tokens x {a.vocab} vocab, {act_bytes} B logits + fp32 copy for the loss")
 
     def add_training_state(self, params: float) -> None:
         """Gradients and optimizer states (of the adapters, or of every weight), and FSDP's gathered layers."""
@@ -186,8 +199,10 @@ class _StageMemory:
         if w.adapters:
             n = a.lora_params(w.rank, w.lora_targets) * self.layers / a.layers / split.tp / shard
             targets = ",".join(w.lora_targets)
-            self.add("lora_weights", "LoRA adapter weights", n * ADAPTER_BYTES, f"rank {w.rank} on {targets}, fp32")
-            self.add("lora_gradients", "LoRA adapter gradients", n * ADAPTER_BYTES, "fp32")
+            adapter = ADAPTER_BYTES[w.stack]
+            kind = "fp32" if adapter == 4 else "bf16"
+            self.add("lora_weights", "LoRA adapter weights", n * adapter, f"rank {w.rank} on {targets}, {kind}")
+            self.add("lora_gradients", "LoRA adapter gradients", n * adapter, kind)
             self.add("lora_optimizer", "LoRA adapter optimizer states", n * opt, OPTIMIZER_NOTES[w.optimizer_name])
         else:
             n = params / shard

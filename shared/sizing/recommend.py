@@ -19,7 +19,7 @@ from whaleflux.shared.datafiles import DATA_DIR
 
 from .errors import SizingError
 from .memory import GiB, MemoryItem, Split, per_gpu_memory, stage_memory
-from .request import SizingRequest, Workload, resolve
+from .request import STACKS, SizingRequest, Workload, resolve
 from .throughput import (
     GPUS_PER_NODE,
     PIPELINE_MICROBATCHES,
@@ -61,6 +61,7 @@ class Option(BaseModel):
     dp: int
     per_gpu_bytes: int
     capacity_bytes: int
+    budget_bytes: int  # the share of capacity the stack may use (vLLM: gpu_memory_utilization); fits within it
     stage: str
     memory_bytes: dict[str, int]  # the counted line items of the heaviest GPU
     tokens_per_s: float
@@ -174,11 +175,12 @@ def _options(w: Workload, gpus: list[GpuModel], prices: dict[str, Price], max_gp
     options: list[Option] = []
     for gpu in gpus:
         capacity = gpu.memory_mib * MiB
+        budget = int(capacity * w.memory_budget)  # what the stack may use of it
         for count in _counts(max_gpus):
             found = []
             for split in splits_for(w, count):
                 mem = per_gpu_memory(w, split)
-                if mem.total_bytes > capacity:
+                if mem.total_bytes > budget:
                     continue
                 speed = _speed(w, gpu, split)
                 price = prices.get(gpu.key)
@@ -188,7 +190,8 @@ def _options(w: Workload, gpus: list[GpuModel], prices: dict[str, Price], max_gp
                 found.append(
                     Option(
                         gpu=gpu.key, count=count, split=split.label, tp=split.tp, pp=split.pp, dp=split.dp,
-                        per_gpu_bytes=mem.total_bytes, capacity_bytes=capacity, stage=mem.stage,
+                        per_gpu_bytes=mem.total_bytes, capacity_bytes=capacity, budget_bytes=budget,
+                        stage=mem.stage,
                         memory_bytes={i.key: i.bytes for i in mem.items if i.counted},
                         tokens_per_s=speed.tokens_per_s, seconds=speed.seconds,
                         per_sequence_tokens_per_s=speed.per_sequence_tokens_per_s, bound=speed.bound,
@@ -238,7 +241,9 @@ def _per_model_lines(w: Workload, gpus: list[GpuModel], options: list[Option], m
         if o is None:
             lines.append(f"{gpu.key}: does not fit on {max_gpus} or fewer")
             continue
-        fit = f"({_gib(o.per_gpu_bytes)} of {_gib(o.capacity_bytes)}{' each' if o.count > 1 else ''})"
+        of = _gib(o.capacity_bytes) if o.budget_bytes == o.capacity_bytes else (
+            f"{_gib(o.budget_bytes)} budget ({w.memory_budget:.0%} of {_gib(o.capacity_bytes)})")
+        fit = f"({_gib(o.per_gpu_bytes)} of {of}{' each' if o.count > 1 else ''})"
         if o.count == 1:
             line = f"1x {gpu.key} fits {fit}"
         else:
@@ -265,6 +270,10 @@ def _assumptions(w: Workload, gpus: list[GpuModel], prices: dict[str, Price]) ->
         "exists.",
         "Memory: framework/CUDA overhead is 1 GiB per GPU (+0.5 GiB NCCL when multi-GPU) plus 5% allocator "
         "fragmentation; a GPU's capacity is the memory nvidia-smi reports (gpu_models.yaml memory_mib).",
+        f"Stack: {STACKS[w.stack]}; a configuration fits when its heaviest GPU needs at most "
+        f"{w.memory_budget:.0%} of the GPU's memory"
+        + (" (set with gpu_memory_utilization / --gpu-memory-utilization)." if w.task == "serve" else
+           (" (training_stack / --training-stack: peft or unsloth)." if w.adapters else ".")),
         f"Splits: tensor parallel (tp) within one node of {GPUS_PER_NODE} GPUs, splitting every layer and the KV "
         "heads; pipeline parallel (pp) gives each GPU a run of layers"
         + ("; pipelines run 1F1B, so the first stage holds pp micro-batches of activations; fsdp shards weights, "
@@ -289,7 +298,11 @@ def _assumptions(w: Workload, gpus: list[GpuModel], prices: dict[str, Price]) ->
             "tokens reach, for MoE) and every sequence's KV cache at full context at peak memory bandwidth, and "
             "is capped by peak bf16 FLOPs; prefill time is not included."
         )
-        out.append("KV cache assumes full attention over the whole context for every sequence.")
+        a = w.arch
+        out.append("KV cache: every sequence at full context; " + (
+            f"{a.sliding_layers} of {a.layers} layers use a {a.sliding_window}-token sliding window and cache at "
+            "most that many tokens (as vLLM's hybrid KV cache manager allocates them)." if a.sliding_window else
+            "full attention in every layer (the config declares no sliding window)."))
     return out
 
 
@@ -310,7 +323,7 @@ def estimate(req: SizingRequest) -> SizingReport:
         "kv_dtype": w.kv_dtype, "dataset_tokens": w.dataset_tokens, "epochs": w.epochs if w.training else None,
         "lora_rank": w.lora_rank, "lora_targets": list(w.lora_targets) or None, "optimizer": w.optimizer,
         "checkpointing": w.checkpointing if w.training else None, "mfu": mfu(w) if w.training else None,
-        "max_gpus": req.max_gpus,
+        "max_gpus": req.max_gpus, "stack": w.stack, "memory_budget": w.memory_budget,
     }
     return SizingReport(
         summary=f"{what}: {'; '.join(lines)}",

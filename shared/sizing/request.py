@@ -15,6 +15,7 @@ T = TypeVar("T")
 Task = Literal["serve", "full", "lora", "qlora"]
 Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "nf4"]
 Optimizer = Literal["adamw", "adamw-8bit", "sgd"]
+TrainingStack = Literal["peft", "unsloth"]
 
 TRAINING: set[str] = {"full", "lora", "qlora"}
 
@@ -28,6 +29,18 @@ DEFAULT_WEIGHTS: dict[str, str] = {"serve": "bf16", "full": "bf16", "lora": "bf1
 # Model FLOPs utilization on the reference GPU (A100, speed 1.0): typical of
 # well-tuned PyTorch fine-tuning; QLoRA lower for dequantizing every weight per matmul.
 DEFAULT_MFU: dict[str, float] = {"full": 0.40, "lora": 0.40, "qlora": 0.30}
+# The share of each GPU's memory a serving stack may use: vLLM preallocates gpu_memory_utilization (0.9 by
+# default) of the GPU for weights, activations and its KV cache blocks.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+STACKS = {
+    "vllm": "vLLM (gpu_memory_utilization of each GPU)",
+    "pytorch": "PyTorch mixed precision (all of each GPU's memory)",
+    "peft": "Hugging Face PEFT + bitsandbytes: fp32 adapters, their gradients and optimizer states, bf16 logits "
+            "plus the fp32 copy the loss makes, checkpointed layer inputs on the GPU",
+    "unsloth": "Unsloth (fused kernels): bf16 adapters and gradients, 8-bit AdamW unless another optimizer is "
+               "given, checkpointed layer inputs offloaded to CPU RAM, fused chunked cross-entropy (bf16 logits, "
+               "no fp32 copy)",
+}
 HF_MODULE_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate",
                    "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
 
@@ -53,6 +66,11 @@ class SizingRequest(BaseModel):
     optimizer: Optimizer | None = Field(None, description="training: adamw (default), adamw-8bit, sgd")
     checkpointing: bool | None = Field(None, description="training: activation checkpointing (default on)")
     mfu: float | None = Field(None, gt=0, le=1, description="training: model FLOPs utilization on an A100")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="serve: the share of each GPU's memory the serving stack may use (vLLM's "
+                                      "gpu_memory_utilization; default 0.9)")
+    training_stack: TrainingStack | None = Field(
+        None, description="lora/qlora: peft (Hugging Face PEFT + bitsandbytes, default) or unsloth (fused kernels)")
     gpus: list[str] = Field(default_factory=list, description="GPU models to consider; empty means all")
     max_gpus: int = Field(64, ge=1, le=1024)
     prices: dict[str, float] = Field(default_factory=dict, description="USD per GPU-hour overrides by GPU model")
@@ -75,6 +93,8 @@ class Workload:
     optimizer: str | None
     checkpointing: bool
     mfu: float | None
+    stack: str = "vllm"  # a key of STACKS
+    memory_budget: float = DEFAULT_GPU_MEMORY_UTILIZATION  # share of each GPU's memory a configuration may use
 
     @property
     def training(self) -> bool:
@@ -135,6 +155,8 @@ def resolve(req: SizingRequest) -> Workload:
     kv = (req.kv_dtype or "bf16") if task == "serve" else None
     if kv == "nf4":
         raise SizingError("kv_dtype", "nf4 is a weight format; for a 4-bit KV cache use int4")
+    stack = "vllm" if task == "serve" else "pytorch" if task == "full" else (req.training_stack or "peft")
+    default_optimizer = "adamw-8bit" if stack == "unsloth" else "adamw"
     return Workload(
         arch=arch,
         task=task,
@@ -146,9 +168,11 @@ def resolve(req: SizingRequest) -> Workload:
         epochs=req.epochs or 1.0,
         lora_rank=(req.lora_rank or 16) if task in ("lora", "qlora") else None,
         lora_targets=_lora_targets(req) if task in ("lora", "qlora") else (),
-        optimizer=(req.optimizer or "adamw") if task != "serve" else None,
+        optimizer=(req.optimizer or default_optimizer) if task != "serve" else None,
         checkpointing=req.checkpointing if req.checkpointing is not None else task != "serve",
         mfu=req.mfu,
+        stack=stack,
+        memory_budget=(req.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION) if task == "serve" else 1.0,
     )
 
 
@@ -172,11 +196,12 @@ def _forbid_others(req: SizingRequest) -> None:
     task = req.task
     if task == "serve":
         _forbid(req, task, ("dataset_tokens", "epochs", "optimizer", "checkpointing", "mfu"), "training only")
-        _forbid(req, task, ("lora_rank", "lora_targets"), "lora/qlora only")
+        _forbid(req, task, ("lora_rank", "lora_targets", "training_stack"), "lora/qlora only")
     else:
         _forbid(req, task, ("kv_dtype",), "serving only: training keeps no KV cache")
+        _forbid(req, task, ("gpu_memory_utilization",), "serving only: a serving stack's memory budget")
         if task == "full":
-            _forbid(req, task, ("lora_rank", "lora_targets"), "lora/qlora only")
+            _forbid(req, task, ("lora_rank", "lora_targets", "training_stack"), "lora/qlora only")
 
 
 def _lora_targets(req: SizingRequest) -> tuple[str, ...]:

@@ -57,6 +57,10 @@ def size(
         "--checkpointing/--no-checkpointing", help="training: activation checkpointing (default on)")] = None,
     mfu: Annotated[float | None, typer.Option(
         help="training: model FLOPs utilization on an A100 (default 0.40; 0.30 qlora)")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(
+        help="serve: share of each GPU's memory the serving stack may use (vLLM's; default 0.9)")] = None,
+    training_stack: Annotated[str | None, typer.Option(
+        help="lora/qlora: peft (PEFT + bitsandbytes, default) | unsloth (fused kernels)")] = None,
     gpu: Annotated[list[str] | None, typer.Option(
         help="GPU model(s) to consider; default all in gpu_models.yaml")] = None,
     max_gpus: Annotated[int, typer.Option(help="largest GPU count to consider")] = 64,
@@ -79,6 +83,7 @@ def size(
         task=task, batch=batch, weight_dtype=weights, kv_dtype=kv_cache, epochs=epochs, lora_rank=lora_rank,
         lora_targets=[t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None,
         optimizer=optimizer, checkpointing=checkpointing, mfu=mfu, gpus=gpu or [], max_gpus=max_gpus,
+        gpu_memory_utilization=gpu_memory_utilization, training_stack=training_stack,
     )
     report = _estimate(model, context, tokens, price, options)
     if as_json:

@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
+from .access_http import install_access
 from .apidocs import mount_api_docs
 from .bus import BatchHandler, Bus, BusMetrics, Handler, Retry, batch_handler, is_batch_handler
 from .clock import Clock, system_clock
@@ -202,6 +203,7 @@ class Runtime:
                       docs_url=None, redoc_url=None)
         mount_api_docs(app)
         app.state.runtime = self
+        install_access(app, self.name, self.settings, self.clock)
         for key, value in parts.state.items():
             setattr(app.state, key, value)
         guard_input(app)

@@ -1,4 +1,4 @@
-"""The HTTP side every service shares: ops endpoints, the admin bearer check, errors mapped to 503/400, the input guard.
+"""The HTTP side every service shares: ops endpoints, errors mapped to 503/400, the input guard.
 
 Used by `shared.runtime.Runtime.app`; services use the dependencies through `shared.deps`.
 """
@@ -7,40 +7,26 @@ from __future__ import annotations
 
 import json
 import math
-import secrets
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .access_http import require_role
 from .errors import BadRequest, StateUnavailable
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-_bearer = HTTPBearer(auto_error=False)
+require_admin = require_role("admin")
 RETRY_SOON = {"Retry-After": "2"}
-
-
-def require_admin(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    """401 unless the request carries the service's admin bearer token."""
-    expected = request.app.state.runtime.settings.secret("admin_token") or ""
-    if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), expected.encode()):
-        raise HTTPException(
-            status_code=401,
-            detail="admin endpoint: missing or wrong bearer token (Authorization: Bearer <token>)",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
 
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # any request body; configuration uploads are at most yamlconfig.MAX_BYTES

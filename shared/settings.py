@@ -44,6 +44,17 @@ class CommonSettings(BaseSettings):
     # Behind Sentinel: replicas that must confirm a service's writes before it acknowledges or publishes.
     redis_min_replicas: int = Field(1, ge=0)
     admin_token: SecretStr | None = None
+    # People and components over HTTP (docs/security.md): tokens with roles, OIDC, the audit log, and the token
+    # this process sends when it calls another service.
+    tokens_file: Path | None = Field(None, description="hashed API tokens with roles (JSON, mode 0600)")
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_jwks_url: str | None = None
+    oidc_name_claim: str = "preferred_username"
+    oidc_role_claim: str = "whaleflux_role"
+    oidc_teams_claim: str = "whaleflux_teams"
+    audit_log: Path | None = Field(None, description="JSONL file every state-changing request is appended to")
+    api_token: SecretStr | None = None
     http_host: str = "127.0.0.1"
     http_port: int = Field(8700, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -93,8 +104,13 @@ class CommonSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _secrets_outside_development(self) -> CommonSettings:
+        if self.oidc_issuer and not (self.oidc_audience and self.oidc_jwks_url):
+            raise ValueError("WHALEFLUX_OIDC_ISSUER needs WHALEFLUX_OIDC_AUDIENCE and WHALEFLUX_OIDC_JWKS_URL")
         if self.environment == "production":
             for name in self.required_secrets:
+                if name == "admin_token" and (self.tokens_file or self.oidc_issuer) and self.admin_token is None:
+                    continue  # people and components have tokens of their own
+
                 value = getattr(self, name)
                 if value is None or len(value.get_secret_value()) < MIN_SECRET_LEN:
                     raise ValueError(
@@ -117,6 +133,12 @@ class CommonSettings(BaseSettings):
                 value = _USERINFO.sub(r"\1********@", value)  # a password inside a URL
             out[key] = value
         return out
+
+    def client_headers(self) -> dict[str, str]:
+        """Headers for this process's calls to another WhaleFlux service: its own token (`WHALEFLUX_API_TOKEN`),
+        which reads need in production. Never for calls outside WhaleFlux (webhooks, receivers)."""
+        token = self.secret("api_token")
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def secret(self, name: str) -> str | None:
         value = getattr(self, name)

@@ -8,7 +8,21 @@ import sys
 import typer
 from rich.console import Console
 
-from .commands import alerts, costs, fleet, gpus, inventory, jobs, run, schemas, simulation, size, submit, testgpu
+from .commands import (
+    alerts,
+    costs,
+    fleet,
+    gpus,
+    inventory,
+    jobs,
+    run,
+    schemas,
+    simulation,
+    size,
+    submit,
+    testgpu,
+    tokens,
+)
 
 app = typer.Typer(help="WhaleFlux: GPU fleet manager.", no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -30,6 +44,7 @@ app.command()(inventory.findings)
 app.command()(schemas.schemas)
 app.command()(size.size)
 app.command("test-gpu")(testgpu.test_gpu)
+app.add_typer(tokens.tokens_app, name="tokens")
 
 
 def main() -> None:

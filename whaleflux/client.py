@@ -53,7 +53,9 @@ class Connection:
             nats_url=env.get("NATS_URL") or (cfg.nats_url if cfg else None) or "nats://127.0.0.1:4222",
             nats_user=env.get("WHALEFLUX_NATS_USER") or (cfg.nats_user if cfg else None),
             nats_password=env.get("WHALEFLUX_NATS_PASSWORD") or (cfg.nats_password if cfg else None),
-            admin_token=env.get("WHALEFLUX_ADMIN_TOKEN") or (cfg.admin_token if cfg else None),
+            # A person's own token (`whaleflux tokens issue`), else the admin token of `whaleflux up`.
+            admin_token=env.get("WHALEFLUX_TOKEN") or env.get("WHALEFLUX_ADMIN_TOKEN")
+            or (cfg.admin_token if cfg else None),
             services=services,
         )
 
@@ -74,13 +76,18 @@ class Connection:
                 f"cannot reach NATS at {self.nats_url} ({type(exc).__name__}); is `whaleflux up` running?"
             ) from None
 
+    def auth(self) -> dict[str, str]:
+        """The token on every request: reads need a viewer in production, writes their role (docs/security.md)."""
+        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+
     def get(self, service: str, path: str, **params: Any) -> Any:
         """GET a service's JSON (parameters that are None are left out); 404 is NotFound, other errors ClientError."""
         import httpx
 
         url = self.services[service] + path
         try:
-            resp = httpx.get(url, params={k: v for k, v in params.items() if v is not None}, timeout=10)
+            resp = httpx.get(url, params={k: v for k, v in params.items() if v is not None}, headers=self.auth(),
+                             timeout=10)
         except httpx.HTTPError as exc:
             raise ClientError(
                 f"cannot reach the {service} service at {self.services[service]} ({type(exc).__name__})") from None
@@ -96,17 +103,16 @@ class Connection:
 
     def post_admin(self, service: str, path: str, body: dict[str, Any]) -> Any:
         """POST to an admin endpoint with the admin token; the service's `detail` becomes the error."""
-        return self.post(service, path, body, admin=True)
+        return self.post(service, path, body)
 
-    def post(self, service: str, path: str, body: dict[str, Any], admin: bool = False) -> Any:
-        """POST JSON (with the admin token if `admin`); no answer or a 503 is `Unreachable`, the service's
-        `detail` of another error answer a ClientError."""
+    def post(self, service: str, path: str, body: dict[str, Any]) -> Any:
+        """POST JSON with the token (reads need a viewer in production); no answer or a 503 is `Unreachable`,
+        the service's `detail` of another error answer a ClientError."""
         import httpx
 
         url = self.services[service] + path
-        headers = {"Authorization": f"Bearer {self.admin_token}"} if admin and self.admin_token else {}
         try:
-            resp = httpx.post(url, json=body, headers=headers, timeout=10)
+            resp = httpx.post(url, json=body, headers=self.auth(), timeout=10)
         except httpx.HTTPError as exc:
             raise Unreachable(
                 f"cannot reach the {service} at {self.services[service]} ({type(exc).__name__})") from None

@@ -24,7 +24,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from whaleflux.shared import localconfig
+from whaleflux.shared import access, localconfig
 from whaleflux.shared.catalog import load_fleet
 from whaleflux.shared.localconfig import SERVICES, LocalConfig
 from whaleflux.shared.permissions import OPERATOR, Identity, stack_identities
@@ -108,6 +108,29 @@ def issue_identities(secrets_dir: Path, identities: list[Identity],
     return issued
 
 
+# The HTTP credentials: the person's admin token (the CLI's and the console's, in config.json) in the tokens file
+# every process reads; each component's own admin token, accepted by itself only; and, for a component that calls
+# another, a viewer token accepted only by the services it calls (SERVICE_LINKS).
+COMPONENTS = (*SERVICES, "agent")
+
+
+def issue_http_tokens(secrets_dir: Path, admin_token: str) -> Path:
+    """The tokens file (hashes) and each component's tokens (`<name>.admin`, `<name>.token`, 0600), kept across
+    runs; tokens issued by `whaleflux tokens issue` stay in the file."""
+    tokens = secrets_dir / "tokens.json"
+    access.issue(tokens, "admin", "admin", token=admin_token)
+    for name in COMPONENTS:
+        for suffix in ("admin", "token") if name in SERVICE_LINKS else ("admin",):
+            path = secrets_dir / f"{name}.{suffix}"
+            if not path.exists():
+                write_private(path, access.new_token())
+        if name in SERVICE_LINKS:
+            access.issue(tokens, name, "viewer", services=SERVICE_LINKS[name],
+                         token=(secrets_dir / f"{name}.token").read_text())
+    write_private(secrets_dir / "console.admin", admin_token)  # its login, and what it sends
+    return tokens
+
+
 @dataclass
 class Stack:
     cfg: LocalConfig
@@ -130,7 +153,7 @@ class Stack:
                 "WHALEFLUX_NATS_USER": self.cfg.nats_user,
                 "WHALEFLUX_NATS_PASSWORD": self.cfg.nats_password,
                 "WHALEFLUX_REDIS_PASSWORD": self.cfg.redis_password,
-                "WHALEFLUX_ADMIN_TOKEN": self.cfg.admin_token,
+                "WHALEFLUX_TOKENS_FILE": str(self.state_dir / "secrets" / "tokens.json"),
                 "WHALEFLUX_HOME": str(self.state_dir),
                 "WHALEFLUX_ENVIRONMENT": "development",
             }
@@ -142,7 +165,13 @@ class Stack:
         return env
 
     def identity_env(self, env: dict[str, str], user: str) -> dict[str, str]:
-        """`env` for the child that connects as NATS user `user`: its own password, read from its file."""
+        """`env` for the child that connects as NATS user `user` (a component's name): its own NATS password,
+        admin token, token for the services it calls and audit log, each read from its file."""
+        secrets_dir = self.state_dir / "secrets"
+        env = {**env, "WHALEFLUX_ADMIN_TOKEN_FILE": str(secrets_dir / f"{user}.admin"),
+               "WHALEFLUX_AUDIT_LOG": str(self.state_dir / "audit" / f"{user}.jsonl")}
+        if (secrets_dir / f"{user}.token").exists():
+            env["WHALEFLUX_API_TOKEN_FILE"] = str(secrets_dir / f"{user}.token")
         if user not in self.nats_users:
             return env  # servers from the environment: one user for all
         child = {k: v for k, v in env.items() if k != "WHALEFLUX_NATS_PASSWORD"}
@@ -175,6 +204,7 @@ class Stack:
                       f"({time.monotonic() - began:.1f} s)")
 
     def start_children(self) -> None:
+        issue_http_tokens(self.state_dir / "secrets", self.cfg.admin_token)
         env = self.base_env()
         logs = self.state_dir / "logs"
         for name in SERVICES:

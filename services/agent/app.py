@@ -4,27 +4,25 @@ With `--simulate FLEET` it runs simulated nodes of a fleet file; with `--nvml`
 it runs this machine as one node with its real GPUs. The HTTP server (port
 `WHALEFLUX_HTTP_PORT`, default 8710) answers `/healthz`, lists the nodes at
 `/v1/nodes`, and takes fault injections for simulated nodes at
-`POST /admin/faults` (bearer token = WHALEFLUX_ADMIN_TOKEN).
+`POST /admin/faults` (an operator's bearer token, or WHALEFLUX_ADMIN_TOKEN: docs/security.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
 
 import structlog
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
+from whaleflux.shared.access_http import install_access, require_role
 from whaleflux.shared.apidocs import mount_api_docs
 from whaleflux.shared.bus import Bus
 from whaleflux.shared.catalog import FleetNode, gpu_models, load_fleet
@@ -45,7 +43,6 @@ from .node import NodeAgent
 from .simulated import SimulatedNode
 
 log = structlog.get_logger("whaleflux.agent")
-_bearer = HTTPBearer(auto_error=False)
 
 
 class AgentSettings(CommonSettings):
@@ -178,20 +175,16 @@ def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
     app = FastAPI(title="WhaleFlux agent", docs_url=None, redoc_url=None)
     mount_api_docs(app)
     guard_input(app)  # body limit, NaN/Infinity refused, 422s that render any bytes (no 500)
+    install_access(app, "agent", settings)  # tokens and roles as the services have them; faults are audited
     by_name = {a.node.name: a for a in agents}
-    expected = (settings.secret("admin_token") or secrets.token_urlsafe(32)).encode()
-
-    async def admin(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-        if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), expected):
-            raise HTTPException(401, "admin endpoint: missing or wrong bearer token (Authorization: Bearer <token>)",
-                                headers={"WWW-Authenticate": "Bearer"})
+    viewer, operator = Depends(require_role("viewer")), Depends(require_role("operator"))
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict:
         """Alive: the process answers."""
         return {"status": "ok", "service": "agent", "nodes": len(agents)}
 
-    @app.get("/v1/nodes", tags=["agent"])
+    @app.get("/v1/nodes", tags=["agent"], dependencies=[viewer])
     async def nodes() -> list[dict]:
         """The nodes this agent runs, their GPUs and running jobs."""
         return [
@@ -206,12 +199,12 @@ def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
             for a in agents
         ]
 
-    @app.get("/v1/faults", tags=["agent"])
+    @app.get("/v1/faults", tags=["agent"], dependencies=[viewer])
     async def fault_kinds() -> dict[str, str]:
         """The faults that can be injected, and what each does."""
         return FAULT_HELP
 
-    @app.post("/admin/faults", tags=["admin"], dependencies=[Depends(admin)])
+    @app.post("/admin/faults", tags=["admin"], dependencies=[operator])
     async def inject(fault: Fault) -> dict:
         """Inject a fault into a simulated node (or one of its GPUs)."""
         agent = by_name.get(fault.node)

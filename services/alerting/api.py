@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, Field, ValidationError
 
-from whaleflux.shared.deps import AdminDep, NowDep
+from whaleflux.shared.deps import AdminDep, NowDep, OperatorDep, ViewerDep
 from whaleflux.shared.events import AlertRaised
 
 from .config import parse_duration
@@ -47,9 +47,9 @@ class SilenceRequest(BaseModel):
     comment: str = Field(min_length=1, max_length=1000)
 
 
-alerts = APIRouter(tags=["alerts"])
-silences = APIRouter(tags=["silences"])
-rules = APIRouter(tags=["rules"])
+alerts = APIRouter(tags=["alerts"], dependencies=[ViewerDep])
+silences = APIRouter(tags=["silences"], dependencies=[ViewerDep])
+rules = APIRouter(tags=["rules"], dependencies=[ViewerDep])
 
 
 def _alert_view(svc: Alerting, a: AlertRaised, now: datetime) -> dict[str, Any]:
@@ -70,7 +70,7 @@ async def list_alerts(svc: ServiceDep, now: NowDep) -> list[dict[str, Any]]:
     return [_alert_view(svc, a, now) for a in svc.firing.by_start()]
 
 
-@alerts.post("/v1/alerts/{fingerprint}/ack", dependencies=[AdminDep])
+@alerts.post("/v1/alerts/{fingerprint}/ack", dependencies=[OperatorDep])
 async def acknowledge(fingerprint: str, req: AckRequest, svc: ServiceDep) -> dict[str, Any]:
     """Acknowledge a firing alert: no more repeats; PagerDuty receivers get `acknowledge`."""
     ack = await svc.acknowledge(fingerprint, req.by, req.comment)
@@ -138,7 +138,7 @@ def _silence(req: SilenceRequest, now: datetime) -> Silence:
         raise HTTPException(422, text.splitlines()[-1] if "\n" in text else text) from None
 
 
-@silences.post("/v1/silences", dependencies=[AdminDep], status_code=201)
+@silences.post("/v1/silences", dependencies=[OperatorDep], status_code=201)
 async def create_silence(req: SilenceRequest, svc: ServiceDep, now: NowDep) -> dict[str, Any]:
     """Mute alerts matching every matcher from `starts_at` (default now) to `ends_at` (or for `duration_s`)."""
     silence = _silence(req, now)
@@ -147,7 +147,7 @@ async def create_silence(req: SilenceRequest, svc: ServiceDep, now: NowDep) -> d
     return {**silence.model_dump(mode="json"), "state": silence.state(now)}
 
 
-@silences.post("/v1/silences/{silence_id}/expire", dependencies=[AdminDep])
+@silences.post("/v1/silences/{silence_id}/expire", dependencies=[OperatorDep])
 async def expire_silence(silence_id: str, svc: ServiceDep, now: NowDep) -> dict[str, Any]:
     s = svc.intake.silences.get(silence_id)
     if s is None:

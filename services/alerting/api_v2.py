@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import ValidationError
 
-from whaleflux.shared.deps import AdminDep, NowDep
+from whaleflux.shared.deps import NowDep, OperatorDep, ViewerDep
 from whaleflux.shared.version import __version__
 
 from . import amv2
@@ -20,7 +20,7 @@ from .api import ServiceDep
 from .dispatch.matchers import Matcher
 from .service import Alerting
 
-v2 = APIRouter(prefix="/api/v2", tags=["alertmanager v2"])
+v2 = APIRouter(prefix="/api/v2", tags=["alertmanager v2"], dependencies=[ViewerDep])
 Filters = Annotated[list[str], Query(description='matchers, e.g. alertname="GPUXidDrain"')]
 
 
@@ -77,7 +77,7 @@ async def get_alerts(svc: ServiceDep, now: NowDep, filter: Filters = [],  # noqa
     return [a for a in alerts if amv2.wanted(a, matchers, recv, active, silenced, inhibited)]
 
 
-@v2.post("/alerts", dependencies=[AdminDep])
+@v2.post("/alerts", dependencies=[OperatorDep])
 async def post_alerts(body: list[amv2.PostableAlert], svc: ServiceDep, now: NowDep) -> None:
     """Alerts from Prometheus (or any Alertmanager client): published as alert.raised / alert.resolved, so
     they are grouped, silenced, inhibited and routed as WhaleFlux's own."""
@@ -112,7 +112,7 @@ async def get_silences(svc: ServiceDep, now: NowDep, filter: Filters = []) -> li
     return out
 
 
-@v2.post("/silences", dependencies=[AdminDep])
+@v2.post("/silences", dependencies=[OperatorDep])
 async def post_silence(body: amv2.PostableSilence, svc: ServiceDep, now: NowDep) -> dict[str, str]:
     """A new silence, or (with the id of an existing one) that silence changed; 400 naming the field."""
     if body.id and body.id not in svc.intake.silences:
@@ -134,7 +134,7 @@ async def get_silence(silence_id: str, svc: ServiceDep, now: NowDep) -> dict[str
     return amv2.gettable_silence(s, now)
 
 
-@v2.delete("/silence/{silence_id}", dependencies=[AdminDep])
+@v2.delete("/silence/{silence_id}", dependencies=[OperatorDep])
 async def delete_silence(silence_id: str, svc: ServiceDep, now: NowDep) -> None:
     """Expire the silence now (it stays listed as expired)."""
     s = svc.intake.silences.get(silence_id)

@@ -17,16 +17,18 @@ FINDINGS_TIMEOUT_S = 10.0
 class FindingsSource:
     """Fetches inventory's findings and keeps the status of the last poll (shown by GET /v1/rules)."""
 
-    def __init__(self, inventory_url: str, http: httpx.AsyncClient, log: structlog.typing.FilteringBoundLogger) -> None:
+    def __init__(self, inventory_url: str, http: httpx.AsyncClient, log: structlog.typing.FilteringBoundLogger,
+                 headers: dict[str, str] | None = None) -> None:
         self.url = inventory_url.rstrip("/") + "/v1/findings"
         self.http = http
+        self.headers = headers or {}  # alerting's token for inventory; the shared client also calls receivers
         self.log = log
         self.status: dict[str, Any] = {"ok_at": None, "error": None, "error_at": None, "findings": 0}
 
     async def fetch(self, now: datetime) -> list[Finding] | None:
         """The findings; None when inventory did not answer with them (what fires stays as it is)."""
         try:
-            resp = await self.http.get(self.url, timeout=FINDINGS_TIMEOUT_S)
+            resp = await self.http.get(self.url, timeout=FINDINGS_TIMEOUT_S, headers=self.headers)
             resp.raise_for_status()
             findings = FINDINGS.validate_json(resp.content)
         except (httpx.HTTPError, ValidationError) as exc:

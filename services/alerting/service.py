@@ -77,7 +77,7 @@ class Alerting:
         self.http = httpx.AsyncClient()
         self.pipeline: Pipeline = standard(lambda: self.directory, self._muted, self.rate_limit,
                                            settings.external_url, self._send, settings.alerting_delivery_max_age_s)
-        self.findings = FindingsSource(settings.inventory_url, self.http, self.log)
+        self.findings = FindingsSource(settings.inventory_url, self.http, self.log, settings.client_headers())
         self._lock = asyncio.Lock()  # one dispatch step at a time (consumer, API, tick)
         self._wake = asyncio.Event()  # deliveries were queued
 

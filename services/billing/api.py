@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import TypeAdapter, ValidationError
 
 from whaleflux.shared import yamlconfig
-from whaleflux.shared.deps import AdminDep, NowDep
+from whaleflux.shared.deps import AdminDep, NowDep, ViewerDep
 from whaleflux.shared.errors import BadRequest
 
 from .budgets import Budget
@@ -53,7 +53,7 @@ def window(start: datetime | None, end: datetime | None, now: datetime) -> tuple
     return start.astimezone(UTC), end.astimezone(UTC)
 
 
-costs = APIRouter(tags=["costs"])
+costs = APIRouter(tags=["costs"], dependencies=[ViewerDep])
 
 
 @costs.get("/v1/costs")
@@ -124,7 +124,7 @@ async def tco_view(
     return JSONResponse({**plain(tco(x)), "sources": sources})
 
 
-pricebook = APIRouter(tags=["pricebook"])
+pricebook = APIRouter(tags=["pricebook"], dependencies=[ViewerDep])
 
 
 @pricebook.get("/v1/pricebook")
@@ -150,7 +150,7 @@ async def pricebook_upload(request: Request, billing: BillingDep) -> dict[str, A
     return {"applied": True, "entries": len(book.entries)}
 
 
-budgets = APIRouter(tags=["budgets"])
+budgets = APIRouter(tags=["budgets"], dependencies=[ViewerDep])
 
 
 @budgets.get("/v1/budgets")

@@ -147,7 +147,7 @@ class Billing:
         if self._http is None:
             self._http = httpx.AsyncClient()
         try:
-            resp = await self._http.get(url, timeout=5.0)
+            resp = await self._http.get(url, timeout=5.0, headers=self.settings.client_headers())
             resp.raise_for_status()
             # Typed at the boundary: a renamed or retyped field is a failed fetch, never a GPU priced as unknown.
             assets = ASSETS.validate_json(resp.content)

@@ -1,4 +1,5 @@
-"""The console's one HTTP client to the other services: reads are open, writes carry the admin token."""
+"""The console's one HTTP client to the other services: every request carries the console's token (reads need a
+viewer in production, writes their role; docs/security.md)."""
 
 from __future__ import annotations
 
@@ -41,16 +42,16 @@ class Upstream:
         given = {k: v for k, v in params.items() if v not in (None, "")}
         return await self._request("GET", service, path, params=given)
 
-    async def post(self, service: str, path: str, body: dict | BaseModel, admin: bool = False) -> Any:
+    async def post(self, service: str, path: str, body: dict | BaseModel) -> Any:
         payload = body.model_dump(mode="json", exclude_none=True) if isinstance(body, BaseModel) else body
-        return await self._send("POST", service, path, json=payload, admin=admin)
+        return await self._send("POST", service, path, json=payload)
 
     async def _send(self, method: str, service: str, path: str, **kw: Any) -> Any:
         resp = await self._request(method, service, path, **kw)
         return resp.json()
 
-    async def _request(self, method: str, service: str, path: str, admin: bool = False, **kw: Any) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {self._token}"} if admin else {}
+    async def _request(self, method: str, service: str, path: str, **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self._token}"}
         try:
             resp = await self.http.request(method, self.urls[service] + path, headers=headers, **kw)
         except httpx.HTTPError as exc:

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from whaleflux.shared import contracts, yamlconfig
-from whaleflux.shared.deps import AdminDep, NowDep
+from whaleflux.shared.deps import AdminDep, NowDep, ViewerDep
 from whaleflux.shared.runtime import BadRequest
 
 from . import views
@@ -26,7 +26,7 @@ def _inventory(request: Request) -> Inventory:
 
 InventoryDep = Annotated[Inventory, Depends(_inventory)]
 
-router = APIRouter(tags=["inventory"])
+router = APIRouter(tags=["inventory"], dependencies=[ViewerDep])
 admin = APIRouter(tags=["admin"], dependencies=[AdminDep])
 
 

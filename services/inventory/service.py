@@ -207,7 +207,7 @@ class Inventory:
         url = self.settings.billing_url.rstrip("/") + "/v1/pricebook"
         try:
             async with httpx.AsyncClient() as http:
-                resp = await http.get(url, timeout=5.0)
+                resp = await http.get(url, timeout=5.0, headers=self.settings.client_headers())
                 resp.raise_for_status()
             self.prices = PriceBookView.model_validate_json(resp.content)
         except (httpx.HTTPError, ValidationError) as exc:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from whaleflux.shared import subjects
-from whaleflux.shared.deps import AdminDep, NowDep, RuntimeDep
+from whaleflux.shared.deps import NowDep, OperatorDep, RuntimeDep, Submitter, ViewerDep, require_team
 from whaleflux.shared.events import JobSubmitted, NodeDrainRequested
 from whaleflux.shared.runtime import BadRequest
 from whaleflux.shared.sizing import SizingError, SizingReport, SizingRequest, estimate, memory_floor_mib
@@ -129,11 +129,11 @@ class DrainBody(BaseModel):
     reason: str = Field("drained by an operator", min_length=1, max_length=500)
 
 
-sizing = APIRouter(tags=["sizing"])
+sizing = APIRouter(tags=["sizing"], dependencies=[ViewerDep])
 ops = APIRouter(tags=["ops"])
-# The admin token is checked before the state (a request without it gets 401 whatever the store's state).
-jobs = APIRouter(tags=["jobs"])
-nodes = APIRouter(tags=["nodes"])
+# The role is checked before the state (a request without a token gets 401 whatever the store's state).
+jobs = APIRouter(tags=["jobs"], dependencies=[ViewerDep])
+nodes = APIRouter(tags=["nodes"], dependencies=[ViewerDep])
 
 
 @sizing.post("/v1/size")
@@ -195,9 +195,12 @@ async def job_why(job_id: str, store: StoreDep, health: HealthDep) -> dict[str, 
     return {"job_id": job_id, "state": job.state, "attempt": job.attempt, "why": why(job, quarantined, models)}
 
 
-@jobs.post("/v1/jobs", status_code=202, dependencies=[AdminDep, WholeState])
-async def submit(body: SubmitRequest, scheduler: SchedulerDep, runtime: RuntimeDep) -> dict[str, Any]:
-    """Submit a job (publishes job.submitted); needs the bearer token. 422 with the reason if it can never run."""
+@jobs.post("/v1/jobs", status_code=202, dependencies=[WholeState])
+async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep,
+                 runtime: RuntimeDep) -> dict[str, Any]:
+    """Submit a job (publishes job.submitted): a submitter for the job's team (403 naming the team otherwise),
+    an operator or admin for any. 422 with the reason if it can never run."""
+    require_team(caller, body.team)
     base = uuid.uuid4().hex[:12]
     fields = body.job_fields()
     try:
@@ -216,7 +219,7 @@ async def submit(body: SubmitRequest, scheduler: SchedulerDep, runtime: RuntimeD
 @jobs.post("/v1/jobs/check", dependencies=[WholeState])
 async def check(body: SubmitRequest, scheduler: SchedulerDep) -> dict[str, Any]:
     """Whether the fleet could ever run the job (`whaleflux submit` asks before it publishes): `feasible`, and
-    the reason when it is not. Reads only, so no token."""
+    the reason when it is not. Reads only: a viewer's token in production."""
     try:
         job = JobSubmitted(job_id="check", submitted_by="api", **body.job_fields())
     except ValidationError as exc:
@@ -231,8 +234,9 @@ async def _never_fits(scheduler: Scheduler, job: JobSubmitted) -> str | None:
     return infeasible_reason(regs.values(), job_request(job.job_id, job), scheduler.policy.profile)
 
 
-@jobs.post("/v1/jobs/{job_id}/cancel", dependencies=[AdminDep, WholeState])
-async def cancel(job_id: str, scheduler: SchedulerDep, body: CancelBody | None = None) -> dict[str, Any]:
+@jobs.post("/v1/jobs/{job_id}/cancel", dependencies=[WholeState])
+async def cancel(job_id: str, caller: Submitter, scheduler: SchedulerDep,
+                 body: CancelBody | None = None) -> dict[str, Any]:
     """Cancel a job: a pending one leaves the queue; a placed or running one is told to stop on its nodes (SIGTERM,
     grace, SIGKILL) and ends `cancelled`, never placed again. 404 unknown, 409 if it has ended already."""
     reason = (body or CancelBody()).reason
@@ -240,6 +244,7 @@ async def cancel(job_id: str, scheduler: SchedulerDep, body: CancelBody | None =
         job = await scheduler.store.job(job_id)
         if job is None:
             raise HTTPException(404, f"job {job_id!r} not found")
+        require_team(caller, job.spec.team)
         was, nodes = job.state, job.nodes if job.state in ("placed", "running") else []
         if not await scheduler.store.cancel(job, reason, "api", scheduler.settings.preemption_grace_s,
                                             scheduler.clock()):
@@ -289,7 +294,7 @@ async def _node_key(store: SchedulerStore, node: str) -> str:
     return matches[0]
 
 
-@nodes.post("/v1/nodes/{node}/drain", status_code=202, dependencies=[AdminDep, WholeState])
+@nodes.post("/v1/nodes/{node}/drain", status_code=202, dependencies=[OperatorDep, WholeState])
 async def drain(node: str, store: StoreDep, runtime: RuntimeDep, body: DrainBody | None = None) -> dict[str, Any]:
     """Publish node.drain_requested: no new work on the node, its jobs stopped and requeued."""
     reg = (await store.registrations())[await _node_key(store, node)]
@@ -300,7 +305,7 @@ async def drain(node: str, store: StoreDep, runtime: RuntimeDep, body: DrainBody
     return {"node": reg.node, "draining": True}
 
 
-@nodes.post("/v1/nodes/{node}/undrain", dependencies=[AdminDep, WholeState])
+@nodes.post("/v1/nodes/{node}/undrain", dependencies=[OperatorDep, WholeState])
 async def undrain(node: str, store: StoreDep, failover: FailoverDep) -> dict[str, Any]:
     """Let a drained node take work again."""
     return {"node": node, "undrained": await failover.undrain(await _node_key(store, node))}

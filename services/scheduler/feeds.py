@@ -86,7 +86,7 @@ class Feeds:
         async with httpx.AsyncClient(timeout=10) as http:
             while True:
                 try:
-                    resp = await http.get(url)
+                    resp = await http.get(url, headers=self.settings.client_headers())
                     resp.raise_for_status()
                     self.leases = lease_ends(LEASES.validate_json(resp.content))
                 except (httpx.HTTPError, ValidationError) as exc:

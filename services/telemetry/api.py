@@ -7,7 +7,7 @@ from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
-from whaleflux.shared.deps import NowDep
+from whaleflux.shared.deps import NowDep, ViewerDep
 from whaleflux.shared.runtime import BadRequest
 
 from . import dcgm, views
@@ -50,7 +50,7 @@ StoreDep = Annotated[TelemetryStore, Depends(_store)]
 RunsDep = Annotated[Runs, Depends(_runs)]
 SettingsDep = Annotated[TelemetrySettings, Depends(_settings)]
 
-router = APIRouter(tags=["telemetry"])
+router = APIRouter(tags=["telemetry"], dependencies=[ViewerDep])
 
 
 async def gpu_statuses(store: TelemetryStore, runs: Runs, now: datetime, stale_after_s: float,

@@ -26,7 +26,8 @@ def _get_text(conn: Connection, path: str, params: dict) -> str:
 
     url = conn.services["billing"] + path
     try:
-        resp = httpx.get(url, params={k: v for k, v in params.items() if v is not None}, timeout=60)
+        resp = httpx.get(url, params={k: v for k, v in params.items() if v is not None}, headers=conn.auth(),
+                         timeout=60)
     except httpx.HTTPError as exc:
         raise ClientError(
             f"cannot reach the billing service at {conn.services['billing']} ({type(exc).__name__})") from None

@@ -65,7 +65,7 @@ async def ack(fingerprint: str, c: ConsoleDep, _: CsrfDep,
               by: Annotated[str, Form()] = "console", comment: Annotated[str, Form()] = "") -> Response:
     async def action() -> str:
         await c.upstream.post("alerting", f"/v1/alerts/{fingerprint}/ack",
-                              {"by": by.strip() or "console", "comment": comment}, admin=True)
+                              {"by": by.strip() or "console", "comment": comment})
         return f"acknowledged {fingerprint}"
 
     return await _after(c, action)
@@ -79,7 +79,7 @@ async def silence(c: ConsoleDep, _: CsrfDep, matchers: Annotated[str, Form()],
         lines = [m.strip() for m in matchers.replace(",", "\n").splitlines() if m.strip()]
         done = await c.upstream.post("alerting", "/v1/silences", {
             "matchers": lines, "duration": duration, "created_by": by.strip() or "console",
-            "comment": comment.strip() or "silenced from the console"}, admin=True)
+            "comment": comment.strip() or "silenced from the console"})
         return f"silence {done['id']} for {duration}: {', '.join(lines)}"
 
     return await _after(c, action)
@@ -88,7 +88,7 @@ async def silence(c: ConsoleDep, _: CsrfDep, matchers: Annotated[str, Form()],
 @router.post("/silences/{silence_id}/expire")
 async def expire(silence_id: str, c: ConsoleDep, _: CsrfDep) -> Response:
     async def action() -> str:
-        await c.upstream.post("alerting", f"/v1/silences/{silence_id}/expire", {}, admin=True)
+        await c.upstream.post("alerting", f"/v1/silences/{silence_id}/expire", {})
         return f"silence {silence_id} expired"
 
     return await _after(c, action)

@@ -127,7 +127,7 @@ async def submit(request: Request, c: ConsoleDep, sess: CsrfDep) -> Response:
     except (ValidationError, ValueError) as exc:
         return _form_error(request, SubmitForm.model_construct(**raw), _words(exc))
     try:
-        done = await c.upstream.post("scheduler", "/v1/jobs", body, admin=True)
+        done = await c.upstream.post("scheduler", "/v1/jobs", body)
     except UpstreamError as exc:
         return _form_error(request, form, exc.detail)
     c.hub.mark("job")
@@ -178,7 +178,7 @@ async def cancel(job_id: str, c: ConsoleDep, _: CsrfDep) -> Response:
     notice = error = None
     try:
         await c.upstream.post("scheduler", f"/v1/jobs/{job_id}/cancel",
-                              {"reason": "cancelled from the console"}, admin=True)
+                              {"reason": "cancelled from the console"})
         notice = "Cancelled: a running job is being stopped on its node."
     except UpstreamError as exc:
         error = f"scheduler refused: {exc.detail}"

@@ -4,7 +4,9 @@
     sudo .venv/bin/python deploy/issue_secrets.py   # on Linux: each file then belongs to the container user reading it
 
 Writes nats.conf (JetStream, monitoring, one NATS user per component with its permissions), one `<user>.nats`
-password file per NATS user, redis.conf and redis.password. The agents' identities come from the agent
+password file per NATS user, redis.conf and redis.password; and the HTTP credentials: tokens.json (the hashes
+every WhaleFlux container reads), admin.token (the people's admin token: the CLI's and the console's login) and a
+`<service>.token` for each service that calls another (a viewer accepted only by those it calls). The agents' identities come from the agent
 containers of docker-compose.yml (their `--node` flags), so they cannot drift from it. Passwords already issued
 are kept: running it again after adding an agent changes nothing else.
 """
@@ -20,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from whaleflux.local import SERVICE_LINKS
+from whaleflux.shared import access
 from whaleflux.shared.catalog import load_fleet
 from whaleflux.shared.permissions import (
     Identity,
@@ -82,7 +86,25 @@ def issue(out: Path, compose: dict, fleet_root: Path) -> list[str]:
     redis = _password(out / "redis.password")
     _write(out / "redis.password", redis, WHALEFLUX_UID)
     _write(out / "redis.conf", f'requirepass "{redis}"\nappendonly yes\ndir /data\n', REDIS_UID)
+    issue_http_tokens(out)
     return [identity.user for identity, _ in users]
+
+
+def issue_http_tokens(out: Path) -> None:
+    """tokens.json, admin.token and each calling service's <name>.token; tokens already issued are kept (and the
+    entries `whaleflux tokens issue` added to tokens.json)."""
+    tokens = {"admin": _password(out / "admin.token")} | {name: _password(out / f"{name}.token")
+                                                           for name in SERVICE_LINKS}
+    for name, token in tokens.items():
+        _write(out / f"{name}.token", token, WHALEFLUX_UID)
+    ours = [access.TokenEntry(name="admin", role="admin", sha256=access.hash_token(tokens["admin"]))]
+    ours += [access.TokenEntry(name=name, role="viewer", services=list(peers), sha256=access.hash_token(tokens[name]))
+             for name, peers in SERVICE_LINKS.items()]
+    path = out / "tokens.json"
+    others = [e for e in access.read_tokens(path).tokens if e.name not in {o.name for o in ours}]
+    access.write_tokens(path, access.TokenFile(tokens=ours + others))
+    if os.geteuid() == 0:
+        os.chown(path, WHALEFLUX_UID, WHALEFLUX_UID)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-import jwt
 import structlog
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -49,10 +48,14 @@ class OidcVerifier:
     audience, and maps its claims to a principal."""
 
     def __init__(self, issuer: str, audience: str, jwks_url: str, names: ClaimNames) -> None:
+        import jwt  # here: PyJWT loads `cryptography`, which a process without OIDC need not start with
+
         self.issuer, self.audience, self.names = issuer, audience, names
         self.jwks = jwt.PyJWKClient(jwks_url, cache_keys=True, lifespan=300, timeout=5)
 
     def principal(self, token: str) -> Principal:
+        import jwt
+
         try:
             key = self.jwks.get_signing_key_from_jwt(token)
             claims = jwt.decode(token, key.key, algorithms=OIDC_ALGORITHMS, issuer=self.issuer,

@@ -70,7 +70,7 @@ def test_whaleflux_containers_get_core_environment(services):
     assert set(SERVICES) <= set(containers)
     for name, svc in containers.items():
         env = _environment(svc)
-        for key in ("NATS_URL", "REDIS_URL", "WHALEFLUX_ADMIN_TOKEN"):
+        for key in ("NATS_URL", "REDIS_URL", "WHALEFLUX_TOKENS_FILE"):
             assert env.get(key), f"{name}: {key} not set"
         assert env.get("WHALEFLUX_ENVIRONMENT") == "production", name
         assert "build" in svc, f"{name} must be built from the Dockerfile"

@@ -8,7 +8,9 @@
 From the permission table of shared/permissions.py: one NATS user per component (`whaleflux-nats-<user>`,
 key `password`), the nats-server `authorization` block with every user and its permissions
 (`whaleflux-nats-auth`, key `auth.conf`, included by the servers' config), the Redis password
-(`whaleflux-redis`), the admin token (`whaleflux-admin`, in both namespaces) and the agents' identity
+(`whaleflux-redis`), the people's admin token with the tokens file every pod reads (`whaleflux-admin`, keys
+`token` and `tokens.json`, in both namespaces; the file holds hashes only), each calling service's own token
+(`whaleflux-token-<service>`, a viewer accepted only by the services it calls) and the agents' identity
 (`whaleflux-nats-agents` in whaleflux-agents), allowed the subjects of the GPU nodes named and no others.
 Every pod mounts only its own as files; no secret is in a manifest or an environment variable. Passwords
 already issued are kept: run it again after adding a GPU node, apply, then restart the NATS servers one at a
@@ -26,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from whaleflux.local import SERVICE_LINKS
+from whaleflux.shared import access
 from whaleflux.shared.catalog import load_fleet
 from whaleflux.shared.permissions import Identity, nats_authorization, stack_identities
 from whaleflux.shared.subjects import token
@@ -68,7 +72,15 @@ def secrets_for(agent_nodes: list[tuple[str, str]], issued: dict[tuple[str, str]
     out.append(_secret("whaleflux-nats-auth", NAMESPACE, {"auth.conf": nats_authorization(users)}))
     out.append(_secret("whaleflux-redis", NAMESPACE, {"password": value(NAMESPACE, "whaleflux-redis", "password")}))
     admin = value(NAMESPACE, "whaleflux-admin", "token")
-    out += [_secret("whaleflux-admin", namespace, {"token": admin}) for namespace in (NAMESPACE, AGENTS_NAMESPACE)]
+    callers = {name: value(NAMESPACE, f"whaleflux-token-{name}", "token") for name in SERVICE_LINKS}
+    tokens = access.TokenFile(tokens=[
+        access.TokenEntry(name="admin", role="admin", sha256=access.hash_token(admin)),
+        *(access.TokenEntry(name=name, role="viewer", services=list(SERVICE_LINKS[name]),
+                            sha256=access.hash_token(token)) for name, token in callers.items())])
+    hashes = tokens.model_dump_json(indent=2, exclude_none=True)
+    out += [_secret("whaleflux-admin", namespace, {"token": admin, "tokens.json": hashes})
+            for namespace in (NAMESPACE, AGENTS_NAMESPACE)]
+    out += [_secret(f"whaleflux-token-{name}", NAMESPACE, {"token": token}) for name, token in callers.items()]
     return out
 
 

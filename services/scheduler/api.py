@@ -331,7 +331,7 @@ class GpuRow(BaseModel):
     healthy_since: datetime | None = Field(None, description="a fault's quarantine: healthy since (the hold runs)")
 
 
-gpus = APIRouter(tags=["gpus"])
+gpus = APIRouter(tags=["gpus"], dependencies=[ViewerDep])
 
 
 @gpus.get("/v1/gpus", dependencies=[WholeState])
@@ -366,7 +366,7 @@ async def _gpu(store: SchedulerStore, node: str, gpu: str) -> Gpu:
     raise HTTPException(404, f"gpu {gpu!r} not on node {reg.node!r} (indices {sorted(g.index for g in reg.gpus)})")
 
 
-@gpus.post("/v1/nodes/{node}/gpus/{gpu}/cordon", dependencies=[AdminDep, WholeState])
+@gpus.post("/v1/nodes/{node}/gpus/{gpu}/cordon", dependencies=[OperatorDep, WholeState])
 async def cordon_gpu(node: str, gpu: str, store: StoreDep, health: HealthDep,
                      body: CordonBody | None = None) -> dict[str, Any]:
     """Take one GPU (index or uuid) out of placement until an operator uncordons it (gpu.cordoned). A job on it
@@ -377,7 +377,7 @@ async def cordon_gpu(node: str, gpu: str, store: StoreDep, health: HealthDep,
             "reason": record.reason}
 
 
-@gpus.post("/v1/nodes/{node}/gpus/{gpu}/uncordon", dependencies=[AdminDep, WholeState])
+@gpus.post("/v1/nodes/{node}/gpus/{gpu}/uncordon", dependencies=[OperatorDep, WholeState])
 async def uncordon_gpu(node: str, gpu: str, store: StoreDep, health: HealthDep) -> dict[str, Any]:
     """Let a cordoned or quarantined GPU take work again (gpu.uncordoned); the ECC errors it has now are accepted,
     only more quarantine it again. `uncordoned` is false if it was not out."""

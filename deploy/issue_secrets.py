@@ -6,9 +6,9 @@
 Writes nats.conf (JetStream, monitoring, one NATS user per component with its permissions), one `<user>.nats`
 password file per NATS user, redis.conf and redis.password; and the HTTP credentials: tokens.json (the hashes
 every WhaleFlux container reads), admin.token (the people's admin token: the CLI's and the console's login) and a
-`<service>.token` for each service that calls another (a viewer accepted only by those it calls). The agents' identities come from the agent
-containers of docker-compose.yml (their `--node` flags), so they cannot drift from it. Passwords already issued
-are kept: running it again after adding an agent changes nothing else.
+`<service>.token` for each service that calls another (a viewer accepted only by those it calls). The agents'
+identities come from the agent containers of docker-compose.yml (their `--node` flags), so they cannot drift.
+Passwords and tokens already issued are kept: running it again after adding an agent changes nothing else.
 """
 
 from __future__ import annotations

@@ -15,5 +15,6 @@ def test_compose_runs_the_console_against_every_service():
     env = console["environment"]
     for name in ("telemetry", "scheduler", "alerting", "billing", "inventory"):
         assert env[f"WHALEFLUX_{name.upper()}_URL"] == f"http://{name}:8000"
-    assert env["WHALEFLUX_ENVIRONMENT"] == "production" and env["WHALEFLUX_ADMIN_TOKEN_FILE"] == "/run/secrets/admin_token"
+    assert env["WHALEFLUX_ENVIRONMENT"] == "production"
+    assert env["WHALEFLUX_ADMIN_TOKEN_FILE"] == "/run/secrets/admin_token"
     assert "8706:8000" in console["ports"] and "healthcheck" in console

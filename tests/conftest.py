@@ -163,6 +163,11 @@ INTEGRATION_CALLS = frozenset({"create_subprocess_exec", "create_subprocess_shel
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from .rootjobs import ROOT_JOBS
+
+    # Agents built in the test process read their settings from here (the child processes: processes.py).
+    for key, value in ROOT_JOBS.items():
+        os.environ.setdefault(key, value)
     config.addinivalue_line("markers", "unit: a pure test: no servers, processes or browser (marked automatically)")
     config.addinivalue_line("markers", "integration: real NATS/Redis, processes or a browser (marked automatically)")
 

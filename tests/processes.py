@@ -17,6 +17,8 @@ import httpx
 
 from whaleflux.servers import free_port
 
+from .rootjobs import ROOT_JOBS
+
 ADMIN_TOKEN = "test-admin-token-0123456789"
 
 
@@ -140,6 +142,7 @@ def make_cluster(servers, tmp_path: Path) -> Cluster:
             "WHALEFLUX_ADMIN_TOKEN": ADMIN_TOKEN,
             "WHALEFLUX_HOME": str(tmp_path / "home"),
             "WHALEFLUX_ENVIRONMENT": "development",
+            **ROOT_JOBS,
         }
     )
     log_dir = tmp_path / "logs"

@@ -1,5 +1,7 @@
-"""Jobs run as an unprivileged user (issue 18, item 3; services/agent/jobuser.py): the rule, and a real supervisor
-that switches to the user before it starts the command."""
+"""Jobs run as an unprivileged user (issue 18, item 3; services/agent/jobuser.py): the rule (a root agent's default
+is `nobody`, a team's or project's user from the mapping, root only when allowed), the scrubbed environment, a
+real supervisor that switches to the user before it starts the command, and a root agent process that runs a
+job as `nobody` by default."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ NOBODY = pwd.getpwnam("nobody")
 
 
 def test_root_runs_jobs_as_the_named_user_and_as_root_only_when_allowed():
-    assert jobuser.resolve(None, allow_root=False, euid=0) is None
+    assert jobuser.resolve(None, allow_root=False, euid=0) == jobuser.DEFAULT_USER == "nobody"
     assert jobuser.resolve("nobody", allow_root=False, euid=0) == "nobody"
     assert jobuser.resolve(str(NOBODY.pw_uid), allow_root=False, euid=0) == "nobody"
     with pytest.raises(ValueError, match="WHALEFLUX_ALLOW_ROOT_JOBS"):
@@ -35,9 +37,34 @@ def test_an_agent_that_is_not_root_runs_jobs_as_itself_and_cannot_name_another()
 
 
 def test_the_agent_refuses_to_start_with_a_root_job_user(monkeypatch):
+    monkeypatch.delenv("WHALEFLUX_ALLOW_ROOT_JOBS", raising=False)  # the suite's own allowance (rootjobs.py)
     monkeypatch.setenv("WHALEFLUX_JOB_USER", "root")
     with pytest.raises(ValueError, match="WHALEFLUX_ALLOW_ROOT_JOBS"):
         AgentSettings()
+
+
+def test_a_team_or_project_maps_to_its_own_user_and_root_needs_the_allowance_there_too():
+    users = jobuser.JobUsers.resolve(None, {"vision": "nobody", "vision/serving": "daemon"}, allow_root=False,
+                                     euid=0)
+    assert users.for_job("vision", "serving") == "daemon"  # the more specific key wins
+    assert users.for_job("vision", "research") == "nobody"
+    assert users.for_job("nlp", "default") == "nobody"  # the default of a root agent
+    allowed = jobuser.JobUsers.resolve("root", {"vision": "nobody"}, allow_root=True, euid=0)
+    assert allowed.for_job("nlp", "x") is None and allowed.for_job("vision", "x") == "nobody"
+    with pytest.raises(ValueError, match=r"WHALEFLUX_JOB_USERS\['ops'\].*WHALEFLUX_ALLOW_ROOT_JOBS"):
+        jobuser.JobUsers.resolve(None, {"ops": "root"}, allow_root=False, euid=0)
+    with pytest.raises(ValueError, match=r"WHALEFLUX_JOB_USERS\['vision'\]: only an agent running as root"):
+        jobuser.JobUsers.resolve(None, {"vision": "daemon"}, allow_root=False, euid=NOBODY.pw_uid)
+    with pytest.raises(ValueError, match="no user 'no-such-user-x'"):
+        AgentSettings(job_users={"vision": "no-such-user-x"})
+
+
+def test_a_job_switched_to_another_user_keeps_only_the_allow_listed_environment():
+    agent_env = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "NVIDIA_VISIBLE_DEVICES": "all",
+                 "AWS_SECRET_ACCESS_KEY": "k", "SSH_AUTH_SOCK": "/tmp/agent", "HOME": "/root",
+                 "WHALEFLUX_NATS_PASSWORD": "p", "http_proxy": "http://u:p@proxy"}
+    assert jobuser.scrubbed(agent_env) == {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C",
+                                           "NVIDIA_VISIBLE_DEVICES": "all"}
 
 
 def test_the_job_environment_is_the_job_users():
@@ -74,3 +101,27 @@ def test_a_checkpoint_folder_is_given_to_the_job_user(tmp_path):
     assert folder.stat().st_uid == os.geteuid()
     jobuser.give(folder, "nobody")
     assert folder.stat().st_uid == NOBODY.pw_uid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the default user is for an agent running as root")
+def test_a_root_agent_runs_a_job_as_nobody_by_default_with_a_scrubbed_environment(clean_servers, tmp_path):
+    from .processes import make_cluster, wait_until
+    from .rootjobs import ROOT_JOBS
+
+    cluster = make_cluster(clean_servers, tmp_path)
+    for key in ROOT_JOBS:  # the suite's explicit allowance off: the agent's own default
+        cluster.base_env.pop(key, None)
+    scheduler = cluster.service("scheduler")
+    cluster.agent("r4090-01", AWS_SECRET_ACCESS_KEY="leaked-if-seen")
+    try:
+        scheduler.wait_ready()
+        result = cluster.cli("submit", "--gpus", "1", "--wait", "--", "sh", "-c",
+                             'id -u; echo "${AWS_SECRET_ACCESS_KEY:-none}"; echo "$HOME"; echo "$WHALEFLUX_JOB_ID"',
+                             timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        job_id = result.stdout.split("submitted job ")[1].split()[0]
+        log = tmp_path / "home" / "jobs" / f"{job_id}.1.log"
+        lines = wait_until(lambda: log.exists() and log.read_text().split("\n")[:4], what="the job's log")
+        assert lines == [str(NOBODY.pw_uid), "none", NOBODY.pw_dir, job_id]
+    finally:
+        cluster.stop()

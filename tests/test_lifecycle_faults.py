@@ -31,6 +31,7 @@ from .lifecycle import (
     wait_all_ended,
 )
 from .processes import wait_until
+from .rootjobs import ROOT_JOBS
 from .test_crash_recovery import _job_history
 
 
@@ -166,7 +167,7 @@ def test_agent_kill_9_mid_job_loses_no_end_and_bills_what_ran(own, tmp_path):
 
 
 def _up(home, out_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))} | ROOT_JOBS
     env["WHALEFLUX_HOME"] = str(home)
     with open(out_path, "ab") as out:
         # Its own session, as a terminal's foreground group: Ctrl-C reaches `up` and all its children at once.

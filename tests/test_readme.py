@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from .processes import wait_until
+from .rootjobs import ROOT_JOBS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 EXAMPLE_JOB = "557e178c3f02"
@@ -74,7 +75,7 @@ def test_the_marked_blocks_hold_the_examples_a_new_user_tries_first():
 
 def test_every_marked_readme_example_works_against_up(tmp_path):
     home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))} | ROOT_JOBS
     env["WHALEFLUX_HOME"] = str(home)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `whaleflux` as installed
     env["COLUMNS"] = "200"

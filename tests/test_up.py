@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from .processes import wait_until
+from .rootjobs import ROOT_JOBS
 
 SERVICES = ("telemetry", "scheduler", "alerting", "billing", "inventory")
 
@@ -44,7 +45,7 @@ def _pids_with(marker: bytes) -> set[int]:
 
 def test_up_starts_everything_ready_and_sigterm_leaves_no_process(tmp_path):
     home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))} | ROOT_JOBS
     env["WHALEFLUX_HOME"] = str(home)
     # Its output goes to a file, not a pipe nobody reads while it runs (a full pipe would block it).
     out_path = tmp_path / "up.out"
@@ -111,7 +112,7 @@ def test_up_starts_everything_ready_and_sigterm_leaves_no_process(tmp_path):
 
 def test_up_holds_each_port_itself_so_nobody_takes_it_and_a_restarted_service_keeps_it(tmp_path):
     home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))} | ROOT_JOBS
     env["WHALEFLUX_HOME"] = str(home)
     with open(tmp_path / "up.out", "wb") as out_file:
         up = subprocess.Popen([sys.executable, "-m", "whaleflux", "up"], env=env, stdout=out_file,

@@ -69,8 +69,10 @@ class AgentSettings(CommonSettings):
     validation_duration: str = "10m"
     validation_intensity: Intensity = "normal"
     validation_checks: str = ",".join(CHECKS)
-    # Who jobs run as (jobuser.py): a user name or uid, switched to by a root agent; root only when allowed.
+    # Who jobs run as (jobuser.py): a root agent switches to the user of the job's team/project or team, else to
+    # job_user, else to `nobody`; root only when allowed. A non-root agent runs them as itself.
     job_user: str | None = None
+    job_users: dict[str, str] = Field(default_factory=dict, description='{"team" or "team/project": user}')
     allow_root_jobs: bool = False
 
     @field_validator("validation_duration", "validation_checks")
@@ -89,12 +91,15 @@ class AgentSettings(CommonSettings):
         return make_plan(duration=self.validation_duration, intensity=self.validation_intensity,
                          checks=self.validation_checks)
 
+    def users(self) -> jobuser.JobUsers:
+        return jobuser.JobUsers.resolve(self.job_user, self.job_users, self.allow_root_jobs)
+
     @model_validator(mode="after")
     def _fence_outlasts_heartbeats(self) -> AgentSettings:
         # Supervisors judge the agent by its heartbeats: a gap shorter than two of them would stop healthy jobs.
         if self.fence_after_s <= 2 * self.interval_s:
             raise ValueError("WHALEFLUX_FENCE_AFTER_S must be more than twice WHALEFLUX_INTERVAL_S")
-        jobuser.resolve(self.job_user, self.allow_root_jobs)  # a user that cannot be used stops the start
+        self.users()  # a user that cannot be used stops the start
         return self
 
 
@@ -114,7 +119,7 @@ def _job_settings(settings: AgentSettings) -> dict:
     """Where jobs keep their logs and attempt folders, and how they are stopped."""
     return dict(interval_s=settings.interval_s, log_dir=home() / "jobs", attempts_dir=home() / "attempts",
                 stop_grace_s=settings.stop_grace_s, fence_after_s=settings.fence_after_s,
-                run_as=jobuser.resolve(settings.job_user, settings.allow_root_jobs))
+                job_users=settings.users())
 
 
 ExerciserFactory = Callable[[list[GpuIdentity]], Exerciser]

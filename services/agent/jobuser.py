@@ -1,34 +1,81 @@
 """Who a job runs as: an unprivileged user when the agent runs as root, root only when explicitly allowed.
 
-`WHALEFLUX_JOB_USER` (a user name or uid) names the user; the agent checks it at start (`resolve`), the
-supervisor switches to it (user, its primary group, no supplementary groups) just before it starts the
-command, and the job's HOME, USER and LOGNAME are that user's. An agent that does not run as root cannot
-switch users: its jobs run as its own (unprivileged) user, and naming another is an error.
+- An agent running as root runs each job as a user it switches to (the user, its primary group, no
+  supplementary groups, umask 077) just before the command starts: the user `WHALEFLUX_JOB_USERS` maps the
+  job's `team/project` or `team` to (JSON, e.g. `{"vision": "vision-jobs", "vision/serving": "svc"}`; the more
+  specific wins), else `WHALEFLUX_JOB_USER`, else `nobody` (DEFAULT_USER). Root needs
+  `WHALEFLUX_ALLOW_ROOT_JOBS=true` wherever it is named. The job's HOME, USER and LOGNAME are that user's and
+  its environment is scrubbed to an allow-list (`scrubbed`).
+- An agent that does not run as root cannot switch users: its jobs run as its own (unprivileged) user, and
+  naming another is an error at start.
+Every user named is checked at start (`JobUsers.resolve`): an unknown one stops the agent with the setting named.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # No `typing` here: the supervisor imports this module at each job's start (typing alone costs it ~25 ms).
 
+DEFAULT_USER = "nobody"
+# What a job running as another user keeps of the agent's environment (its own `env` is added on top): the
+# search path, the locale and time zone, and what finds the GPU libraries. Nothing else: the agent's
+# credentials, proxies, agent sockets stay with the agent.
+KEPT_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH")
+KEPT_PREFIXES = ("LC_", "NVIDIA_")
+
+
+def _user(name: str, setting: str, allow_root: bool, euid: int) -> str | None:
+    """The user `name` (a name or uid) jobs switch to (None: the agent's own), or ValueError naming `setting`."""
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except (KeyError, OverflowError):
+        raise ValueError(f"{setting}: no user {name!r} on this machine") from None
+    if entry.pw_uid == 0 and not allow_root:
+        raise ValueError(f"{setting}: jobs may run as root only with WHALEFLUX_ALLOW_ROOT_JOBS=true")
+    if euid != 0 and entry.pw_uid != euid:
+        raise ValueError(f"{setting}: only an agent running as root can run jobs as {entry.pw_name!r}")
+    return entry.pw_name if euid == 0 and entry.pw_uid != euid else None
+
 
 def resolve(job_user: str | None, allow_root: bool, euid: int | None = None) -> str | None:
-    """The user jobs run as (None: the agent's own), or ValueError naming WHALEFLUX_JOB_USER."""
+    """The user jobs run as by default (None: the agent's own), or ValueError naming WHALEFLUX_JOB_USER. A root
+    agent with none named runs them as DEFAULT_USER."""
     euid = os.geteuid() if euid is None else euid
     if job_user is None:
-        return None
-    try:
-        entry = pwd.getpwuid(int(job_user)) if job_user.isdigit() else pwd.getpwnam(job_user)
-    except (KeyError, OverflowError):
-        raise ValueError(f"WHALEFLUX_JOB_USER: no user {job_user!r} on this machine") from None
-    if entry.pw_uid == 0 and not allow_root:
-        raise ValueError("WHALEFLUX_JOB_USER: jobs may run as root only with WHALEFLUX_ALLOW_ROOT_JOBS=true")
-    if euid != 0 and entry.pw_uid != euid:
-        raise ValueError(f"WHALEFLUX_JOB_USER: only an agent running as root can run jobs as {entry.pw_name!r}")
-    return entry.pw_name if euid == 0 and entry.pw_uid != euid else None
+        return _user(DEFAULT_USER, "WHALEFLUX_JOB_USER (default)", allow_root, euid) if euid == 0 else None
+    return _user(job_user, "WHALEFLUX_JOB_USER", allow_root, euid)
+
+
+@dataclass(frozen=True)
+class JobUsers:
+    """The user each job runs as: by `team/project`, by `team`, else the default (None: the agent's own)."""
+
+    default: str | None = None
+    by_team: Mapping[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def resolve(cls, job_user: str | None, mapping: Mapping[str, str], allow_root: bool,
+                euid: int | None = None) -> JobUsers:
+        euid = os.geteuid() if euid is None else euid
+        return cls(resolve(job_user, allow_root, euid),
+                   {key: _user(name, f"WHALEFLUX_JOB_USERS[{key!r}]", allow_root, euid)
+                    for key, name in mapping.items()})
+
+    def for_job(self, team: str, project: str) -> str | None:
+        for key in (f"{team}/{project}", team):
+            if key in self.by_team:
+                return self.by_team[key]
+        return self.default
+
+
+def scrubbed(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of the agent's environment a job running as another user keeps."""
+    return {k: v for k, v in env.items() if k in KEPT_ENV or k.startswith(KEPT_PREFIXES)}
 
 
 def popen_args(user: str | None) -> tuple[int | None, int | None, list[int] | None, int]:

@@ -32,7 +32,7 @@ from whaleflux.shared.events import (
 from whaleflux.shared.streams import agent_consumer
 from whaleflux.shared.version import __version__
 
-from . import attempts, recovery, runner, virtual
+from . import attempts, jobuser, recovery, runner, virtual
 from .backend import GpuBackend
 from .burnin.gate import NodeGate
 
@@ -81,7 +81,7 @@ class NodeAgent:
         clock: Clock = system_clock,
         virtual_jobs: bool = False,
         gate: NodeGate | None = None,
-        run_as: str | None = None,
+        job_users: jobuser.JobUsers | None = None,
     ):
         self.bus = bus
         self.node = node
@@ -97,7 +97,8 @@ class NodeAgent:
         self.virtual_jobs = virtual_jobs
         # The validation gate (burnin/gate.py): a burn-in before the node registers, when its policy asks.
         self.gate = gate
-        self.run_as = run_as  # the user its jobs run as (jobuser.py; None: the agent's own)
+        # Who its jobs run as (jobuser.py): by team/project, else the default; None: the agent's own user.
+        self.job_users = job_users or jobuser.JobUsers()
         self.jobs: dict[tuple[str, int], runner.RunningJob | virtual.VirtualJob] = {}
         self.ended: dict[tuple[str, int], EndedAttempt] = {}
         self._stopping = False
@@ -311,7 +312,8 @@ class NodeAgent:
             return
         try:
             job = await runner.launch(placed, self.log_dir, self.node_dir, grace_s=self.stop_grace_s,
-                                      fence_after_s=self.fence_after_s, run_as=self.run_as)
+                                      fence_after_s=self.fence_after_s,
+                                      run_as=self.job_users.for_job(placed.team, placed.project))
         except runner.CannotStart as exc:
             attempt_dir = self.node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
             await self._report_failed(attempt_dir, placed, str(exc), self.clock())

@@ -97,7 +97,9 @@ def _prepare(placed: JobPlaced, log_dir: Path, node_dir: Path, grace_s: float,
     """The attempt's folder with its placement and spec, and the job's log path (local files, fsynced)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     # Logs live in <home>/jobs, default checkpoints in <home>/checkpoints.
-    env = {**job_environment(placed, home=log_dir.parent), **jobuser.environment(run_as)}
+    # A job switched to another user keeps only an allow-list of the agent's environment (jobuser.scrubbed).
+    base = jobuser.scrubbed(os.environ) if run_as is not None else None
+    env = {**job_environment(placed, base, home=log_dir.parent), **jobuser.environment(run_as)}
     Path(env["WHALEFLUX_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
     jobuser.give(Path(env["WHALEFLUX_CHECKPOINT_DIR"]), run_as)
     attempt_dir = node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)

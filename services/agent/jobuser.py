@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping  # loaded with the interpreter already
 from pathlib import Path
 
-# No `typing` here: the supervisor imports this module at each job's start (typing alone costs it ~25 ms).
+# No `typing` nor `dataclasses` here: the supervisor imports this module at each job's start (typing alone costs
+# it ~25 ms).
 
 DEFAULT_USER = "nobody"
 # What a job running as another user keeps of the agent's environment (its own `env` is added on top): the
@@ -51,12 +51,12 @@ def resolve(job_user: str | None, allow_root: bool, euid: int | None = None) -> 
     return _user(job_user, "WHALEFLUX_JOB_USER", allow_root, euid)
 
 
-@dataclass(frozen=True)
 class JobUsers:
     """The user each job runs as: by `team/project`, by `team`, else the default (None: the agent's own)."""
 
-    default: str | None = None
-    by_team: Mapping[str, str | None] = field(default_factory=dict)
+    def __init__(self, default: str | None = None, by_team: Mapping[str, str | None] | None = None) -> None:
+        self.default = default
+        self.by_team = dict(by_team or {})
 
     @classmethod
     def resolve(cls, job_user: str | None, mapping: Mapping[str, str], allow_root: bool,

@@ -74,7 +74,7 @@ class Bus:
         self.clock = clock
         self.metrics = metrics or BusMetrics.create(CollectorRegistry())
         self.bound: set[str] = set()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._consumers: dict[str, tuple[Consumer, asyncio.Task[None]]] = {}
         self._stopping = asyncio.Event()
 
     @classmethod
@@ -186,17 +186,20 @@ class Bus:
 
     async def deadletter(self, msg: Msg, consumer: str, stage: str, reason: str) -> None:
         seq = msg.metadata.sequence.stream if msg.metadata else None
+        stream = STREAMS.get(msg.metadata.stream) if msg.metadata else None
+        # As published: a partitioned stream stores it with its partition appended.
+        subject = stream.published(msg.subject) if stream is not None else msg.subject
         headers = {
             # One dead letter per original message, even if recording it is retried.
             **({"Nats-Msg-Id": f"dl-{consumer}-{seq}"} if seq is not None else {}),
             REASON_HEADER: _header_safe(reason),
             "WhaleFlux-Consumer": consumer,
             "WhaleFlux-Stage": stage,
-            "WhaleFlux-Subject": msg.subject,
+            "WhaleFlux-Subject": subject,
         }
-        await self.js.publish(subjects.deadletter(msg.subject), msg.data, headers=headers)
+        await self.js.publish(subjects.deadletter(subject), msg.data, headers=headers)
         self.metrics.deadlettered.labels(consumer, stage).inc()
-        log.warning("event.deadlettered", consumer=consumer, subject=msg.subject, stage=stage, reason=reason)
+        log.warning("event.deadlettered", consumer=consumer, subject=subject, stage=stage, reason=reason)
 
     # ------------------------------------------------------------------ consume
 
@@ -210,20 +213,33 @@ class Bus:
         if is_batch_handler(handler) and spec.dedup:
             # Batch mode has no per-event id dedup: only for handlers idempotent by nature.
             raise ValueError(f"consumer {spec.durable}: a batch handler needs dedup=False")
+        if spec.durable in self._consumers:
+            raise ValueError(f"consumer {spec.durable} is running already")
         seen = SeenStore(redis, seen_prefix, spec.durable) if redis is not None else None
         consumer = Consumer(self, spec, handler, seen, gate)
-        self._tasks.append(asyncio.create_task(consumer.run(), name=spec.durable))
+        self._consumers[spec.durable] = (consumer, asyncio.create_task(consumer.run(), name=spec.durable))
+
+    async def stop_consumer(self, durable: str) -> None:
+        """End one consumer's loop once the fetch in hand is handled and acked (a partition handed over)."""
+        consumer, task = self._consumers.pop(durable)
+        consumer.stop()
+        await asyncio.gather(task, return_exceptions=True)
+
+    def running_consumers(self) -> dict[str, ConsumerSpec]:
+        """durable -> declaration of every consumer whose loop this process runs."""
+        return {name: consumer.spec for name, (consumer, _) in self._consumers.items()}
 
     def ended_consumers(self) -> list[str]:
         """Consumers whose delivery loop has ended (none should, before `close`: the loop never dies)."""
-        return [task.get_name() for task in self._tasks if task.done()]
+        return [name for name, (_, task) in self._consumers.items() if task.done()]
 
     async def close(self) -> None:
         self._stopping.set()
-        for task in self._tasks:
+        tasks = [task for _, task in self._consumers.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._consumers.clear()
         if not self.nc.is_closed:
             # Consumers are stopped and every ack was sent; drain() would wait out
             # its timeout on the pull subscriptions, so flush and close instead.

@@ -47,11 +47,18 @@ class Consumer:
         # Batch mode handles one fetch while fetching the next; at most one batch is in
         # flight, so batches are still handled one after another, in stream order.
         self.inflight: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        """Ask the loop to end after the fetch it is handling (handed over: nothing left unacked by choice)."""
+        self._stop.set()
 
     async def run(self) -> None:
         try:
-            while not self.bus.stopping:
+            while not self.bus.stopping and not self._stop.is_set():
                 await self._wait_gate()
+                if self._stop.is_set():
+                    break
                 msgs = await self._fetch()
                 if msgs is None:
                     continue
@@ -63,6 +70,8 @@ class Consumer:
                     continue
                 for msg in msgs:
                     await self._dispatch(msg)
+            await self._settle_inflight()  # asked to stop: the batch in hand is handled and acked first
+            await self._unbind()
         finally:
             if self.inflight is not None and not self.inflight.done():
                 self.inflight.cancel()  # its unacked events are delivered again after ack_wait
@@ -76,7 +85,14 @@ class Consumer:
         if self.gate is None or self.gate.is_set():
             return
         await self._settle_inflight()
-        await self.gate.wait()
+        waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self.gate.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if self._stop.is_set():
+            return
         # The state may have been rebuilt meanwhile, and the consumer recreated or moved.
         if self.psub is not None:
             await self._unbind()
@@ -86,6 +102,8 @@ class Consumer:
         try:
             if self.psub is None:
                 await self.bus.ensure_consumer(self.spec)
+                if self.spec.takeover:
+                    await self._await_redeliveries()
                 self.psub = await self.bus.js.pull_subscribe_bind(durable=self.name, stream=self.spec.stream)
                 self.bus.bound.add(self.name)
             return await self.psub.fetch(self.spec.batch, timeout=1.0)
@@ -101,6 +119,15 @@ class Consumer:
         self.psub = None
         await asyncio.sleep(pause)
         return None
+
+    async def _await_redeliveries(self) -> None:
+        """Events the previous holder fetched and never acked are redelivered once their ack_wait passed:
+        wait that long, so that they come first (JetStream delivers redeliveries before new events)."""
+        info = await self.bus.js.consumer_info(self.spec.stream, self.name)
+        if info.num_ack_pending:
+            log.info("consumer.takeover_wait", consumer=self.name, unacked=info.num_ack_pending,
+                     wait_s=self.spec.ack_wait_s)
+            await asyncio.sleep(self.spec.ack_wait_s)
 
     async def _unbind(self) -> None:
         self.bus.bound.discard(self.name)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from . import subjects as s
 from .localconfig import SERVICES
+from .partitions import PARTITIONS
 from .streams import CONSUMERS, STREAMS, ConsumerSpec, agent_consumer
 
 API = "$JS.API"
@@ -89,9 +90,10 @@ def consumer_api(stream: str, durable: str) -> list[str]:
 def _consuming(specs: Iterable[ConsumerSpec]) -> list[str]:
     """The API subjects of these consumers, and the dead-letter subjects of what they consume."""
     out: list[str] = []
-    for spec in specs:
-        out += consumer_api(spec.stream, spec.durable)
-        out += [s.deadletter(subject) for subject in spec.filter_subjects]
+    for declared in specs:
+        for spec in declared.partitions():  # scaled out, a partitioned consumer is one durable per partition
+            out += consumer_api(spec.stream, spec.durable)
+            out += [s.deadletter(subject) for subject in spec.filter_subjects]
     return out
 
 
@@ -203,6 +205,11 @@ def markdown_table(identities: Sequence[Identity]) -> str:
         events = [p for p in identity.publish if not p.startswith(("$", s.DEADLETTER_PREFIX))]
         consumers = [p.removeprefix(next_prefix).replace(".", " / ", 1) for p in identity.publish
                      if p.startswith(next_prefix)]
+        # A partitioned consumer's durables per partition, shown once: `telemetry-gpu[-p0…p7]`.
+        last = f"-p{PARTITIONS - 1}"
+        partitioned = {c.removesuffix(last) for c in consumers if c.endswith(last)}
+        consumers = [f"{c}[-p0…p{PARTITIONS - 1}]" if c in partitioned else c for c in consumers
+                     if not any(c.startswith(f"{base}-p") for base in partitioned)]
         subscribed = [p for p in identity.subscribe if p != INBOX]
         cells = [", ".join(f"`{x}`" for x in items) or "—" for items in (events, consumers, subscribed)]
         rows.append(f"| `{identity.user}` | {identity.role} | {' | '.join(cells)} |")

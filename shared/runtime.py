@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,8 @@ from .errors import BadRequest, StateUnavailable
 from .events import Envelope, EventData, make_envelope
 from .logs import configure_logging
 from .outbox_store import Outbox
+from .ownership import Ownership, service_units
+from .partition_store import PartitionStore
 from .redis_client import StateConnection
 from .runtime_http import add_error_handlers, add_ops_routes, guard_input, refuse_before_connected
 from .settings import CommonSettings
@@ -103,6 +106,7 @@ class Runtime:
         self._tasks: list[asyncio.Task[Any]] = []
         # Whether the state store is reachable and whole; consumers fetch only then.
         self.guard = StateGuard(self.log, self._rebuild)
+        self.ownership: Ownership | None = None  # scaled out: the units this replica runs
         self.starting = False  # the lifespan began connecting (an app served without it never connects)
         self.running = False
 
@@ -235,15 +239,29 @@ class Runtime:
                     await self.parts.on_ready()
                 await self.guard.ensure()
         specs = self.consumer_specs()
-        for name, handler in self.parts.consumers.items():
-            bus.start_consumer(specs[name], self._store_guarded(handler), redis, self.prefix, self.state_ready)
-        for loop in [*self.parts.background, self._outbox_loop, self.guard.watch]:
+        handlers = {name: self._store_guarded(handler) for name, handler in self.parts.consumers.items()}
+        def start_consumer(name: str, spec: ConsumerSpec) -> None:
+            bus.start_consumer(spec, handlers[name], redis, self.prefix, self.state_ready)
+
+        loops: list[Loop] = [self._outbox_loop, self.guard.watch]
+        if self.settings.scale_out:
+            units = service_units(specs, start_consumer, bus.stop_consumer,  # `main` runs the background loops
+                                  [functools.partial(self._guard, loop) for loop in self.parts.background])
+            self.ownership = Ownership(PartitionStore(redis, self.prefix), self.settings, units, self.log,
+                                       on_gained=self.parts.on_ready).begin(self._guard)
+        else:
+            for name, spec in specs.items():
+                start_consumer(name, spec)
+            loops = [*self.parts.background, *loops]
+        for loop in loops:
             self.spawn(self._guard(loop), name=getattr(loop, "__name__", "loop"))
         self.running = True
         self.log.info("service.started", consumers=sorted(specs))
 
     async def stop(self) -> None:
-        """The service's `on_stop`, then every task cancelled and the connections closed."""
+        """Units handed over (scaled out), the service's `on_stop`, every task cancelled, connections closed."""
+        if self.ownership is not None:
+            await self.ownership.leave()
         if self.parts.on_stop is not None:
             await self.parts.on_stop()
         tasks, self._tasks = self._tasks, []
@@ -266,8 +284,12 @@ class Runtime:
         bound = self._bus.bound if self._bus is not None else set()
         # A delivery loop that ended (it never should) leaves its name bound: such a consumer takes nothing.
         ended = set(self._bus.ended_consumers()) if self._bus is not None else set()
-        for name in self.consumer_specs():
+        # Scaled out: the consumers of the units this replica holds (none may be assigned to it).
+        names = self._bus.running_consumers() if self.ownership is not None and self._bus else self.consumer_specs()
+        for name in sorted(names):
             checks[f"consumer:{name}"] = name in bound and name not in ended
+        if self.ownership is not None:
+            checks["ownership"] = self.ownership.live
         if self.parts.readiness is not None:
             checks = await self.parts.readiness(checks)
         return checks

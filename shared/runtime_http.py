@@ -173,15 +173,19 @@ def add_ops_routes(app: FastAPI, runtime: Runtime) -> None:
     @app.get("/admin/status", tags=["admin"], dependencies=[Depends(require_admin)])
     async def admin_status() -> dict[str, Any]:
         """Consumer positions and settings (secrets masked)."""
+        scaled = runtime.ownership
         return {"service": runtime.name, "consumers": await _consumer_positions(runtime),
-                "settings": runtime.settings.redacted()}
+                "settings": runtime.settings.redacted(),
+                # Scaled out: the units this replica runs and the replicas it sees.
+                **({"units": sorted(scaled.running), "members": scaled.members} if scaled is not None else {})}
 
 
 async def _consumer_positions(runtime: Runtime) -> dict[str, dict[str, Any]]:
     consumers: dict[str, dict[str, Any]] = {}
     if not runtime.connected:
         return consumers
-    for name, spec in runtime.consumer_specs().items():
+    specs = runtime.bus.running_consumers() if runtime.ownership is not None else runtime.consumer_specs()
+    for name, spec in specs.items():
         try:
             info = await runtime.bus.js.consumer_info(spec.stream, name)
         except (nats.errors.Error, TimeoutError) as exc:

@@ -59,6 +59,10 @@ class CommonSettings(BaseSettings):
     http_port: int = Field(8700, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     instance: str = Field(default_factory=lambda: secrets.token_hex(3))
+    # This service runs as several replicas that share its work: partitions by node, leased in Redis
+    # (shared/partitions.py). A replica that dies hands its partitions over within about two leases.
+    scale_out: bool = False
+    partition_lease_s: float = Field(5.0, ge=1.0, le=60.0)
 
     @model_validator(mode="before")
     @classmethod

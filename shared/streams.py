@@ -6,12 +6,21 @@ ad hoc. `Bus.ensure_streams()` applies these declarations idempotently.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    SubjectTransform,
+)
 
 from . import subjects as s
+from .partitions import PARTITIONS
 
 DAY = 86400.0
 
@@ -24,6 +33,31 @@ class StreamSpec:
     max_bytes: int = -1
     # nats-server 2.15 caps a stream at 1,000 consumers unless it sets its own limit (-1 no longer means none).
     max_consumers: int = 1000
+    # Partitioned by node: what is published on this subject (`*` the node's tokens) is stored with its
+    # partition appended as one more token (`partitions.py`), for one durable consumer per partition.
+    partition_by: str | None = None
+
+    def transform(self) -> SubjectTransform | None:
+        if self.partition_by is None:
+            return None
+        tokens = self.partition_by.split(".")
+        wild = [i for i, tok in enumerate(tokens) if tok == "*"]
+        dest = [f"{{{{wildcard({wild.index(i) + 1})}}}}" if i in wild else tok for i, tok in enumerate(tokens)]
+        indexes = ",".join(str(n + 1) for n in range(len(wild)))
+        return SubjectTransform(src=self.partition_by,
+                                dest=".".join([*dest, f"{{{{partition({PARTITIONS},{indexes})}}}}"]))
+
+    def partition_filter(self, k: int) -> str:
+        """The stored subjects of partition `k`."""
+        if self.partition_by is None:
+            raise ValueError(f"stream {self.name} is not partitioned")
+        return f"{self.partition_by}.{k}"
+
+    def published(self, stored: str) -> str:
+        """The subject an event was published on, from the one it is stored under (the partition dropped)."""
+        if self.partition_by is not None and len(stored.split(".")) == len(self.partition_by.split(".")) + 1:
+            return stored.rpartition(".")[0]
+        return stored
 
     def config(self, replicas: int = 1) -> StreamConfig:
         """The stream's config with `replicas` copies (R1 on one server, R3 in a three-server cluster)."""
@@ -39,13 +73,16 @@ class StreamSpec:
             # Publishers set Nats-Msg-Id to the event id: a re-publish within the
             # window (an outbox flush after a crash) is stored once.
             duplicate_window=120.0,
+            subject_transform=self.transform(),
         )
 
 
 STREAMS: dict[str, StreamSpec] = {
     spec.name: spec
     for spec in (
-        StreamSpec("WHALEFLUX_TELEMETRY", [f"{s.GPU_TELEMETRY}.>"], max_age_s=3600, max_bytes=2 * 1024**3),
+        # Stored as gpu.telemetry.<cluster>.<node>.<partition>: scaled-out services split it by partition.
+        StreamSpec("WHALEFLUX_TELEMETRY", [f"{s.GPU_TELEMETRY}.>"], max_age_s=3600, max_bytes=2 * 1024**3,
+                   partition_by=f"{s.GPU_TELEMETRY}.*.*"),
         StreamSpec("WHALEFLUX_NODES", ["node.>"], max_age_s=7 * DAY),
         # Burn-in reports (gpu.validated) and cordons (gpu.cordoned / gpu.uncordoned: the scheduler's GPU
         # quarantine, which its rebuild folds): how each GPU was last judged, kept like the jobs.
@@ -60,6 +97,8 @@ STREAMS: dict[str, StreamSpec] = {
     )
 }
 
+# A partition's events fetched by a replica that died are delivered again after this long (a handover waits it).
+PARTITION_ACK_WAIT_S = 5.0
 # Redeliveries wait longer each time; after len(backoff) + 1 tries an event is dead-lettered.
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -84,6 +123,23 @@ class ConsumerSpec:
     # Skip the per-event dedup lookup where the handler is idempotent by nature
     # (storing the latest telemetry sample twice changes nothing).
     dedup: bool = True
+    # A service run as several replicas (WHALEFLUX_SCALE_OUT) runs this consumer as one durable per partition
+    # of its (partitioned) stream, `<durable>-p<k>`, each run by the replica that holds partition k's lease.
+    partitioned: bool = False
+    # A partition's consumer taken over from a replica that died holding events unacked: wait for their
+    # redelivery (ack_wait) before fetching, so they are handled before the newer ones, in order.
+    takeover: bool = False
+
+    def partition(self, k: int) -> ConsumerSpec:
+        """Partition `k`'s durable consumer."""
+        if not self.partitioned:
+            raise ValueError(f"consumer {self.durable} is not partitioned")
+        return replace(self, durable=f"{self.durable}-p{k}", filter_subjects=[STREAMS[self.stream].partition_filter(k)],
+                       partitioned=False, takeover=True, ack_wait_s=PARTITION_ACK_WAIT_S)
+
+    def partitions(self) -> list[ConsumerSpec]:
+        """Every durable consumer this declaration stands for: itself, and one per partition if partitioned."""
+        return [self, *(self.partition(k) for k in range(PARTITIONS))] if self.partitioned else [self]
 
     @property
     def max_deliver(self) -> int:
@@ -115,7 +171,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
     spec.durable: spec
     for spec in (
         _c("telemetry-gpu", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256, dedup=False,
-           linger_s=0.005),
+           linger_s=0.005, partitioned=True),
         _c("telemetry-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>"),
         # Job names, teams and GPUs, so samples and /metrics carry job labels and per-job usage.
         _c("telemetry-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED,
@@ -133,8 +189,9 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         # marker (one per node per second); recording the latest time twice changes nothing.
         _c("scheduler-heartbeats", "WHALEFLUX_NODES", f"{s.NODE_HEARTBEAT}.>", deliver_new=True, batch=256,
            dedup=False),
+        # Partitioned when scaled out: a GPU's series and rule state live in the replica that holds its partition.
         _c("alerting-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
-           dedup=False),
+           dedup=False, partitioned=True),
         _c("alerting-notify", "WHALEFLUX_ALERTS", f"{s.ALERT_RAISED}", f"{s.ALERT_RESOLVED}"),
         # Topology (rack, pool) from registrations, liveness from heartbeats: idempotent, no id dedup.
         _c("alerting-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
@@ -152,7 +209,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
            f"{s.JOB_PLACED}.>", batch=256, dedup=False),
         # Measured energy for power cost; counters are cumulative, so a redelivered sample adds nothing.
         _c("billing-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
-           dedup=False),
+           dedup=False, partitioned=True),
         _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
         _c("inventory-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_REJECTED, f"{s.JOB_PLACED}.>",
            s.JOB_FINISHED, s.JOB_FAILED),
@@ -160,7 +217,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         # The scheduler's GPU cordons and quarantines: such a GPU is counted unhealthy, not active.
         _c("inventory-cordons", "WHALEFLUX_VALIDATIONS", f"{s.GPU_CORDONED}.>", f"{s.GPU_UNCORDONED}.>"),
         _c("inventory-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
-           dedup=False),
+           dedup=False, partitioned=True),
     )
 }
 

@@ -94,11 +94,13 @@ class Cluster:
     log_dir: Path
     procs: dict[str, Proc] = field(default_factory=dict)
 
-    def service(self, name: str, **extra_env: str) -> Proc:
+    def service(self, name: str, replica: str | None = None, **extra_env: str) -> Proc:
+        """Service `name` as a process; `replica` tells several of one service apart (`procs["<name>-<replica>"]`)."""
         port = free_port()
         env = {**self.base_env, "WHALEFLUX_HTTP_PORT": str(port), **extra_env}
-        proc = Proc(name, [sys.executable, "-m", "whaleflux", "service", name], env, self.log_dir / f"{name}.log", port)
-        self.procs[name] = proc.start()
+        key = f"{name}-{replica}" if replica else name
+        proc = Proc(key, [sys.executable, "-m", "whaleflux", "service", name], env, self.log_dir / f"{key}.log", port)
+        self.procs[key] = proc.start()
         return proc
 
     def agent(self, *nodes: str, interval_s: float = 1.0, name: str = "agent", http: bool = False,

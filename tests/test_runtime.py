@@ -144,7 +144,7 @@ async def test_a_started_runtime_loads_binds_its_consumers_is_ready_and_publishe
         await _until(handled, "the staged event consumed")
 
         # A consumer whose delivery loop ended (here: cancelled) takes nothing: the service is not ready.
-        [loop] = [t for t in runtime.bus._tasks if t.get_name() == "scheduler-nodes"]
+        _, loop = runtime.bus._consumers["scheduler-nodes"]
         loop.cancel()
         async with _client(app) as http:
             async def not_ready() -> bool:

@@ -26,6 +26,10 @@ from .partitions import MAIN, PARTITIONS, assign, partition_unit, units
 from .settings import CommonSettings
 from .streams import ConsumerSpec
 
+# A replica stays a member this many leases after its last tick: one slow tick on a loaded machine must not
+# reassign everything (a dead replica's units are reassigned once its membership ran out).
+MEMBER_LEASES = 2
+
 
 @dataclass
 class Unit:
@@ -65,22 +69,21 @@ class Ownership:
             await asyncio.sleep(self.lease_ms / 3000)
 
     async def tick(self) -> None:
-        self.members = await self.store.heartbeat(self.instance, self.lease_ms)
+        self.members = await self.store.heartbeat(self.instance, self.lease_ms * MEMBER_LEASES)
         self.assignment = assign(list(self.units), self.members)
         self.live = True
-        gained: list[str] = []
-        for unit in self.units:
-            if self.assignment.get(unit) == self.instance:
-                holder = await self.store.claim(unit, self.instance, self.lease_ms)
-                if holder == self.instance:
-                    if unit not in self.running:
-                        gained.append(unit)
-                elif unit in self.running:
-                    self.log.warning("ownership.lease_lost", unit=unit, holder=holder)
-                    await self._stop(unit)
-            elif unit in self.running:
-                await self._stop(unit)
-                await self.store.release(unit, self.instance)
+        mine = [unit for unit in self.units if self.assignment.get(unit) == self.instance]
+        # Every lease renewed (or taken) first, all at once: a tick that stops units must not delay renewals.
+        holders = dict(zip(mine, await asyncio.gather(*(self.store.claim(unit, self.instance, self.lease_ms)
+                                                          for unit in mine)), strict=True))
+        lost = [unit for unit, holder in holders.items() if holder != self.instance and unit in self.running]
+        moved = [unit for unit in self.running if unit not in holders]
+        for unit in lost:
+            self.log.warning("ownership.lease_lost", unit=unit, holder=holders[unit])
+        # Stopped together: each stop waits for its consumers' fetch in hand.
+        await asyncio.gather(*(self._stop(unit) for unit in [*lost, *moved]))
+        await asyncio.gather(*(self.store.release(unit, self.instance) for unit in moved))
+        gained = [unit for unit, holder in holders.items() if holder == self.instance and unit not in self.running]
         if gained and self._ticks and self.on_gained is not None and any(u != MAIN for u in gained):
             await self.on_gained()
         for unit in gained:

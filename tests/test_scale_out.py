@@ -9,6 +9,8 @@ with no sample lost or stored twice.
 from __future__ import annotations
 
 import asyncio
+import json
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -120,7 +122,7 @@ def test_two_telemetry_replicas_share_the_partitions_and_one_takes_over_when_the
         clean_servers, tmp_path):
     servers = clean_servers
     system = make_cluster(servers, tmp_path)
-    scaled = {"WHALEFLUX_SCALE_OUT": "true", "WHALEFLUX_PARTITION_LEASE_S": "2"}
+    scaled = {"WHALEFLUX_SCALE_OUT": "true", "WHALEFLUX_PARTITION_LEASE_S": "3"}
     nodes = {name: SimulatedNode(name, gpu_models()["H100"], 2, interconnect="nvlink") for name in NODES}
     rounds, kill_at = 30, 10
     try:
@@ -138,17 +140,7 @@ def test_two_telemetry_replicas_share_the_partitions_and_one_takes_over_when_the
         first, second = system.service("telemetry", "a", **scaled), system.service("telemetry", "b", **scaled)
         first.wait_ready()
         second.wait_ready()
-
-        async def holders() -> dict[str, str | None]:
-            from redis.asyncio import Redis
-            redis = Redis.from_url(servers.redis_url, password=servers.redis_password, decode_responses=True)
-            try:
-                return await PartitionStore(redis, "wf:telemetry").holders(units())
-            finally:
-                await redis.aclose()
-
-        shared = wait_until(lambda: len(set(asyncio.run(holders()).values()) - {None}) == 2 and asyncio.run(holders()),
-                            timeout=60, what="both replicas holding partitions")
+        shared = _both_holding(servers, "telemetry")
         # The one not holding `main` is killed: its partitions must move, and `main` stays.
         victim = first if _instance(first) != shared[MAIN] else second
         survivor = second if victim is first else first
@@ -170,7 +162,7 @@ def test_two_telemetry_replicas_share_the_partitions_and_one_takes_over_when_the
 
         began = asyncio.run(publish())
         survivor_instance = _instance(survivor)
-        wait_until(lambda: set(asyncio.run(holders()).values()) == {survivor_instance}, timeout=60,
+        wait_until(lambda: set(asyncio.run(_holders(servers, "telemetry")).values()) == {survivor_instance}, timeout=60,
                    what="the survivor holding every partition")
         uuids = [g.uuid for node in nodes.values() for g in node.identities()]
 
@@ -207,3 +199,88 @@ def _instance(proc) -> str:
     checks = httpx.get(proc.url + "/admin/status", timeout=5,
                        headers={"Authorization": f"Bearer {proc.env['WHALEFLUX_ADMIN_TOKEN']}"}).json()
     return str(checks["settings"]["instance"])
+
+
+def test_two_alerting_replicas_raise_and_resolve_each_gpu_alert_once_across_a_kill(clean_servers, tmp_path):
+    servers = clean_servers
+    system = make_cluster(servers, tmp_path)
+    scaled = {"WHALEFLUX_SCALE_OUT": "true", "WHALEFLUX_PARTITION_LEASE_S": "3"}
+    nodes = {name: SimulatedNode(name, gpu_models()["H100"], 2, interconnect="nvlink") for name in NODES}
+    hot_uuid = {name: node.identities()[0].uuid for name, node in nodes.items()}
+    try:
+        first, second = system.service("alerting", "a", **scaled), system.service("alerting", "b", **scaled)
+        first.wait_ready()
+        second.wait_ready()
+        shared = _both_holding(servers, "alerting")
+        victim = first if _instance(first) != shared[MAIN] else second
+        survivor = second if victim is first else first
+
+        def sample(name: str, t: datetime, phase: str) -> GpuTelemetry:
+            batch = _batch(nodes[name], name, 0, t)
+            gpus = [g.model_copy(update={"temperature_c": 95.0, "slowdown_temperature_c": None})
+                    if phase == "hot" and g.uuid == hot_uuid[name] else
+                    g.model_copy(update={"temperature_c": 40.0, "utilization_gpu_pct": 90.0})
+                    for g in batch.gpus]
+            return batch.model_copy(update={"gpus": gpus})
+
+        async def publish(phase: str, rounds: int, seq0: int, kill_after: int | None = None) -> None:
+            bus = await connect_bus(servers)
+            try:
+                for r in range(rounds):
+                    if r == kill_after:
+                        victim.kill9()
+                    t = datetime.now(UTC)
+                    for name in nodes:
+                        batch = sample(name, t, phase).model_copy(update={"seq": seq0 + r})
+                        await bus.publish(subjects.gpu_telemetry("onprem", name), batch)
+                    await asyncio.sleep(0.3)
+            finally:
+                await bus.close()
+
+        async def alerts() -> tuple[Counter[str], Counter[str]]:
+            bus = await connect_bus(servers)
+            try:
+                sub = await bus.js.pull_subscribe("alert.>", stream="WHALEFLUX_ALERTS")
+                raised: Counter[str] = Counter()
+                resolved: Counter[str] = Counter()
+                for msg in await fetch_stored(sub):
+                    data = json.loads(msg.data)["data"]
+                    if data["rule"] == "GPUTemperatureHigh":
+                        (raised if msg.subject == subjects.ALERT_RAISED else resolved)[data["labels"]["UUID"]] += 1
+                return raised, resolved
+            finally:
+                await bus.close()
+
+        asyncio.run(publish("cool", 3, 1))
+        asyncio.run(publish("hot", 12, 10, kill_after=4))  # hot before and after the kill
+        survivor_instance = _instance(survivor)
+        wait_until(lambda: set(asyncio.run(_holders(servers, "alerting")).values()) == {survivor_instance},
+                   timeout=60, what="the survivor holding every partition")
+        wait_until(lambda: set(asyncio.run(alerts())[0]) == set(hot_uuid.values()), timeout=60,
+                   what="every hot GPU raised")
+        asyncio.run(publish("cool", 6, 100))
+        wait_until(lambda: set(asyncio.run(alerts())[1]) == set(hot_uuid.values()), timeout=60,
+                   what="every alert resolved")
+        raised, resolved = asyncio.run(alerts())
+        assert raised == {uuid: 1 for uuid in hot_uuid.values()}  # none lost, none raised twice
+        assert resolved == {uuid: 1 for uuid in hot_uuid.values()}
+    finally:
+        system.stop()
+
+
+async def _holders(servers, service: str) -> dict[str, str | None]:
+    from redis.asyncio import Redis
+
+    redis = Redis.from_url(servers.redis_url, password=servers.redis_password, decode_responses=True)
+    try:
+        return await PartitionStore(redis, f"wf:{service}").holders(units())
+    finally:
+        await redis.aclose()
+
+
+def _both_holding(servers, service: str) -> dict[str, str | None]:
+    """Until two replicas hold units; the holders then."""
+    def shared() -> dict[str, str | None] | None:
+        held = asyncio.run(_holders(servers, service))
+        return held if len(set(held.values()) - {None}) == 2 and None not in held.values() else None
+    return wait_until(shared, timeout=60, what=f"both {service} replicas holding units")

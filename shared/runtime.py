@@ -284,8 +284,7 @@ class Runtime:
         bound = self._bus.bound if self._bus is not None else set()
         # A delivery loop that ended (it never should) leaves its name bound: such a consumer takes nothing.
         ended = set(self._bus.ended_consumers()) if self._bus is not None else set()
-        # Scaled out: the consumers of the units this replica holds (none may be assigned to it).
-        names = self._bus.running_consumers() if self.ownership is not None and self._bus else self.consumer_specs()
+        names = self._bus.running_consumers() if self.ownership and self._bus else self.consumer_specs()  # its units
         for name in sorted(names):
             checks[f"consumer:{name}"] = name in bound and name not in ended
         if self.ownership is not None:

@@ -12,6 +12,14 @@ from whaleflux.billing.app import BillingSettings, build
 NOW = datetime(2026, 3, 20, tzinfo=UTC)
 
 
+async def test_a_split_cost_allocation_by_anything_but_team_or_project_is_a_422_naming_the_field():
+    app, _ = build(BillingSettings(), clock=lambda: NOW)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://billing") as http:
+        resp = await http.get("/v1/costs/export", params={"format": "focus", "share_idle_by": "job"})
+    assert resp.status_code == 422, resp.text
+    assert "share_idle_by" in resp.text
+
+
 @pytest.mark.parametrize("params, expected", [
     ({"from": "2026-03-10T00:00:00", "to": "2026-03-11T00:00:00Z"}, "from: give a timezone"),
     ({"from": "2026-03-10T00:00:00Z", "to": "2026-03-09T00:00:00Z"}, "from/to: `to` must be after `from`"),

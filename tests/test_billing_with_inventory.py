@@ -75,13 +75,27 @@ def test_billing_prices_a_job_with_the_lease_inventory_declares_and_the_cli_expo
         shown = cluster.cli("costs", "--by", "team", "--from", frm)
         assert shown.returncode == 0, shown.stderr
         assert "retail" in shown.stdout and "leased" in shown.stdout and "fleet $" in shown.stdout
-        exported = cluster.cli("costs", "--export", "focus", "--from", frm)
+        to = now.strftime("%Y-%m-%dT%H:%M:%SZ")  # one fixed window for every export below
+        exported = cluster.cli("costs", "--export", "focus", "--from", frm, "--to", to)
         assert exported.returncode == 0, exported.stderr
         rows = list(csv.DictReader(io.StringIO(exported.stdout)))
         usage = [r for r in rows if r["x_JobId"] == "tune"]
         assert [(r["ResourceId"], r["x_Team"], Decimal(r["ConsumedQuantity"])) for r in usage] == [
             ("GPU-h200-0", "retail", Decimal("0.5"))]
         assert {r["ChargeCategory"] for r in rows} == {"Usage", "Purchase"}
+        assert all(r["AllocatedMethodId"] == "" for r in rows)
+        # Idle shared back: the leased pool's idle rows become split cost allocation rows for the team that used it.
+        shared = cluster.cli("costs", "--export", "focus", "--share-idle", "--by", "team", "--from", frm, "--to", to)
+        assert shared.returncode == 0, shared.stderr
+        split = list(csv.DictReader(io.StringIO(shared.stdout)))
+        allocated = [r for r in split if r["AllocatedMethodId"]]
+        assert allocated and {(r["AllocatedResourceId"], r["x_Idle"]) for r in allocated} == {("team/retail", "true")}
+        assert not [r for r in split if r["x_Idle"] == "true" and r["ChargeCategory"] == "Usage"
+                    and not r["AllocatedMethodId"]]
+        effective = lambda rs: sum((Decimal(r["EffectiveCost"]) for r in rs), Decimal(0))  # noqa: E731
+        assert effective(split) == effective(rows)  # split exactly: the same total to the last digit
+        refused = cluster.cli("costs", "--export", "focus", "--share-idle", "--by", "job", "--from", frm)
+        assert refused.returncode == 1 and "--by team or --by project" in refused.stdout + refused.stderr
         tco = cluster.cli("costs", "tco", "--model", "H200", "--purchase-price", "35000", "--usd-per-kwh", "0.12",
                           "--overhead", "150")
         assert tco.returncode == 0, tco.stderr

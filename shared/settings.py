@@ -27,6 +27,9 @@ class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WHALEFLUX_", extra="ignore")
     # Secrets a process of this kind must be given outside development.
     required_secrets: ClassVar[tuple[str, ...]] = ("admin_token", "nats_password", "redis_password")
+    # A process that only checks tokens may do without an admin token of its own when a tokens file or OIDC
+    # names its callers; one that signs with it (the console's sessions) may not.
+    admin_token_optional_with_tokens: ClassVar[bool] = True
 
     environment: Literal["development", "production"] = "development"
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("NATS_URL", "WHALEFLUX_NATS_URL"))
@@ -112,7 +115,8 @@ class CommonSettings(BaseSettings):
             raise ValueError("WHALEFLUX_OIDC_ISSUER needs WHALEFLUX_OIDC_AUDIENCE and WHALEFLUX_OIDC_JWKS_URL")
         if self.environment == "production":
             for name in self.required_secrets:
-                if name == "admin_token" and (self.tokens_file or self.oidc_issuer) and self.admin_token is None:
+                if (name == "admin_token" and self.admin_token_optional_with_tokens and self.admin_token is None
+                        and (self.tokens_file or self.oidc_issuer)):
                     continue  # people and components have tokens of their own
 
                 value = getattr(self, name)

@@ -91,6 +91,11 @@ def test_production_needs_a_role_for_reads_and_development_keeps_them_open():
                    redis_password=SECRET)
     with pytest.raises(ValueError, match="OIDC_AUDIENCE"):
         CommonSettings(oidc_issuer="https://id.example")
+    # The console signs its sessions with its admin token: a tokens file does not excuse it.
+    from whaleflux.console.settings import ConsoleSettings
+
+    with pytest.raises(ValueError, match="WHALEFLUX_ADMIN_TOKEN"):
+        ConsoleSettings(environment="production", tokens_file=Path("/nonexistent"), nats_password=SECRET)
 
 
 # ---------------------------------------------------------------- OIDC against a local issuer

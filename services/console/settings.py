@@ -12,6 +12,8 @@ from whaleflux.shared.settings import CommonSettings
 class ConsoleSettings(CommonSettings):
     # The console keeps no Redis state, and talks to NATS only to hear that something changed.
     required_secrets: ClassVar[tuple[str, ...]] = ("admin_token", "nats_password")
+    # Its login and session cookies are keyed on the admin token: never without one, tokens file or not.
+    admin_token_optional_with_tokens: ClassVar[bool] = False
 
     http_port: int = Field(8706, ge=0, le=65535)
     telemetry_url: str = "http://127.0.0.1:8701"

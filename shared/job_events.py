@@ -129,6 +129,12 @@ class JobStarted(EventData):
     rank: Count | None = None
 
 
+# job.finished's `log_tail`: the last lines of a failed attempt's log, bounded (20 x 400 characters).
+LOG_TAIL_LINES = 20
+LOG_LINE_MAX = 400
+LogLine = Annotated[str, Field(max_length=LOG_LINE_MAX)]
+
+
 class JobFinished(EventData):
     event_name: ClassVar[str] = "job.finished"
     job_id: JobId
@@ -143,6 +149,10 @@ class JobFinished(EventData):
     # Added in v1 before release: set when the node stopped the job for a planned stop (agent or
     # `up` shut down): not the job's own failure; the scheduler requeues it to resume.
     interrupted: str | None = None
+    # Added in v1 before release: the last lines of the attempt's log when it exited non-zero (not for a
+    # planned stop), secrets masked; absent (None) for a success and from older agents.
+    log_tail: list[LogLine] | None = Field(
+        None, max_length=LOG_TAIL_LINES, description="the last log lines of a failed attempt, oldest first")
 
 
 class JobRejected(EventData):

@@ -73,6 +73,17 @@ def log_name(job_id: str, attempt: int, rank: int = 0) -> str:
     return f"{job_id}.{attempt}.log" if not rank else f"{job_id}.{attempt}.rank{rank}.log"
 
 
+def read_log_end(path: Path, limit: int) -> tuple[bytes, bool] | None:
+    """The last `limit` bytes of a log and whether the file holds more before them; None when there is none."""
+    try:
+        with path.open("rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - limit))
+            return fh.read(), size > limit
+    except FileNotFoundError:
+        return None
+
+
 class CannotStart(Exception):
     """The attempt's command did not start; the message says why."""
 

@@ -11,7 +11,9 @@ itself when the agent goes silent.
 
 The duration: `sleep N` (also `sh -c "sleep N"`), else the job's env
 `WHALEFLUX_VIRTUAL_S`; `true` ends at once with 0, `false` with 1; any other
-command ends at once with 0.
+command ends at once with 0. The job's env `WHALEFLUX_VIRTUAL_EXIT` sets the
+exit code and `WHALEFLUX_VIRTUAL_LOG` the text it "printed" (its log, which
+a failed attempt's job.finished ends with, as a real one's).
 """
 
 from __future__ import annotations
@@ -27,11 +29,21 @@ from whaleflux.shared.events import JobPlaced
 from . import attempts
 
 DURATION_ENV = "WHALEFLUX_VIRTUAL_S"
+EXIT_ENV = "WHALEFLUX_VIRTUAL_EXIT"
+LOG_ENV = "WHALEFLUX_VIRTUAL_LOG"
 _SLEEP = re.compile(r"^\s*sleep\s+(\d+(?:\.\d*)?|\.\d+)\s*$")
 
 
 def stated_run(command: list[str], env: dict[str, str]) -> tuple[float, int]:
     """How long the command says it runs, and the exit code it ends with."""
+    seconds, code = _stated(command, env)
+    try:
+        return seconds, int(env[EXIT_ENV]) if env.get(EXIT_ENV) else code
+    except ValueError:
+        return seconds, code
+
+
+def _stated(command: list[str], env: dict[str, str]) -> tuple[float, int]:
     if env.get(DURATION_ENV):
         return max(float(env[DURATION_ENV]), 0.0), 0
     text = command[-1] if len(command) == 3 and command[:2] in (["sh", "-c"], ["bash", "-c"]) else " ".join(command)
@@ -39,6 +51,11 @@ def stated_run(command: list[str], env: dict[str, str]) -> tuple[float, int]:
     if match:
         return float(match.group(1)), 0
     return 0.0, 1 if command[:1] == ["false"] else 0
+
+
+def log_text(env: dict[str, str]) -> bytes:
+    """What a virtual attempt "printed" (its job's WHALEFLUX_VIRTUAL_LOG)."""
+    return env.get(LOG_ENV, "").encode()
 
 
 @dataclass

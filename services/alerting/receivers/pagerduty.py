@@ -14,6 +14,7 @@ from typing import Any
 from ..dispatch.groups import Notification
 
 DEFAULT_URL = "https://events.pagerduty.com/v2/enqueue"
+DESCRIPTION_MAX = 2000  # per alert, 10 alerts at most: far under the Events API's 512 KB
 _PD_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 
 
@@ -41,6 +42,9 @@ def build(n: Notification, *, routing_key: str, external_url: str, variant: int 
         "class": first.labels.get("alertname", ""),
         "custom_details": {
             "firing": [a.annotations.get("summary", "") for a in firing][:50],
+            # A failed job's last log lines (any alert's description), by summary, bounded.
+            "details": {a.annotations.get("summary", "")[:200]: a.annotations["description"][:DESCRIPTION_MAX]
+                        for a in firing[:10] if a.annotations.get("description")},
             "group": n.group_labels,
             "alerts": len(firing),
         },

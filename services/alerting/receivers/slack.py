@@ -1,5 +1,8 @@
 """Slack incoming webhook: a header, one section per alert (at most 20), and a context line.
 
+An alert's `description` annotation (a failed job's last log lines) follows
+its summary in a code block.
+
 Text from alerts is escaped for mrkdwn (`&`, `<`, `>`, as Slack asks), so a
 summary cannot inject links or mentions; block texts are cut to Slack's limits
 (header 150, section 3000 characters).
@@ -14,6 +17,7 @@ from ..dispatch.groups import Notification
 MAX_ALERT_BLOCKS = 20
 HEADER_MAX = 150
 TEXT_MAX = 3000
+FENCE = "`" * 3
 
 
 def escape(text: str) -> str:
@@ -36,6 +40,9 @@ def build(n: Notification, *, external_url: str, **_: object) -> dict[str, Any]:
     for a in n.alerts[:MAX_ALERT_BLOCKS]:
         icon = ":white_check_mark:" if a.status == "resolved" else _ICON.get(a.labels.get("severity", ""), ":bell:")
         text = f"{icon} *{escape(a.labels.get('alertname', ''))}* {escape(a.annotations.get('summary', ''))}"
+        if a.annotations.get("description"):
+            block = escape(a.annotations["description"]).replace(FENCE, "` ` `")
+            text += "\n" + FENCE + _cut(block, TEXT_MAX - len(text) - 8) + FENCE
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _cut(text, TEXT_MAX)}})
     more = len(n.alerts) - MAX_ALERT_BLOCKS
     context = (f"{len(n.alerts)} alert(s)" + (f", {more} more not shown" if more > 0 else "")

@@ -1,8 +1,10 @@
 """Microsoft Teams workflow webhook ("Post to a channel when a webhook request is received"): an Adaptive Card.
 
 Teams refuses messages over about 28 KB, so the card is kept under MAX_BYTES:
-each fact's value is cut to FACT_VALUE_MAX characters, facts are added while
-the message fits, and a last line says how many alerts were left out.
+each fact's value is cut to FACT_VALUE_MAX characters (an alert's
+`description`, a failed job's last log lines, to DESCRIPTION_MAX below it),
+facts are added while the message fits, and a last line says how many alerts
+were left out.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ..dispatch.groups import Notification
 MAX_FACTS = 20
 MAX_BYTES = 24_000  # Teams' limit is about 28 KB: room for the envelope Teams adds
 FACT_VALUE_MAX = 400
+DESCRIPTION_MAX = 1500
 TITLE_MAX = 300
 
 
@@ -52,8 +55,10 @@ def build(n: Notification, *, external_url: str, **_: object) -> dict[str, Any]:
     }
     room = MAX_BYTES - _size(body) - 200  # the "more not shown" line
     for a in n.alerts[:MAX_FACTS]:
-        fact = {"title": _cut(f"{a.labels.get('alertname', '')} ({a.status})", 100),
-                "value": _cut(a.annotations.get("summary", ""), FACT_VALUE_MAX)}
+        value = _cut(a.annotations.get("summary", ""), FACT_VALUE_MAX)
+        if a.annotations.get("description"):
+            value += "\n\n" + _cut(a.annotations["description"], DESCRIPTION_MAX)
+        fact = {"title": _cut(f"{a.labels.get('alertname', '')} ({a.status})", 100), "value": value}
         room -= _size(fact) + 1
         if room < 0:
             break

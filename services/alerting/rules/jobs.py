@@ -6,8 +6,10 @@ signal (a negative code, or 128 + the signal as a shell reports it), or out of
 memory (the reason or the last log lines say so). `job.failed` (the command
 could not start, or died abnormally) always is. The fields feed the rule's
 summary and labels: `outcome`, `exit_code`, `signal`, `cause`, the job's
-`team` and `project` (from its `job.submitted`) and `log_tail`, the last log
-lines when the event carries them.
+`team` and `project` (from its `job.submitted`), `log_tail` (the last
+LOG_TAIL_LINES log lines when the event carries them) and `description`
+(those lines under a heading, at most DESCRIPTION_MAX characters: what the
+receivers show below the summary).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal as signals
 from typing import Any
 
 LOG_TAIL_LINES = 10
+DESCRIPTION_MAX = 2000
 OOM_HINTS = ("out of memory", "outofmemory", "oom-kill", "oom kill", "cuda_error_out_of_memory")
 
 
@@ -60,4 +63,14 @@ def failure_fields(event: str, fields: dict[str, Any], owner: tuple[str, str] | 
     team, project = owner or ("", "")
     return {**fields, "cause": cause, "outcome": outcome, "signal": _signal_name(sig) if sig else "",
             "exit_code": "" if code is None else str(code), "team": team or "unknown", "project": project or "",
-            "log_tail": "\n".join(tail), "reason": reason or outcome}
+            "log_tail": "\n".join(tail), "reason": reason or outcome, "description": _description(tail)}
+
+
+def _description(tail: list[str]) -> str:
+    """The last log lines under a heading, cut from the top to DESCRIPTION_MAX characters ("" without lines)."""
+    if not tail:
+        return ""
+    text = "\n".join(tail)
+    if len(text) > DESCRIPTION_MAX - 40:
+        text = "…" + text[-(DESCRIPTION_MAX - 41):]
+    return f"last {len(tail)} log line(s):\n{text}"

@@ -219,13 +219,30 @@ def test_guardian_polls_inventory_pages_finops_once_and_billing_cost_alerts_go_t
         asyncio.run(_publish(clean_servers, (subjects.ALERT_RAISED, budget)))
         wait_until(lambda: ("firing", "BudgetProjection", "firing") in _alerts(finops), timeout=30,
                    what="budget alert at FinOps")
+        # Titled with what it says (not "BudgetProjection on "), and listed like every other alert.
+        [paged] = [a for p in finops.received for a in p["alerts"] if a["labels"]["alertname"] == "BudgetProjection"]
+        assert paged["annotations"]["incident_title"] == budget.summary
+        listed = {a["fingerprint"]: a for a in httpx.get(proc.url + "/v1/alerts").json()}
+        assert set(listed) == {firing["fingerprint"], budget.fingerprint}
+        mine = listed[budget.fingerprint]
+        assert (mine["rule"], mine["severity"], mine["category"], mine["value"]) == (
+            "BudgetProjection", "critical", "cost", 120.0)
+        assert mine["summary"] == budget.summary and mine["labels"]["threshold_pct"] == "100"
+        assert mine["incident"] is not None
+        shown = cluster.cli("alerts", timeout=60)
+        assert shown.returncode == 0 and "BudgetProjection" in shown.stdout and "GPUReservedIdle" in shown.stdout
+        v2 = httpx.get(proc.url + "/api/v2/alerts", params={"filter": 'alertname="BudgetProjection"'}).json()
+        assert [a["fingerprint"] for a in v2] == [budget.fingerprint]
+        [incident] = [i for i in httpx.get(proc.url + "/v1/incidents").json() if i["correlation"] == "budget"]
+        assert incident["title"] == budget.summary
 
         # Inventory unreachable for a while: nothing resolves, the error shows.
         inventory.down = True
         inventory.polled(3)
         status = httpx.get(proc.url + "/v1/rules").json()["guardians"]["inventory"]
         assert status["error"] == "inventory answered 503"
-        assert [a["fingerprint"] for a in httpx.get(proc.url + "/v1/alerts").json()] == [firing["fingerprint"]]
+        assert {a["fingerprint"] for a in httpx.get(proc.url + "/v1/alerts").json()} == {firing["fingerprint"],
+                                                                                        budget.fingerprint}
 
         # Back, and the GPUs found work: the finding is gone, FinOps hears it resolved.
         inventory.findings, inventory.down = other_findings(), False

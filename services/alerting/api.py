@@ -66,8 +66,9 @@ def _alert_view(svc: Alerting, a: AlertRaised, now: datetime) -> dict[str, Any]:
 
 @alerts.get("/v1/alerts")
 async def list_alerts(svc: ServiceDep, now: NowDep) -> list[dict[str, Any]]:
-    """Alerts firing now, oldest first, with incident, acknowledgement, silences and inhibition."""
-    return [_alert_view(svc, a, now) for a in svc.firing.by_start()]
+    """Alerts firing now (our rules' and other services', e.g. billing's budgets), oldest first, with incident,
+    acknowledgement, silences and inhibition."""
+    return [_alert_view(svc, a, now) for a in svc.firing_alerts()]
 
 
 @alerts.post("/v1/alerts/{fingerprint}/ack", dependencies=[OperatorDep])

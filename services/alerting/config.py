@@ -285,7 +285,8 @@ class CorrelationConfig(_Strict):
     name: str
     matchers: Matchers = Field(default_factory=list)
     by: list[str] = Field(min_length=1, description="labels whose values make one incident")
-    title: str = Field(min_length=1, description="str.format template over the `by` labels, `count`, `alertnames`")
+    title: str = Field(min_length=1, description="str.format template over the `by` labels, `count`, `alerts`, "
+                       "`alertnames`, `nodes`, `node_count` and `summary` (the latest firing member's)")
     # while_firing: a new alert with this key joins the incident while any member fires (or within `window`
     # of its last activity): a rack stays one incident while it is hot. within_window: only within `window`
     # of the incident's last new member: a GPU that stays down for hours does not pull every later fault

@@ -223,9 +223,15 @@ class Alerting:
             env = self.rt.envelope(data, subject=data.fingerprint, event_id=event_id, correlation_id=data.fingerprint)
             await self.rt.bus.publish_envelope(subject, env)
 
+    def firing_alerts(self) -> list[AlertRaised]:
+        """Every alert firing now, oldest first: our rules' and other sources' (billing's budgets, /api/v2)."""
+        ours = self.firing.by_start()
+        return sorted([*ours, *self.intake.others()], key=lambda a: (a.starts_at, a.fingerprint))
+
     async def acknowledge(self, fingerprint: str, by: str, comment: str) -> Ack | None:
-        """Acknowledge a firing alert; None when none fires with that fingerprint."""
-        alert = self.firing.alerts.get(fingerprint)
+        """Acknowledge a firing alert (ours or another source's); None when none fires with that fingerprint."""
+        alert = self.firing.alerts.get(fingerprint) or next(
+            (a for a in self.intake.others() if a.fingerprint == fingerprint), None)
         if alert is None:
             return None
         now = self.rt.clock()

@@ -48,6 +48,7 @@ class Member(BaseModel):
     severity: str = "warning"
     levels: list[str] = Field(default_factory=list, description="the correlations whose matchers it matched")
     labels: dict[str, str] = Field(default_factory=dict, description="its values of the correlations' `by` labels")
+    summary: str = Field("", description="its summary (titles may show the latest firing member's)")
 
     def gpu(self, fingerprint: str) -> str:
         return self.join.get("UUID") or fingerprint
@@ -77,8 +78,9 @@ class Incident(BaseModel):
         nodes = sorted({m.node for m in self.members.values() if m.node})
         # `count`: GPUs (several alerts of one GPU count once), or alerts that name no GPU.
         things = {m.gpu(fp) for fp, m in self.members.items()}
+        latest = [m.summary for m in self.members.values() if m.firing] or [m.summary for m in self.members.values()]
         values = {**self.by, "count": len(things), "alerts": len(self.members), "alertnames": ", ".join(names),
-                  "nodes": ", ".join(nodes), "node_count": len(nodes)}
+                  "nodes": ", ".join(nodes), "node_count": len(nodes), "summary": latest[-1] if latest else ""}
         try:
             return self.title_template.format_map(_Missing(values))
         except (ValueError, IndexError):
@@ -134,7 +136,8 @@ class Correlator:
         """The incident of a firing alert: its existing one, an open one it correlates with, or a new one."""
         return self.join(fingerprint, labels, now)[0]
 
-    def join(self, fingerprint: str, labels: dict[str, str], now: datetime) -> tuple[Incident, bool]:
+    def join(self, fingerprint: str, labels: dict[str, str], now: datetime,
+             summary: str = "") -> tuple[Incident, bool]:
         """(the incident of a firing alert, whether it escalates that incident: see the module's docstring)."""
         window = self.config.window
         current = self.incident_of(fingerprint)
@@ -143,7 +146,8 @@ class Correlator:
             if member.firing:
                 return current, False
             escalates = _escalates(current, fingerprint, labels, member.gpu(fingerprint))
-            current.members[fingerprint] = member.model_copy(update={"firing": True})
+            current.members.pop(fingerprint)  # firing again: the latest member (the title's summary)
+            current.members[fingerprint] = member.model_copy(update={"firing": True, "summary": summary})
             current.last_at = now
             return current, escalates
         join = {k: labels[k] for k in self.config.join_on if labels.get(k)}
@@ -165,7 +169,7 @@ class Correlator:
         incident.members[fingerprint] = Member(
             alertname=labels.get("alertname", ""), node=labels.get("Hostname", ""), join=join,
             severity=labels.get("severity", "warning"), levels=[c.name for c in levels],
-            labels={k: labels[k] for k in by_keys if labels.get(k)})
+            labels={k: labels[k] for k in by_keys if labels.get(k)}, summary=summary)
         incident.last_at = incident.joined_at = now
         self._by_fp[fingerprint] = incident.id
         return incident, escalates
@@ -203,8 +207,10 @@ class Correlator:
             correlation, by, template, mode = corr.name, {k: labels[k] for k in corr.by}, corr.title, corr.join
             join_window = corr.window
         else:
-            correlation, by, template, mode = "single", {"fingerprint": fingerprint}, "{alertnames} on {nodes}", \
-                "while_firing"
+            # An alert of a node is titled by rule and node; one of no node (a budget, an alert posted to
+            # /api/v2) by rule and its summary.
+            template = "{alertnames} on {nodes}" if labels.get("Hostname") else "{alertnames}: {summary}"
+            correlation, by, mode = "single", {"fingerprint": fingerprint}, "while_firing"
         key = _key(correlation, by)
         iid = "inc-" + hashlib.sha256(f"{key}\x00{now.isoformat()}".encode()).hexdigest()[:12]
         incident = Incident(id=iid, key=key, correlation=correlation, by=by, title_template=template,

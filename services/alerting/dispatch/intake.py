@@ -91,7 +91,7 @@ class Intake:
 
     def _raised(self, data: AlertRaised, now: datetime) -> tuple[list[str], Incident, list[Outgoing]]:
         labels = {"alertname": data.rule, "severity": data.severity, "category": data.category, **data.labels}
-        incident, escalates = self.correlator.join(data.fingerprint, labels, now)
+        incident, escalates = self.correlator.join(data.fingerprint, labels, now, data.summary)
         labels["incident"] = incident.id
         annotations = {"summary": data.summary, **data.annotations}
         if data.value is not None:
@@ -153,6 +153,18 @@ class Intake:
         title = inc.title() if inc else ""
         return f"Escalation: {title}" if n.escalation and title else title
 
+    def others(self) -> list[AlertRaised]:
+        """The firing alerts of other sources (billing's budgets, alerts posted to /api/v2/alerts): their
+        alert.raised as the groups hold them, for listing beside our rules' own. An alert named for one of our
+        rules is ours (its resolution may still be on its way to the groups), never listed here."""
+        out: dict[str, AlertRaised] = {}
+        for g in self.dispatcher.groups.values():
+            for a in g.alerts.values():
+                name = a.labels.get("alertname", "")
+                if a.firing and a.fingerprint not in out and self.config.rule(name) is None:
+                    out[a.fingerprint] = _as_raised(a)
+        return list(out.values())
+
     def silenced_by(self, labels: dict[str, str], now: datetime) -> list[str]:
         return silenced_by(labels, list(self.silences.values()), now)
 
@@ -167,3 +179,21 @@ class Intake:
         firing = self.dispatcher.firing_labels()
         return (silenced_by(labels, list(self.silences.values()), now),
                 inhibited(labels, fingerprint, firing, self.dispatcher.inhibit_rules))
+
+
+_ADDED_LABELS = ("alertname", "severity", "category", "incident")  # what `_raised` put in the labels
+
+
+def _as_raised(a: GroupedAlert) -> AlertRaised:
+    """The alert.raised a grouped alert came from (as `Intake._raised` built it)."""
+    notes = {k: v for k, v in a.annotations.items() if k not in ("summary", "value")}
+    try:
+        value = float(a.annotations["value"]) if "value" in a.annotations else None
+    except ValueError:
+        value = None
+    return AlertRaised.model_validate({
+        "fingerprint": a.fingerprint, "rule": a.labels.get("alertname", ""),
+        "severity": a.labels.get("severity", "warning"), "category": a.labels.get("category", "health"),
+        "summary": a.annotations.get("summary", ""), "labels": {k: v for k, v in a.labels.items()
+                                                                if k not in _ADDED_LABELS},
+        "annotations": notes, "value": value, "starts_at": a.starts_at})

@@ -1,0 +1,67 @@
+"""Alerts from other sources (billing's budget alerts, issue 17 defect 9; alerts posted to /api/v2/alerts) are
+titled by what they say and listed like our own. Pure: the shipped rules through the intake, time passed in."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from whaleflux.alerting.config import DEFAULT_RULES_FILE, load_config
+from whaleflux.alerting.dispatch.intake import Intake
+from whaleflux.shared.events import AlertRaised, AlertResolved
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+PROJECTED_80 = "Team nlp projected to spend $8,400.00 in December 2026, 84% of its $10,000.00 budget (threshold 80%)"
+PROJECTED_100 = ("Team nlp projected to spend $12,000.00 in December 2026, 120% of its $10,000.00 budget "
+                 "(threshold 100%; $5,000.00 spent so far)")
+
+
+def budget(threshold: int, summary: str, t: float = 0) -> AlertRaised:
+    """As billing publishes it (services/billing/service.py check_budgets)."""
+    fp = f"cost-budget-team-nlp-202612-{threshold}"
+    return AlertRaised(fingerprint=fp, rule="BudgetProjection", severity="critical" if threshold >= 100 else "warning",
+                       category="cost", summary=summary, value=float(threshold) + 4,
+                       labels={"alertname": "BudgetProjection", "scope": "team", "name": "nlp", "period": "2026-12",
+                               "threshold_pct": str(threshold)},
+                       starts_at=T0 + timedelta(seconds=t))
+
+
+def test_a_budget_alert_is_titled_with_who_how_much_and_the_forecast():
+    intake = Intake(load_config(DEFAULT_RULES_FILE), "whaleflux/alerting/test")
+    first = intake.receive(budget(80, PROJECTED_80), T0)
+    late = intake.flush(T0 + timedelta(seconds=31))  # the cost route waits 30 s
+    [note] = first.notifications + late.notifications
+    assert note.title == PROJECTED_80 and note.receiver == "finops"
+    # The same budget crossing 100% later that month: the same incident, titled by its latest alert.
+    intake.receive(budget(100, PROJECTED_100, t=3600), T0 + timedelta(seconds=3600))
+    [incident] = intake.correlator.incidents.values()
+    assert incident.correlation == "budget" and incident.title() == PROJECTED_100
+    assert len(incident.members) == 2
+
+
+def test_an_alert_of_no_node_and_no_correlation_is_titled_by_its_rule_and_summary():
+    intake = Intake(load_config(DEFAULT_RULES_FILE), "whaleflux/alerting/test")
+    posted = AlertRaised(fingerprint="fp1", rule="DiskFull", severity="warning", summary="/data 97% full",
+                         labels={"mount": "/data"}, starts_at=T0)
+    [note] = intake.receive(posted, T0).notifications
+    assert note.title == "DiskFull: /data 97% full"
+    hot = AlertRaised(fingerprint="fp2", rule="GPUTemperatureHigh", severity="critical", category="thermal",
+                      summary="hot", labels={"Hostname": "h1", "cluster": "c", "rack": "r1", "pool": "p"},
+                      starts_at=T0)
+    [note] = intake.receive(hot, T0).notifications
+    assert note.title.startswith("rack r1: GPUTemperatureHigh on 1 GPU(s)")
+
+
+def test_other_sources_alerts_are_listed_as_they_were_raised_and_ours_are_not_listed_twice():
+    intake = Intake(load_config(DEFAULT_RULES_FILE), "whaleflux/alerting/test")
+    raised = budget(100, PROJECTED_100)
+    intake.receive(raised, T0)
+    ours = AlertRaised(fingerprint="fp-hot", rule="GPUTemperatureHigh", severity="critical", category="thermal",
+                       summary="hot", labels={"Hostname": "h1", "cluster": "c"}, starts_at=T0)
+    intake.receive(ours, T0)
+    # As billing sent it (its `alertname` label is the rule); our rule's alert is not listed here.
+    as_sent = raised.model_copy(update={"labels": {k: v for k, v in raised.labels.items() if k != "alertname"}})
+    assert intake.others() == [as_sent]
+    intake.receive(AlertResolved(fingerprint=raised.fingerprint, rule=raised.rule, labels=raised.labels,
+                                 summary=raised.summary, starts_at=T0, ends_at=T0 + timedelta(hours=1)),
+                   T0 + timedelta(hours=1))
+    assert intake.others() == []

@@ -53,6 +53,10 @@ class AlertRaised(EventData):
     annotations: dict[str, str] = Field(default_factory=dict)
     value: float | None = None
     starts_at: AwareDatetime
+    # Added in v1 before release: Alertmanager's endsAt for an alert that must be re-sent to keep firing (one
+    # posted to /api/v2/alerts): it resolves by itself at this time unless raised again with a later one.
+    # None (every WhaleFlux rule's alert): it fires until its alert.resolved.
+    ends_at: AwareDatetime | None = None
 
 
 class AlertResolved(EventData):

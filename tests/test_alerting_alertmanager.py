@@ -15,6 +15,7 @@ import json
 import shutil
 import socket
 import subprocess
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -189,3 +190,23 @@ def test_v2_writes_need_the_admin_token_and_bad_input_is_a_4xx_naming_the_field(
     assert httpx.delete(proc.url + "/api/v2/silence/nope", headers=auth).status_code == 404
     status = httpx.get(proc.url + "/api/v2/status").json()
     assert set(status) >= {"cluster", "versionInfo", "config", "uptime"} and status["cluster"]["status"] == "disabled"
+
+
+def test_an_alert_added_with_an_end_resolves_at_it_and_the_real_alertmanager_hears_so(stack):
+    proc, am_url, sink, _, tmp_path = stack
+    # Far enough ahead to see it listed first on a busy machine (amtool sends milliseconds).
+    end = (datetime.now(UTC) + timedelta(seconds=20)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    _amtool(tmp_path, proc.url, "alert", "add", "alertname=BackupLate", "severity=warning", "Hostname=backup-01",
+            "--annotation=summary=backup late", f"--end={end}")
+    [listed] = wait_until(lambda: json.loads(_amtool(tmp_path, proc.url, "alert", "query", "-o", "json")),
+                          timeout=60, what="the alert added with an end listed")
+    assert listed["labels"]["alertname"] == "BackupLate"
+    assert datetime.fromisoformat(listed["endsAt"]) == datetime.fromisoformat(end)  # its end, as added
+    wait_until(lambda: any(p["status"] == "firing" and p["alerts"][0]["labels"]["alertname"] == "BackupLate"
+                           for p in sink.received), timeout=60, what="Alertmanager hears it firing")
+    # Not posted again: at its end WhaleFlux resolves it, lists it no more, and tells Alertmanager.
+    wait_until(lambda: json.loads(_amtool(tmp_path, proc.url, "alert", "query", "-o", "json")) == [], timeout=60,
+               what="resolved at its endsAt")
+    wait_until(lambda: any(p["status"] == "resolved" and p["alerts"][0]["labels"]["alertname"] == "BackupLate"
+                           for p in sink.received), timeout=60, what="Alertmanager hears it resolved")
+    assert [a for a in httpx.get(proc.url + "/v1/alerts").json() if a["rule"] == "BackupLate"] == []

@@ -31,13 +31,21 @@ def test_the_alertmanager_receiver_posts_postable_alerts_to_api_v2_alerts():
     assert body[1]["endsAt"] == "2026-12-01T12:01:00Z" and body[0]["annotations"]["incident_title"] == "t"
 
 
-def test_posted_alerts_become_alert_events_and_a_resend_has_the_same_id():
+def test_posted_alerts_become_alert_events_that_end_as_alertmanager_ends_them():
     raw = {"labels": {"alertname": "DiskFull", "severity": "page", "Hostname": "s1"},
            "annotations": {"summary": "full"}, "startsAt": "2026-12-01T11:59:00Z", "endsAt": "0001-01-01T00:00:00Z"}
     event_id, data = amv2.alert_event(amv2.PostableAlert.model_validate(raw), T0)
     assert isinstance(data, AlertRaised) and data.rule == "DiskFull" and data.summary == "full"
     assert data.severity == "warning" and data.labels == {"Hostname": "s1", "severity_label": "page"}
-    assert amv2.alert_event(amv2.PostableAlert.model_validate(raw), T0 + timedelta(minutes=1))[0] == event_id
+    # No endsAt: it ends resolve_timeout (5 minutes) after it was posted, unless posted again.
+    assert data.ends_at == T0 + timedelta(minutes=5)
+    assert amv2.alert_event(amv2.PostableAlert.model_validate(raw), T0)[0] == event_id  # the same post: one event
+    later_id, later = amv2.alert_event(amv2.PostableAlert.model_validate(raw), T0 + timedelta(minutes=1), 60)
+    assert later_id != event_id and later.ends_at == T0 + timedelta(minutes=2)  # re-sent: extended
+    # An endsAt in the future (Prometheus sends now + 4 evaluation intervals) is its end as it stands.
+    ahead = {**raw, "endsAt": "2026-12-01T12:03:00Z"}
+    _, until = amv2.alert_event(amv2.PostableAlert.model_validate(ahead), T0)
+    assert isinstance(until, AlertRaised) and until.ends_at == T0 + timedelta(minutes=3)
     ended = {**raw, "endsAt": "2026-12-01T11:59:30Z"}
     _, resolved = amv2.alert_event(amv2.PostableAlert.model_validate(ended), T0)
     assert isinstance(resolved, AlertResolved) and resolved.fingerprint == data.fingerprint

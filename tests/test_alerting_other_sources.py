@@ -65,3 +65,29 @@ def test_other_sources_alerts_are_listed_as_they_were_raised_and_ours_are_not_li
                                  summary=raised.summary, starts_at=T0, ends_at=T0 + timedelta(hours=1)),
                    T0 + timedelta(hours=1))
     assert intake.others() == []
+
+
+def test_a_posted_alert_resolves_at_its_end_unless_posted_again_with_a_later_one():
+    config = load_config(DEFAULT_RULES_FILE)
+    intake = Intake(config, "whaleflux/alerting/test")
+    at = lambda s: T0 + timedelta(seconds=s)  # noqa: E731
+
+    def posted(ends_s: float) -> AlertRaised:
+        return AlertRaised(fingerprint="fp-disk", rule="DiskFull", severity="critical", summary="/data full",
+                           labels={"mount": "/data"}, starts_at=T0, ends_at=at(ends_s))
+
+    [first] = intake.receive(posted(60), at(0)).notifications
+    assert first.status == "firing"
+    assert intake.flush(at(59)).notifications == [] and intake.others()[0].ends_at == at(60)
+    assert intake.dispatcher.next_due() == at(60)  # its end is due before the group's next flush (64 s)
+    extended = intake.receive(posted(120), at(59.5))  # re-sent before its end: extended, nothing new to say
+    assert extended.notifications == [] and extended.groups and intake.others()[0].ends_at == at(120)
+    assert intake.flush(at(61)).notifications == [] and [a.fingerprint for a in intake.others()] == ["fp-disk"]
+    ended = intake.flush(at(121))
+    [note] = ended.notifications
+    assert note.status == "resolved" and note.alerts[0].ends_at == at(120)
+    assert intake.others() == [] and ended.incidents[0].firing_count() == 0
+    # Posted (or replayed) after its end: nothing fires, nothing is said.
+    again = Intake(config, "whaleflux/alerting/test")
+    assert again.receive(posted(60), at(61)).notifications == [] and again.others() == []
+    assert again.dispatcher.groups == {}

@@ -5,14 +5,16 @@ amtool, Grafana's Alertmanager data source and Karma work against alerting uncha
   `inhibitedBy`, `receivers`), the filters of `GET /api/v2/alerts` (matchers,
   `active` / `silenced` / `inhibited`, `receiver` regex);
 - `postableAlert` in (Prometheus, or another Alertmanager client, sending to
-  WhaleFlux) as `alert.raised` / `alert.resolved`;
+  WhaleFlux) as `alert.raised` / `alert.resolved`, with Alertmanager's endsAt
+  semantics (an alert not posted again resolves at its endsAt, or
+  `resolve_timeout` after it was posted without one);
 - silences both ways (`gettableSilence`, `postableSilence`).
 """
 
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -25,6 +27,7 @@ from .dispatch.silences import Silence
 from .rules.series import fingerprint
 
 ZERO_TIME = "0001-01-01T00:00:00Z"
+RESOLVE_TIMEOUT_S = 300.0  # Alertmanager's default resolve_timeout
 Severity = Literal["info", "warning", "critical"]
 Category = Literal["health", "thermal", "cost", "capacity", "job"]
 _SEVERITIES: dict[str, Severity] = {s: s for s in get_args(Severity)}
@@ -106,7 +109,7 @@ def gettable_alert(a: GroupedAlert, receivers: list[str], silenced_by: list[str]
         "labels": a.labels,
         "annotations": a.annotations,
         "startsAt": ts(a.starts_at),
-        "endsAt": ts(a.ends_at) if a.ends_at else ZERO_TIME,
+        "endsAt": ts(end) if (end := a.ends_at or a.expires_at) else ZERO_TIME,
         "updatedAt": ts(a.starts_at),
         "generatorURL": f"{external_url}/v1/alerts",
         "fingerprint": a.fingerprint,
@@ -154,9 +157,12 @@ def silence_of(body: PostableSilence, silence_id: str, now: datetime) -> Silence
                    ends_at=body.ends_at, created_by=body.created_by[:128], comment=body.comment[:1000])
 
 
-def alert_event(a: PostableAlert, now: datetime) -> tuple[str, AlertRaised | AlertResolved]:
-    """(event id, the alert event) for an alert posted to /api/v2/alerts: resolved when its endsAt has
-    passed; one id per firing, so Prometheus re-sending a firing alert changes nothing."""
+def alert_event(a: PostableAlert, now: datetime,
+                resolve_timeout_s: float = RESOLVE_TIMEOUT_S) -> tuple[str, AlertRaised | AlertResolved]:
+    """(event id, the alert event) for an alert posted to /api/v2/alerts, as Alertmanager takes it: resolved
+    when its endsAt has passed; else firing until its endsAt, or `resolve_timeout_s` from now without one,
+    unless posted again (Prometheus re-sends a firing alert with a later endsAt: that extends it). The id is
+    the alert's firing and end, so the same post twice is one event."""
     labels = dict(a.labels)
     ends = a.ends_at if a.ends_at is not None and a.ends_at.year > 1 else None  # Go's zero time: not set
     rule = labels.pop("alertname", "") or "unnamed"
@@ -176,9 +182,10 @@ def alert_event(a: PostableAlert, now: datetime) -> tuple[str, AlertRaised | Ale
         labels["severity_label"] = severity  # kept, not lost: our severities are info, warning, critical
     if cat != category:
         labels["category_label"] = category
-    return f"amv2-raised-{fp}-{stamp}", AlertRaised(
+    until = ends if ends is not None else now + timedelta(seconds=resolve_timeout_s)
+    return f"amv2-raised-{fp}-{stamp}-{int(until.timestamp() * 1000)}", AlertRaised(
         fingerprint=fp, rule=rule, severity=sev, category=cat, summary=summary, labels=labels,
-        annotations=annotations, starts_at=starts)
+        annotations=annotations, starts_at=starts, ends_at=until)
 
 
 def status(config_text: str, started_at: datetime, version: str) -> dict[str, Any]:

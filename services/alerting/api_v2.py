@@ -81,7 +81,8 @@ async def get_alerts(svc: ServiceDep, now: NowDep, filter: Filters = [],  # noqa
 async def post_alerts(body: list[amv2.PostableAlert], svc: ServiceDep, now: NowDep) -> None:
     """Alerts from Prometheus (or any Alertmanager client): published as alert.raised / alert.resolved, so
     they are grouped, silenced, inhibited and routed as WhaleFlux's own."""
-    await svc.publish_alerts([amv2.alert_event(a, now) for a in body])
+    timeout = svc.settings.alerting_resolve_timeout_s
+    await svc.publish_alerts([amv2.alert_event(a, now, timeout) for a in body])
 
 
 @v2.get("/alerts/groups")

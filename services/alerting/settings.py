@@ -24,6 +24,10 @@ class AlertingSettings(CommonSettings):
     # Cost guardians (`kind: finding` rules) poll inventory's findings over HTTP.
     inventory_url: str = Field("http://127.0.0.1:8705", description="inventory service, for GET /v1/findings")
     alerting_findings_poll_s: float = Field(300.0, gt=0, description="how often cost guardians poll inventory")
+    alerting_resolve_timeout_s: float = Field(
+        300.0, gt=0, le=30 * 86400,
+        description="an alert posted to /api/v2/alerts without endsAt resolves this long after it was last posted "
+                    "(Alertmanager's resolve_timeout)")
 
     @field_validator("alerting_webhook_urls")
     @classmethod

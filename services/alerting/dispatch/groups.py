@@ -29,6 +29,8 @@ class GroupedAlert(BaseModel):
     starts_at: datetime
     ends_at: datetime | None = None
     acknowledged: bool = False
+    expires_at: datetime | None = Field(None, description="it resolves by itself then unless raised again "
+                                        "(Alertmanager's endsAt of an alert posted to /api/v2/alerts)")
 
     @property
     def firing(self) -> bool:
@@ -113,7 +115,12 @@ class Dispatcher:
             if old is not None and not alert.firing and not old.firing:
                 continue
             if old is not None and alert.firing and old.firing and old.starts_at == alert.starts_at:
-                continue  # a redelivered raise
+                # A redelivered raise changes nothing; a re-sent one with a later end extends it.
+                if alert.expires_at != old.expires_at or alert.annotations != old.annotations:
+                    group.alerts[alert.fingerprint] = old.model_copy(
+                        update={"expires_at": alert.expires_at, "annotations": alert.annotations})
+                    changed.append(key)
+                continue
             if not alert.firing and old is None:
                 continue
             keep_ack = old.acknowledged if (old is not None and alert.firing) else False
@@ -139,7 +146,22 @@ class Dispatcher:
         return changed
 
     def next_due(self) -> datetime | None:
-        return min((g.next_flush for g in self.groups.values()), default=None)
+        """When the next group flushes or the next alert reaches its end."""
+        ends = [a.expires_at for g in self.groups.values() for a in g.alerts.values() if a.firing and a.expires_at]
+        return min([g.next_flush for g in self.groups.values()] + ends, default=None)
+
+    def expire(self, now: datetime) -> tuple[list[str], list[str]]:
+        """Resolve the alerts whose end has come (at their end); (their fingerprints, the groups changed). A group
+        that was told they fired hears them resolved at its next flush, which is now."""
+        expired, changed = [], []
+        for key, g in self.groups.items():
+            for fp, a in list(g.alerts.items()):
+                if a.firing and a.expires_at is not None and a.expires_at <= now:
+                    g.alerts[fp] = a.model_copy(update={"ends_at": a.expires_at})
+                    g.next_flush = min(g.next_flush, now)
+                    expired.append(fp)
+                    changed.append(key)
+        return sorted(set(expired)), sorted(set(changed))
 
     def grouped(self, fingerprint: str) -> GroupedAlert | None:
         """The alert as some group holds it (labels with its incident), or None."""

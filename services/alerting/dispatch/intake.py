@@ -78,8 +78,12 @@ class Intake:
         return ack if ack is not None and ack.starts_at == alert.starts_at else None
 
     def receive(self, data: AlertRaised | AlertResolved, now: datetime) -> Changes:
-        """Group an alert event and say what is due now."""
+        """Group an alert event and say what is due now. A raise whose end has passed (posted with an endsAt in
+        the past, or replayed after it) is its resolution."""
         drains: list[Outgoing] = []
+        if isinstance(data, AlertRaised) and data.ends_at is not None and data.ends_at <= now:
+            data = AlertResolved(fingerprint=data.fingerprint, rule=data.rule, labels=data.labels,
+                                 summary=data.summary, starts_at=data.starts_at, ends_at=data.ends_at)
         if isinstance(data, AlertRaised):
             incident: Incident | None
             changed, incident, drains = self._raised(data, now)
@@ -97,7 +101,8 @@ class Intake:
         if data.value is not None:
             annotations.setdefault("value", f"{data.value:g}")
         alert = GroupedAlert(fingerprint=data.fingerprint, labels=labels, annotations=annotations,
-                             starts_at=data.starts_at, acknowledged=self.acked(data) is not None)
+                             starts_at=data.starts_at, acknowledged=self.acked(data) is not None,
+                             expires_at=data.ends_at)
         changed = self.dispatcher.add(alert, now)
         if escalates and changed:
             incident.escalations += 1
@@ -136,13 +141,16 @@ class Intake:
 
     def flush(self, now: datetime, changed: list[str] | None = None, incidents: list[Incident] | None = None,
               drains: list[Outgoing] | None = None) -> Changes:
-        """The notifications due at `now`, with what changed to get there."""
+        """The notifications due at `now` (alerts that reached their end resolved first), with what changed."""
+        expired, ended_groups = self.dispatcher.expire(now)
+        ended = [i for i in (self.correlator.resolve(fp, now) for fp in expired) if i is not None]
+        changed, incidents = [*(changed or []), *ended_groups], [*(incidents or []), *ended]
         notifications, flushed, removed = self.dispatcher.flush(now, list(self.silences.values()))
         groups = self.dispatcher.groups
         return Changes(
-            groups={k: groups[k] for k in {*(changed or []), *flushed} if k in groups},
+            groups={k: groups[k] for k in {*changed, *flushed} if k in groups},
             removed=removed,
-            incidents=[i for i in incidents or [] if i.id in self.correlator.incidents],
+            incidents=list({i.id: i for i in incidents if i.id in self.correlator.incidents}.values()),
             notifications=[n.model_copy(update={"title": self._title(n)}) for n in notifications],
             drains=drains or [],
         )
@@ -196,4 +204,4 @@ def _as_raised(a: GroupedAlert) -> AlertRaised:
         "severity": a.labels.get("severity", "warning"), "category": a.labels.get("category", "health"),
         "summary": a.annotations.get("summary", ""), "labels": {k: v for k, v in a.labels.items()
                                                                 if k not in _ADDED_LABELS},
-        "annotations": notes, "value": value, "starts_at": a.starts_at})
+        "annotations": notes, "value": value, "starts_at": a.starts_at, "ends_at": a.expires_at})

@@ -32,7 +32,7 @@ from whaleflux.shared.events import (
 from whaleflux.shared.streams import agent_consumer
 from whaleflux.shared.version import __version__
 
-from . import attempts, jobuser, logtail, recovery, runner, virtual
+from . import attempts, jobuser, recovery, runner, virtual
 from .backend import GpuBackend
 from .burnin.gate import NodeGate
 
@@ -362,9 +362,11 @@ class NodeAgent:
             reason = ended.error or "the command never started"
             await self._report_failed(attempt_dir, placed, reason, ended.finished_at)
             return
+        tail = None
+        if ended.exit_code not in (0, None) and not ended.interrupted:  # a failure: its last log lines
+            tail = virtual.log_tail(placed) if attempt_dir is None else await runner.log_tail(placed, self.log_dir)
         finished = JobFinished(**_base(placed), exit_code=ended.exit_code, started_at=running.started_at,
-                               finished_at=ended.finished_at, interrupted=ended.interrupted,
-                               log_tail=await self._log_tail(placed, ended, virtual_job=attempt_dir is None))
+                               finished_at=ended.finished_at, interrupted=ended.interrupted, log_tail=tail)
         await self._publish(subjects.JOB_FINISHED, finished, _event_id("finished", placed), placed.job_id)
         reported_at = self.clock()
         if attempt_dir is not None:  # a virtual attempt has no folder
@@ -372,19 +374,6 @@ class NodeAgent:
         self._list_ended(attempt_dir, placed, running, ended, reported_at)
         log.info("job.finished", job_id=placed.job_id, attempt=placed.attempt, exit_code=ended.exit_code,
                  interrupted=ended.interrupted)
-
-    async def _log_tail(self, placed: JobPlaced, ended: attempts.Exit, virtual_job: bool) -> list[str] | None:
-        """The last lines of a failed attempt's log, secrets masked (logtail.py); None for a success, a planned
-        stop, or a log that is gone."""
-        if ended.exit_code in (0, None) or ended.interrupted:
-            return None
-        if virtual_job:
-            return logtail.tail_lines(virtual.log_text(placed.env), placed.env) or None
-        path = self.log_dir / runner.log_name(placed.job_id, placed.attempt, placed.part)
-        end = await asyncio.to_thread(runner.read_log_end, path, logtail.TAIL_BYTES)
-        if end is None:
-            return None
-        return logtail.tail_lines(end[0], placed.env, truncated=end[1]) or None
 
     async def _report_failed(self, attempt_dir: Path | None, placed: JobPlaced, reason: str,
                              failed_at: datetime) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from whaleflux.shared.events import JobPlaced
 
-from . import attempts, jobuser
+from . import attempts, jobuser, logtail
 
 # The agent's own connection secrets must never leak into a job's environment.
 _PRIVATE_ENV = ("WHALEFLUX_", "NATS_", "REDIS_")
@@ -73,7 +73,7 @@ def log_name(job_id: str, attempt: int, rank: int = 0) -> str:
     return f"{job_id}.{attempt}.log" if not rank else f"{job_id}.{attempt}.rank{rank}.log"
 
 
-def read_log_end(path: Path, limit: int) -> tuple[bytes, bool] | None:
+def _read_log_end(path: Path, limit: int) -> tuple[bytes, bool] | None:
     """The last `limit` bytes of a log and whether the file holds more before them; None when there is none."""
     try:
         with path.open("rb") as fh:
@@ -82,6 +82,15 @@ def read_log_end(path: Path, limit: int) -> tuple[bytes, bool] | None:
             return fh.read(), size > limit
     except FileNotFoundError:
         return None
+
+
+async def log_tail(placed: JobPlaced, log_dir: Path) -> list[str] | None:
+    """The last lines of the attempt's log, secrets masked (logtail.py); None when it left no log or no line."""
+    path = log_dir / log_name(placed.job_id, placed.attempt, placed.part)
+    end = await asyncio.to_thread(_read_log_end, path, logtail.TAIL_BYTES)  # off the loop: a file read
+    if end is None:
+        return None
+    return logtail.tail_lines(end[0], placed.env, truncated=end[1]) or None
 
 
 class CannotStart(Exception):

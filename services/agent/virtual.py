@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from whaleflux.shared.clock import Clock
 from whaleflux.shared.events import JobPlaced
 
-from . import attempts
+from . import attempts, logtail
 
 DURATION_ENV = "WHALEFLUX_VIRTUAL_S"
 EXIT_ENV = "WHALEFLUX_VIRTUAL_EXIT"
@@ -53,9 +53,9 @@ def _stated(command: list[str], env: dict[str, str]) -> tuple[float, int]:
     return 0.0, 1 if command[:1] == ["false"] else 0
 
 
-def log_text(env: dict[str, str]) -> bytes:
-    """What a virtual attempt "printed" (its job's WHALEFLUX_VIRTUAL_LOG)."""
-    return env.get(LOG_ENV, "").encode()
+def log_tail(placed: JobPlaced) -> list[str] | None:
+    """The last lines of what a virtual attempt "printed" (its job's WHALEFLUX_VIRTUAL_LOG), secrets masked."""
+    return logtail.tail_lines(placed.env.get(LOG_ENV, "").encode(), placed.env) or None
 
 
 @dataclass

@@ -1,12 +1,17 @@
 """Alerts from other sources (billing's budget alerts, issue 17 defect 9; alerts posted to /api/v2/alerts) are
-titled by what they say and listed like our own. Pure: the shipped rules through the intake, time passed in."""
+titled by what they say, listed like our own, and resolve at their end (Alertmanager's endsAt). The shipped rules
+through the intake, time passed in; the delivery queue's read against real Redis."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 from whaleflux.alerting.config import DEFAULT_RULES_FILE, load_config
+from whaleflux.alerting.delivery.model import Delivery
+from whaleflux.alerting.dispatch.groups import Notification
 from whaleflux.alerting.dispatch.intake import Intake
+from whaleflux.alerting.store import AlertStore
 from whaleflux.shared.events import AlertRaised, AlertResolved
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -91,3 +96,20 @@ def test_a_posted_alert_resolves_at_its_end_unless_posted_again_with_a_later_one
     again = Intake(config, "whaleflux/alerting/test")
     assert again.receive(posted(60), at(61)).notifications == [] and again.others() == []
     assert again.dispatcher.groups == {}
+
+
+async def test_due_deliveries_come_in_one_round_trip_and_an_id_without_its_record_is_dropped(bus_and_redis):
+    _, redis = bus_and_redis
+    store = AlertStore(SimpleNamespace(redis=redis, outbox=None), "wf:test-alerting")
+    note = Notification(id="g-1", receiver="hook", group_key="g", group_labels={}, status="firing", alerts=[],
+                        created_at=T0)
+    due = [Delivery(id=f"d{i}", receiver="hook", receiver_type="webhook", notification=note, created_at=T0)
+           for i in range(3)]
+    await redis.zadd(store.queue, {"d0": T0.timestamp(), "d1": T0.timestamp() + 1, "gone": T0.timestamp() + 2,
+                                   "d2": T0.timestamp() + 3, "later": T0.timestamp() + 60})
+    records = {d.id: d.model_dump_json() for d in due} | {"later": due[0].model_dump_json()}
+    await redis.hset(store.delivery, mapping=records)
+    got = await store.due(T0 + timedelta(seconds=10))
+    assert [d.id for d in got] == ["d0", "d1", "d2"] and got[1] == due[1]  # oldest due first, "later" not yet
+    assert await redis.zscore(store.queue, "gone") is None  # queued without its record: dropped
+    assert await store.due(T0 - timedelta(seconds=1)) == []

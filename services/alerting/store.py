@@ -29,6 +29,18 @@ from .firing import AlertChange
 from .rules.engine import NodeInfo
 
 LOG_KEEP = 10_000
+# The due deliveries and their records: [id, record or "" when it has none, ...].
+_DUE = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], 0, ARGV[1], 'LIMIT', 0, ARGV[2])
+local out = {}
+if #ids == 0 then return out end
+local raws = redis.call('HMGET', KEYS[2], unpack(ids))
+for i, id in ipairs(ids) do
+  out[#out + 1] = id
+  out[#out + 1] = raws[i] or ''
+end
+return out
+"""
 
 
 class StateHost(Protocol):
@@ -148,13 +160,12 @@ class AlertStore:
     # ------------------------------------------------------------ the delivery queue
 
     async def due(self, now: datetime, limit: int = 200) -> list[Delivery]:
-        """Deliveries due at `now`, oldest due first (an id without its record is dropped from the queue)."""
-        ids = cast(list[str], await self.redis.zrangebyscore(self.queue, 0, now.timestamp(), start=0, num=limit))
-        if not ids:
-            return []
+        """Deliveries due at `now`, oldest due first, in one round trip (it is on the path of every page); an id
+        without its record is dropped from the queue."""
+        rows = cast(list[str], await self.redis.eval(_DUE, 2, self.queue, self.delivery, now.timestamp(), limit))
         out = []
-        for did, raw in zip(ids, await self.redis.hmget(self.delivery, ids), strict=True):
-            if raw is None:
+        for did, raw in zip(rows[0::2], rows[1::2], strict=True):
+            if raw == "":
                 await self.redis.zrem(self.queue, did)
             else:
                 out.append(Delivery.model_validate_json(raw))

@@ -68,6 +68,11 @@ class Exit(_Record):
         self.interrupted = interrupted  # why the node stopped the job (planned stop, self-fencing)
         self.error = error  # why the command could not start
 
+    @property
+    def failed(self) -> bool:
+        """A non-zero exit that was no planned stop: the job's own failure."""
+        return self.exit_code not in (0, None) and not self.interrupted
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)

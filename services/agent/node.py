@@ -362,9 +362,8 @@ class NodeAgent:
             reason = ended.error or "the command never started"
             await self._report_failed(attempt_dir, placed, reason, ended.finished_at)
             return
-        tail = None
-        if ended.exit_code not in (0, None) and not ended.interrupted:  # a failure: its last log lines
-            tail = virtual.log_tail(placed) if attempt_dir is None else await runner.log_tail(placed, self.log_dir)
+        tail = None if not ended.failed else (  # the job's own failure: its last log lines
+            virtual.log_tail(placed) if attempt_dir is None else await runner.log_tail(placed, self.log_dir))
         finished = JobFinished(**_base(placed), exit_code=ended.exit_code, started_at=running.started_at,
                                finished_at=ended.finished_at, interrupted=ended.interrupted, log_tail=tail)
         await self._publish(subjects.JOB_FINISHED, finished, _event_id("finished", placed), placed.job_id)

@@ -145,7 +145,7 @@ def main() -> None:
                          nats_cluster=3).start()
     servers = Servers(local.nats_url, local.redis_url, local.nats_user, local.nats_password, local.redis_password)
     system = make_cluster(servers, tmp)
-    system.base_env.update(WHALEFLUX_NATS_REPLICAS="3", WHALEFLUX_LOG_LEVEL="warning")
+    system.base_env.update(WHALEFLUX_NATS_REPLICAS="3")
     try:
         for name in ("telemetry", "scheduler"):
             system.service(name)
@@ -200,6 +200,7 @@ def main() -> None:
     print(f"longest wait for an acknowledgement: before the kill {max(before, default=0):.2f} s (reference), "
           f"from the kill on {max(around, default=0):.2f} s (publishing stalled at most that long)")
     print("restarted server current again: yes (healthz)")
+    print(f"logs: {tmp / 'logs'}")
 
 
 if __name__ == "__main__":

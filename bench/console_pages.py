@@ -91,14 +91,14 @@ class Stack:
         self._spawn("console", ["service", "console"],
                     {**env, "WHALEFLUX_UPSTREAM_TIMEOUT_S": str(self.upstream_timeout_s),
                      **{f"WHALEFLUX_{n.upper()}_URL": self.urls[n] for n in self.services}})
-        if self.source == "bus":
-            self.publisher = Publisher(self.servers, GPUS[self.fleet] // 8, self.interval_s).start()
-        else:
+        if self.source == "agent":
             self._spawn("agent", ["agent", "--simulate", str(FLEETS[self.fleet])],
                         {**env, "WHALEFLUX_INTERVAL_S": str(self.interval_s),
                          "WHALEFLUX_FENCE_AFTER_S": lax["WHALEFLUX_HEARTBEAT_LOST_S"]})
         for name in (*self.services, "console"):
             self._ready(name)
+        if self.source == "bus":  # once the services listen: a registration published before is lost
+            self.publisher = Publisher(self.servers, GPUS[self.fleet] // 8, self.interval_s).start()
         want = GPUS[self.fleet]
 
         def fleet_up() -> bool:
@@ -211,8 +211,9 @@ def session_cookie(browser, console: str) -> dict:
     page = context.new_page()
     page.goto(console + "/login")
     page.fill("#token", TOKEN)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/fleet", timeout=60_000)
+    # The first fleet page waits for the console's one read of telemetry's /v1/gpus (8 MB at 8,000 GPUs).
+    page.click("button[type=submit]", no_wait_after=True)
+    page.wait_for_url("**/fleet", timeout=300_000)
     (cookie,) = [c for c in context.cookies() if c["name"] == "wf_session"]
     context.close()
     return cookie

@@ -137,7 +137,7 @@ class Stack:
             time.sleep(0.5)
 
     def pids(self, *names: str) -> dict[str, int]:
-        return {n: self.procs[n].pid for n in names}
+        return {n: self.procs[n].pid for n in names if n in self.procs}
 
     def stop(self) -> None:
         if getattr(self, "publisher", None) is not None:

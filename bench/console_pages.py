@@ -346,7 +346,8 @@ def large(args) -> None:
         frag = [e for e in live if e["type"] == "fleet"]
         gaps = [b["at"] - a["at"] for a, b in zip(heat, heat[1:], strict=False)]
         wall = used.pop("_wall")
-        print(f"# console /fleet with 1,000 nodes x 8 GPUs ({cells} GPUs in the heat map), one agent process at a "
+        source = "one agent process" if args.source == "agent" else "samples published by this process"
+        print(f"# console /fleet with 1,000 nodes x 8 GPUs ({cells} GPUs in the heat map), {source} at a "
               f"{args.interval:g} s interval, telemetry + scheduler + console; {machine()}")
         print(f"first load, empty cache ({args.repeat} runs): load event median {med(loads, 'load')} ms, "
               f"max {mx(loads, 'load')} ms; "

@@ -77,11 +77,12 @@ def test_up_starts_everything_ready_and_sigterm_leaves_no_process(tmp_path):
                                 capture_output=True, text=True, timeout=120)
         assert failed.returncode == 1 and ": failed" in failed.stdout and "exit code 3" in failed.stdout, failed.stdout
         assert "charged:" in failed.stdout
-        # ...and a job no node could ever hold, with the reason and no charge to wait for.
+        # ...and a job no node could ever hold is refused before it is submitted, with the scheduler's reason.
         never = subprocess.run([*cli, "submit", "--wait", "--gpus", "512", "--nvlink", "--", "true"], env=env,
                                capture_output=True, text=True, timeout=120)
-        assert never.returncode == 1 and ": rejected" in never.stdout and "reason:" in never.stdout, never.stdout
-        assert "not charged: it never ran" in never.stdout
+        assert never.returncode == 1, never.stdout + never.stderr
+        assert "not submitted: no node could ever run it:" in never.stdout, never.stdout
+        assert "submitted job" not in never.stdout
         long = subprocess.run([*cli, "submit", "--", "sleep", "300"], env=env, capture_output=True, text=True,
                               timeout=30)
         job_id = long.stdout.split("submitted job ")[1].split()[0]

@@ -38,7 +38,7 @@ from telemetry_harness import iso, node_templates  # noqa: E402
 from whaleflux.servers import LocalServers  # noqa: E402
 from whaleflux.shared import subjects  # noqa: E402
 from whaleflux.shared.bus import Bus  # noqa: E402
-from whaleflux.shared.events import JobSubmitted  # noqa: E402
+from whaleflux.shared.events import JobSubmitted, NodeDrainRequested  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -67,6 +67,10 @@ async def load(servers: Servers, local: LocalServers, args, victim: int) -> dict
     templates = node_templates(max(1, args.gpus // GPUS_PER_NODE), GPUS_PER_NODE)
     for t in templates:
         await bus.publish(f"node.registered.bench.{t.node}", t.registration)
+        # Telemetry sources only: drained, so the scheduler places no job on a node that has no agent (without
+        # this, jobs queued during the failover spilled onto them and were counted as placed but never started).
+        await bus.publish(subjects.node_drain_requested("bench", t.node),
+                          NodeDrainRequested(cluster="bench", node=t.node, reason="bench telemetry source, no agent"))
     waits: list[tuple[float, float]] = []
     job_waits: list[tuple[float, float]] = []
     sent_batches, jobs = 0, list[str]()

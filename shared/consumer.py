@@ -108,15 +108,18 @@ class Consumer:
                 self.bus.bound.add(self.name)
             return await self.psub.fetch(self.spec.batch, timeout=1.0)
         except (TimeoutError, nats.errors.TimeoutError):
-            return None
+            if self.psub is not None:
+                return None  # an idle fetch: nothing to deliver
+            # Declaring or binding timed out (a JetStream leader being elected): say so, never retry silently.
+            log.warning("consumer.bind_failed", consumer=self.name, error="timeout")
+            pause = 1.0
         except NotFoundError:
             # Stream or consumer removed underneath us: declare again.
             pause = 0.5
         except Exception as exc:  # noqa: BLE001 - connection trouble of any kind: keep trying, never die
             log.warning("consumer.fetch_failed", consumer=self.name, error=repr(exc))
             pause = 1.0
-        self.bus.bound.discard(self.name)
-        self.psub = None
+        await self._unbind()  # the failed subscription too: a new one is bound on the next fetch
         await asyncio.sleep(pause)
         return None
 

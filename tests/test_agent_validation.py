@@ -196,3 +196,24 @@ async def test_a_burn_in_that_cannot_run_quarantines_every_gpu(tmp_path):
     assert record is not None and [c.verdict for c in record.report.gpus] == ["fail", "fail"]
     assert record.report.gpus[0].reasons == [
         "health: the burn-in could not run: the GPU burn-in needs NVIDIA's cuda-bindings"]
+
+
+async def test_healthz_fails_naming_a_placement_consumer_whose_loop_ended(clean_servers, tmp_path):
+    bus = await connect_bus(clean_servers)
+    try:
+        node = FleetNode(name=NODE, group="h100", cluster=CLUSTER, rack="r1", pool="default", ownership="owned",
+                         gpu_model="H100", gpus=2, interconnect="nvlink")
+        agent = NodeAgent(bus, node, sim(2), interval_s=0.2, log_dir=tmp_path / "jobs",
+                          attempts_dir=tmp_path / "attempts")
+        await agent.start()
+        client = TestClient(create_app([agent], AgentSettings()))
+        assert client.get("/healthz").status_code == 200
+        durable = f"agent-{CLUSTER}-{NODE}"
+        _, loop = bus._consumers[durable]
+        loop.cancel()  # the loop never ends on its own (shared/consumer.py); this stands for a bug that ends it
+        await until(lambda: loop.done())
+        answer = client.get("/healthz")
+        assert answer.status_code == 503 and durable in answer.json()["detail"]
+        await agent.stop()
+    finally:
+        await bus.close()

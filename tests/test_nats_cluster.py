@@ -22,7 +22,7 @@ from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus, nats_servers
 from whaleflux.shared.events import JobSubmitted
 from whaleflux.shared.settings import CommonSettings
-from whaleflux.shared.streams import STREAMS
+from whaleflux.shared.streams import STREAMS, agent_consumer
 
 from .conftest import Servers
 from .processes import fetch_stored, make_cluster, wait_until
@@ -208,3 +208,66 @@ def _samples_stored(url: str) -> float:
         if line.startswith("whaleflux_telemetry_gpu_samples_stored_total "):
             return float(line.split()[1])
     raise AssertionError("no whaleflux_telemetry_gpu_samples_stored_total on /metrics")
+
+
+def _consumer_leader(local: LocalServers, durable: str) -> int:
+    async def ask() -> str:
+        bus = await _cluster_bus(_servers(local))
+        try:
+            info = await bus.js.consumer_info("WHALEFLUX_JOBS", durable)
+            assert info.cluster is not None and info.cluster.leader
+            return str(info.cluster.leader)
+        finally:
+            await bus.close()
+
+    leader = asyncio.run(ask())
+    assert local.cluster is not None
+    return next(i for i in range(local.cluster.size) if local.cluster.server_name(i) == leader)
+
+
+def test_killing_the_server_that_leads_an_agents_consumer_stops_no_job(nats_cluster, tmp_path):
+    """The agent's own placement consumer loses its leader: the placements made after the kill still start."""
+    local = nats_cluster
+    assert local.cluster is not None
+    servers = _servers(local)
+    system = make_cluster(servers, tmp_path)
+    system.base_env["WHALEFLUX_NATS_REPLICAS"] = "3"
+    system.service("scheduler")
+    system.agent("r4090-01", interval_s=0.5)  # one node: every job is placed through this one consumer
+    scheduler = system.procs["scheduler"]
+
+    def state(job_id: str) -> str | None:
+        return httpx.get(f"{scheduler.url}/v1/jobs/{job_id}", timeout=5).json().get("state")
+
+    async def submit(job_ids: list[str]) -> None:
+        bus = await _cluster_bus(servers)
+        try:
+            for job_id in job_ids:
+                await _publish_until_stored(bus, job_id)
+        finally:
+            await bus.close()
+
+    try:
+        scheduler.wait_ready()
+        asyncio.run(submit(["lead-before"]))  # the consumer exists and delivers before the kill
+        wait_until(lambda: state("lead-before") == "succeeded", timeout=120, what="the job before the kill")
+        victim = _consumer_leader(local, agent_consumer("onprem", "r4090-01").durable)
+        local.cluster.kill9(victim)
+        after = [f"lead-after-{i}" for i in range(8)]
+        asyncio.run(submit(after))
+        wait_until(lambda: all(state(j) == "succeeded" for j in after), timeout=180,
+                   what="every job placed after the kill started and succeeded")
+        assert _consumer_leader(local, agent_consumer("onprem", "r4090-01").durable) != victim
+        system.procs["agent"].stop()
+
+        async def started() -> list:
+            bus = await _cluster_bus(servers)
+            try:
+                return await _stored(bus, "WHALEFLUX_JOBS", subjects.JOB_STARTED)
+            finally:
+                await bus.close()
+
+        runs = Counter(json.loads(m.data)["data"]["job_id"] for m in asyncio.run(started()))
+        assert runs == {job_id: 1 for job_id in ["lead-before", *after]}  # each started once, on the one node
+    finally:
+        system.stop()

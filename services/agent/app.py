@@ -186,7 +186,11 @@ def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict:
-        """Alive: the process answers."""
+        """Alive: the process answers, and every node's placement consumer loop runs (503 naming any that ended:
+        its node would take no more jobs, so a supervisor or a liveness probe restarts the agent)."""
+        ended = sorted({name for a in agents for name in a.bus.ended_consumers()})
+        if ended:
+            raise HTTPException(503, f"consumer loop ended: {', '.join(ended)}")
         return {"status": "ok", "service": "agent", "nodes": len(agents)}
 
     @app.get("/v1/nodes", tags=["agent"], dependencies=[viewer])

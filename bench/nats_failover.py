@@ -3,7 +3,8 @@ time until publishing resumes.
 
 Three nats-servers from the wheel as one JetStream cluster (R3 streams), Redis, the telemetry and scheduler
 services and one simulated agent (2 nodes, 12 GPUs) that runs the jobs as real processes. This process
-publishes `--gpus` GPUs of telemetry at 1 Hz (8-GPU node batches through JetStream, each acknowledged,
+publishes `--gpus` GPUs of telemetry at 1 Hz from nodes it registers and drains (no agent runs them, so no job
+is placed there; 8-GPU node batches through JetStream, each acknowledged,
 retried with its id until it is) and submits `--jobs-per-s` jobs. At `--kill-at` s it kills the server
 leading the JOBS stream, at `--restart-at` s it starts it again. Then it counts:
 - events lost: telemetry batches and submissions JetStream acknowledged but the stream does not hold;
@@ -65,12 +66,6 @@ async def load(servers: Servers, local: LocalServers, args, victim: int) -> dict
     bus = await Bus.connect(servers.nats_url, source="bench", user=servers.nats_user,
                             password=servers.nats_password, replicas=3)
     templates = node_templates(max(1, args.gpus // GPUS_PER_NODE), GPUS_PER_NODE)
-    for t in templates:
-        await bus.publish(f"node.registered.bench.{t.node}", t.registration)
-        # Telemetry sources only: drained, so the scheduler places no job on a node that has no agent (without
-        # this, jobs queued during the failover spilled onto them and were counted as placed but never started).
-        await bus.publish(subjects.node_drain_requested("bench", t.node),
-                          NodeDrainRequested(cluster="bench", node=t.node, reason="bench telemetry source, no agent"))
     waits: list[tuple[float, float]] = []
     job_waits: list[tuple[float, float]] = []
     sent_batches, jobs = 0, list[str]()
@@ -109,6 +104,20 @@ async def load(servers: Servers, local: LocalServers, args, victim: int) -> dict
     await bus.close()
     return {"sent_batches": sent_batches, "acked_batches": len(waits), "jobs": jobs, "waits": waits,
             "job_waits": job_waits, "killed_at": killed_at, "restarted_at": restarted_at, "start": start}
+
+
+async def register_sources(servers: Servers, nodes: int) -> None:
+    """Register the nodes whose telemetry this process publishes, and drain them: they have no agent, so the
+    scheduler must place no job there (without the drain, jobs queued during the failover spilled onto them and
+    were counted as placed but never started)."""
+    bus = await Bus.connect(servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password)
+    try:
+        for t in node_templates(nodes, GPUS_PER_NODE):
+            await bus.publish(f"node.registered.bench.{t.node}", t.registration)
+            await bus.publish(subjects.node_drain_requested("bench", t.node),
+                              NodeDrainRequested(cluster="bench", node=t.node, reason="bench telemetry source"))
+    finally:
+        await bus.close()
 
 
 async def stored(servers: Servers, stream: str, subject: str) -> int:
@@ -166,11 +175,19 @@ def main() -> None:
             return str(info.cluster.leader)
 
         assert local.cluster is not None
+        sources = max(1, args.gpus // GPUS_PER_NODE)
+        asyncio.run(register_sources(servers, sources))
+        scheduler = system.procs["scheduler"]
+
+        def drained() -> bool:
+            nodes = httpx.get(f"{scheduler.url}/v1/nodes", timeout=10).json()
+            return sum(1 for n in nodes if n["cluster"] == "bench" and n["status"] == "draining") == sources
+
+        wait_until(drained, timeout=120, what="the telemetry sources drained")
         name = asyncio.run(leader())
         victim = next(i for i in range(3) if local.cluster.server_name(i) == name)
         result = asyncio.run(load(servers, local, args, victim))
         local.cluster.wait_current(victim, timeout=120)
-        scheduler = system.procs["scheduler"]
 
         def states() -> Counter[str]:
             return Counter(httpx.get(f"{scheduler.url}/v1/jobs/{j}", timeout=10).json().get("state")

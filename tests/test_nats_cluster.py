@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import nats.errors
 import pytest
+from nats.js.errors import ServiceUnavailableError
 
 from whaleflux.servers import LocalServers
 from whaleflux.shared import subjects
@@ -25,7 +26,7 @@ from whaleflux.shared.settings import CommonSettings
 from whaleflux.shared.streams import STREAMS, agent_consumer
 
 from .conftest import Servers
-from .processes import fetch_stored, make_cluster, wait_until
+from .processes import fetch_stored, make_cluster, until, wait_until
 
 JOBS = 24
 
@@ -89,7 +90,16 @@ async def _publish_until_stored(bus: Bus, job_id: str) -> tuple[float, int]:
 async def _stored(bus: Bus, stream: str, subject: str) -> list:
     """Every message of `stream` on `subject` (the stream is quiet by now: the publishers stopped)."""
     sub = await bus.js.pull_subscribe(subject, stream=stream)
+
+    async def led() -> bool:  # a new R3 consumer answers fetches once its leader is elected (a 503 until then)
+        try:
+            info = await sub.consumer_info()
+        except (ServiceUnavailableError, TimeoutError):
+            return False
+        return info.cluster is not None and bool(info.cluster.leader)
+
     try:
+        await until(led, timeout=60, what=f"a leader for the consumer reading {stream}")
         return await fetch_stored(sub)
     finally:
         await sub.unsubscribe()

@@ -131,6 +131,12 @@ async def _start(bus, tmp_path, backend: SimulatedNode, policy: str = "first") -
     return agent
 
 
+async def _restarted(bus, servers):
+    """The agent process restarted: a new connection (the stopped agent's consumer loop ends with the old one)."""
+    await bus.close()
+    return await connect_bus(servers)
+
+
 async def test_a_new_node_registers_only_the_gpus_that_passed_and_a_repaired_one_all(clean_servers, tmp_path):
     bus = await connect_bus(clean_servers)
     try:
@@ -148,6 +154,7 @@ async def test_a_new_node_registers_only_the_gpus_that_passed_and_a_repaired_one
         first = load(tmp_path / "validation" / f"{NODE}.json")
         assert first is not None and first.report.gpus[1].verdict == "fail"
         await agent.stop()
+        bus = await _restarted(bus, clean_servers)
 
         # The GPU was repaired (a node without the fault): its failure asks for another burn-in, which it passes.
         agent = await _start(bus, tmp_path, sim(4))
@@ -158,6 +165,7 @@ async def test_a_new_node_registers_only_the_gpus_that_passed_and_a_repaired_one
         second = load(tmp_path / "validation" / f"{NODE}.json")
         assert second is not None and second.report.finished_at > first.report.finished_at
         await agent.stop()
+        bus = await _restarted(bus, clean_servers)
 
         # A node that passed registers at once next time: no burn-in, the record unchanged.
         agent = await _start(bus, tmp_path, sim(4))

@@ -37,12 +37,11 @@ TARGET = 20_000
 BAR = 5_000
 
 
-async def run(jobs: int, servers: LocalServers) -> None:
-    bus = await Bus.connect(servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password)
-    await bus.ensure_streams()
+async def publish_job_events(bus: Bus, jobs: int, prefix: str) -> None:
+    """placed / started / finished of `jobs` 30-minute jobs on 64 nodes, 1-4 GPUs each (also bench/capacity.py's)."""
     t0 = datetime(2026, 3, 1, tzinfo=UTC)
     for i in range(jobs):
-        job, node, gpus = f"b{i:06d}", f"n{i % 64:02d}", [f"GPU-{i % 64:02d}-{g}" for g in range(i % 4 + 1)]
+        job, node, gpus = f"{prefix}{i:06d}", f"n{i % 64:02d}", [f"GPU-{i % 64:02d}-{g}" for g in range(i % 4 + 1)]
         start = t0 + timedelta(minutes=i)
         await bus.publish(subjects.job_placed("c1", node), JobPlaced(
             job_id=job, attempt=1, cluster="c1", node=node, gpu_model="H100", gpu_uuids=gpus,
@@ -52,6 +51,12 @@ async def run(jobs: int, servers: LocalServers) -> None:
         await bus.publish(subjects.JOB_FINISHED, JobFinished(
             job_id=job, attempt=1, cluster="c1", node=node, exit_code=0, started_at=start,
             finished_at=start + timedelta(minutes=30)))
+
+
+async def run(jobs: int, servers: LocalServers) -> None:
+    bus = await Bus.connect(servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password)
+    await bus.ensure_streams()
+    await publish_job_events(bus, jobs, prefix="b")
     await bus.close()
 
     reference = await bare_consume(servers, jobs * 3)

@@ -30,7 +30,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -38,12 +37,11 @@ import nats
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from billing_service_ingest import publish_job_events  # noqa: E402
 from telemetry_harness import CpuMeter, cpu_seconds, iso, node_templates, server_env, start_servers  # noqa: E402
 
 from whaleflux.servers import LocalServers, free_port  # noqa: E402
-from whaleflux.shared import subjects  # noqa: E402
 from whaleflux.shared.bus import Bus  # noqa: E402
-from whaleflux.shared.events import JobFinished, JobPlaced, JobStarted  # noqa: E402
 from whaleflux.shared.streams import CONSUMERS  # noqa: E402
 
 GPUS = 8
@@ -174,21 +172,10 @@ async def bare_reference(servers: LocalServers, nodes: int, rounds: int) -> floa
 
 
 async def publish_jobs(servers: LocalServers, jobs: int) -> int:
-    """placed / started / finished for `jobs` jobs (as bench/billing_service_ingest.py); the jobs stream's last seq."""
+    """bench/billing_service_ingest.py's placed / started / finished for `jobs` jobs; the jobs stream's last seq."""
     bus = await Bus.connect(servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password)
     try:
-        t0 = datetime(2026, 3, 1, tzinfo=UTC)
-        for i in range(jobs):
-            job, node, gpus = f"cap{i:06d}", f"n{i % 64:02d}", [f"GPU-{i % 64:02d}-{g}" for g in range(i % 4 + 1)]
-            start = t0 + timedelta(minutes=i)
-            await bus.publish(subjects.job_placed("c1", node), JobPlaced(
-                job_id=job, attempt=1, cluster="c1", node=node, gpu_model="H100", gpu_uuids=gpus,
-                gpu_indices=list(range(len(gpus))), command=["x"], team=f"t{i % 8}", project="p"), time=start)
-            await bus.publish(subjects.JOB_STARTED, JobStarted(
-                job_id=job, attempt=1, cluster="c1", node=node, gpu_uuids=gpus, pid=1, started_at=start))
-            await bus.publish(subjects.JOB_FINISHED, JobFinished(
-                job_id=job, attempt=1, cluster="c1", node=node, exit_code=0, started_at=start,
-                finished_at=start + timedelta(minutes=30)))
+        await publish_job_events(bus, jobs, prefix="cap")
         info = await bus.js.stream_info("WHALEFLUX_JOBS")
         return int(info.state.last_seq)
     finally:

@@ -111,12 +111,13 @@ async def _cluster_bus(servers: Servers) -> Bus:
     return bus
 
 
-def _leader(local: LocalServers, stream: str) -> int:
+def _leader(local: LocalServers, stream: str, durable: str | None = None) -> int:
+    """Which server leads the stream (or, given `durable`, that consumer of it), as an index of the cluster."""
     async def ask() -> str:
-        bus = await Bus.connect(local.nats_url, source="test", user=local.nats_user, password=local.nats_password)
+        bus = await _cluster_bus(_servers(local))
         try:
-            info = await bus.js.stream_info(stream)
-            assert info.cluster is not None
+            info = await (bus.js.consumer_info(stream, durable) if durable else bus.js.stream_info(stream))
+            assert info.cluster is not None and info.cluster.leader
             return str(info.cluster.leader)
         finally:
             await bus.close()
@@ -220,21 +221,6 @@ def _samples_stored(url: str) -> float:
     raise AssertionError("no whaleflux_telemetry_gpu_samples_stored_total on /metrics")
 
 
-def _consumer_leader(local: LocalServers, durable: str) -> int:
-    async def ask() -> str:
-        bus = await _cluster_bus(_servers(local))
-        try:
-            info = await bus.js.consumer_info("WHALEFLUX_JOBS", durable)
-            assert info.cluster is not None and info.cluster.leader
-            return str(info.cluster.leader)
-        finally:
-            await bus.close()
-
-    leader = asyncio.run(ask())
-    assert local.cluster is not None
-    return next(i for i in range(local.cluster.size) if local.cluster.server_name(i) == leader)
-
-
 def test_killing_the_server_that_leads_an_agents_consumer_stops_no_job(nats_cluster, tmp_path):
     """The agent's own placement consumer loses its leader: the placements made after the kill still start."""
     local = nats_cluster
@@ -261,13 +247,13 @@ def test_killing_the_server_that_leads_an_agents_consumer_stops_no_job(nats_clus
         scheduler.wait_ready()
         asyncio.run(submit(["lead-before"]))  # the consumer exists and delivers before the kill
         wait_until(lambda: state("lead-before") == "succeeded", timeout=120, what="the job before the kill")
-        victim = _consumer_leader(local, agent_consumer("onprem", "r4090-01").durable)
+        victim = _leader(local, "WHALEFLUX_JOBS", agent_consumer("onprem", "r4090-01").durable)
         local.cluster.kill9(victim)
         after = [f"lead-after-{i}" for i in range(8)]
         asyncio.run(submit(after))
         wait_until(lambda: all(state(j) == "succeeded" for j in after), timeout=180,
                    what="every job placed after the kill started and succeeded")
-        assert _consumer_leader(local, agent_consumer("onprem", "r4090-01").durable) != victim
+        assert _leader(local, "WHALEFLUX_JOBS", agent_consumer("onprem", "r4090-01").durable) != victim
         system.procs["agent"].stop()
 
         async def started() -> list:

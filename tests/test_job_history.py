@@ -239,3 +239,18 @@ def test_a_lost_attempt_that_reports_its_own_end_after_all_ends_the_job_instead_
     assert fenced.state == "pending" and fenced.held_until is None
     preempted = fold_(*events[:3], ev(20, requeued(cause="preempted", reason="p")), ev(24, finished(code=0)))["j1"]
     assert preempted.state == "pending", "a preempted job that saves and exits 0 on SIGTERM is not done"
+
+
+def test_a_heartbeat_sent_before_the_recorded_end_does_not_stop_the_ended_attempt():
+    parts = [JobPart(rank=0, cluster="c", node="n0", gpu_model="H100", gpu_uuids=["a"], gpu_indices=[0],
+                     state="running", started_at=at(1)),
+             JobPart(rank=1, cluster="c", node="n1", gpu_model="H100", gpu_uuids=["b"], gpu_indices=[0],
+                     state="exited", started_at=at(1), finished_at=at(9))]
+    gang = record(node="n0", parts=parts)  # rank 1 exited at 9 (its report); rank 0 still runs
+    part_done = NodeHeartbeat(cluster="c", node="n1", seq=1, attempts=[running(rank=1)])
+    assert reconcile(part_done, at(8.5), [], {"j1": gang}, at(20), 30).stop == []
+    assert [a.rank for a in reconcile(part_done, at(20), [], {"j1": gang}, at(20), 30).stop] == [1]
+    done = record(state="succeeded")
+    done.finished_at = at(9)
+    assert reconcile(heartbeat(running()), at(9.5), [], {"j1": done}, at(20), 30).stop == []
+    assert [a.job_id for a in reconcile(heartbeat(running()), at(20), [], {"j1": done}, at(20), 30).stop] == ["j1"]

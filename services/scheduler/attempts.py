@@ -9,7 +9,9 @@ recorded. Both ways:
 - one the node does not list at all is lost: its process is gone with no exit
   recorded (the node rebooted, or never got the placement);
 - one the node runs that is an older attempt of the job, or of a job that has
-  ended, is stopped (never one our possibly lagging read does not know yet).
+  ended, is stopped (never one our possibly lagging read does not know yet, and
+  never the current attempt on a heartbeat the node sent before that attempt's
+  recorded end: the heartbeat was on its way while the attempt exited).
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ def _rank_here(job: JobRecord, cluster: str, node: str) -> tuple[bool, int | Non
         if part.cluster == cluster and part.node == node:
             return part.state != "exited", part.rank
     return False, None
+
+
+def _ended_at(job: JobRecord, cluster: str, node: str) -> datetime | None:
+    """When the current attempt ended on that node, as its own report said (node clock; None: not ended)."""
+    if job.parts:
+        part = next((p for p in job.parts if p.cluster == cluster and p.node == node), None)
+        return part.finished_at if part is not None and part.state == "exited" else None
+    return job.finished_at if job.state not in ACTIVE else None
 
 
 def reconcile(hb: NodeHeartbeat, sent_at: datetime, ours: list[JobRecord], others: dict[str, JobRecord],
@@ -85,5 +95,8 @@ def reconcile(hb: NodeHeartbeat, sent_at: datetime, ours: list[JobRecord], other
         here = record.state in ACTIVE and live and (rank or 0) == (a.rank or 0)
         if a.attempt == record.attempt and (record.state == "pending" or here):
             continue  # the current attempt where it belongs, or one being stopped already (the job is queued again)
+        ended = _ended_at(record, hb.cluster, hb.node) if a.attempt == record.attempt else None
+        if ended is not None and (sent_at - ended).total_seconds() < STARTED_SLACK_S:
+            continue  # a heartbeat from before (or just at) the end we have: it ran then, it has exited since
         plan.stop.append(a)
     return plan

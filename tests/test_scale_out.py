@@ -28,6 +28,7 @@ from whaleflux.shared.settings import CommonSettings
 from whaleflux.shared.streams import CONSUMERS, STREAMS
 
 from .processes import connect_bus, fetch_stored, make_cluster, wait_until
+from .scaleout import both_holding, holders, instance
 
 NODES = [f"n{i:02d}" for i in range(12)]
 
@@ -140,9 +141,9 @@ def test_two_telemetry_replicas_share_the_partitions_and_one_takes_over_when_the
         first, second = system.service("telemetry", "a", **scaled), system.service("telemetry", "b", **scaled)
         first.wait_ready()
         second.wait_ready()
-        shared = _both_holding(servers, "telemetry")
+        shared = both_holding(servers, "telemetry")
         # The one not holding `main` is killed: its partitions must move, and `main` stays.
-        victim = first if _instance(first) != shared[MAIN] else second
+        victim = first if instance(first) != shared[MAIN] else second
         survivor = second if victim is first else first
 
         async def publish() -> datetime:
@@ -161,8 +162,8 @@ def test_two_telemetry_replicas_share_the_partitions_and_one_takes_over_when_the
                 await bus.close()
 
         began = asyncio.run(publish())
-        survivor_instance = _instance(survivor)
-        wait_until(lambda: set(asyncio.run(_holders(servers, "telemetry")).values()) == {survivor_instance}, timeout=60,
+        survivor_instance = instance(survivor)
+        wait_until(lambda: set(asyncio.run(holders(servers, "telemetry")).values()) == {survivor_instance}, timeout=60,
                    what="the survivor holding every partition")
         uuids = [g.uuid for node in nodes.values() for g in node.identities()]
 
@@ -195,12 +196,6 @@ def test_two_telemetry_replicas_share_the_partitions_and_one_takes_over_when_the
         system.stop()
 
 
-def _instance(proc) -> str:
-    checks = httpx.get(proc.url + "/admin/status", timeout=5,
-                       headers={"Authorization": f"Bearer {proc.env['WHALEFLUX_ADMIN_TOKEN']}"}).json()
-    return str(checks["settings"]["instance"])
-
-
 def test_two_alerting_replicas_raise_and_resolve_each_gpu_alert_once_across_a_kill(clean_servers, tmp_path):
     servers = clean_servers
     system = make_cluster(servers, tmp_path)
@@ -211,8 +206,8 @@ def test_two_alerting_replicas_raise_and_resolve_each_gpu_alert_once_across_a_ki
         first, second = system.service("alerting", "a", **scaled), system.service("alerting", "b", **scaled)
         first.wait_ready()
         second.wait_ready()
-        shared = _both_holding(servers, "alerting")
-        victim = first if _instance(first) != shared[MAIN] else second
+        shared = both_holding(servers, "alerting")
+        victim = first if instance(first) != shared[MAIN] else second
         survivor = second if victim is first else first
 
         def sample(name: str, t: datetime, phase: str) -> GpuTelemetry:
@@ -253,8 +248,8 @@ def test_two_alerting_replicas_raise_and_resolve_each_gpu_alert_once_across_a_ki
 
         asyncio.run(publish("cool", 3, 1))
         asyncio.run(publish("hot", 12, 10, kill_after=4))  # hot before and after the kill
-        survivor_instance = _instance(survivor)
-        wait_until(lambda: set(asyncio.run(_holders(servers, "alerting")).values()) == {survivor_instance},
+        survivor_instance = instance(survivor)
+        wait_until(lambda: set(asyncio.run(holders(servers, "alerting")).values()) == {survivor_instance},
                    timeout=60, what="the survivor holding every partition")
         wait_until(lambda: set(asyncio.run(alerts())[0]) == set(hot_uuid.values()), timeout=60,
                    what="every hot GPU raised")
@@ -266,21 +261,3 @@ def test_two_alerting_replicas_raise_and_resolve_each_gpu_alert_once_across_a_ki
         assert resolved == {uuid: 1 for uuid in hot_uuid.values()}
     finally:
         system.stop()
-
-
-async def _holders(servers, service: str) -> dict[str, str | None]:
-    from redis.asyncio import Redis
-
-    redis = Redis.from_url(servers.redis_url, password=servers.redis_password, decode_responses=True)
-    try:
-        return await PartitionStore(redis, f"wf:{service}").holders(units())
-    finally:
-        await redis.aclose()
-
-
-def _both_holding(servers, service: str) -> dict[str, str | None]:
-    """Until two replicas hold units; the holders then."""
-    def shared() -> dict[str, str | None] | None:
-        held = asyncio.run(_holders(servers, service))
-        return held if len(set(held.values()) - {None}) == 2 and None not in held.values() else None
-    return wait_until(shared, timeout=60, what=f"both {service} replicas holding units")

@@ -2,6 +2,7 @@
 """Steady-state decisions: the pure core (no I/O) on a full fleet with a deep queue, jobs finishing and arriving.
 
     python bench/scheduler_steady.py [--nodes 1000] [--queue 10000] [--seconds 600] [--step 1] [--seed 1]
+                                     [--variety] [--log FILE]
 
 1,000 nodes x 8 GPUs (four models) are filled by a first pass from a queue of
 `--queue` jobs of mixed shapes (as bench/scheduler_decisions.py: 1-16 GPUs,
@@ -14,6 +15,14 @@ Prints placements per CPU-second and per wall-second over the steady passes,
 and the decision latency (the length of a pass: a job that became placeable
 waits at most that long), p50/p99/max. Target >= 5,000 placements per
 CPU-second (bar 2,000).
+
+`--variety` makes some nodes cordoned, draining, hot, with a recent XID,
+leased, with measured free memory or a quarantined GPU, so every filter
+rejects somewhere. `--log FILE` writes every pass's reply (starts and their
+placements, preemptions, moves, infeasible and waiting reasons, the head's
+reservation) to FILE: a change to the core that must keep its decisions is
+checked by running the bench on both trees (`PYTHONPATH` at a `git archive`
+copy of the old one) and comparing the files byte for byte.
 """
 
 from __future__ import annotations
@@ -30,8 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scheduler_decisions import CLASSES, SHAPES, fleet  # noqa: E402
 
-from whaleflux.scheduler.placement import ClusterState, JobRequest  # noqa: E402
-from whaleflux.scheduler.queueing import WHALEFLUX, PendingJob, PendingQueue, RunningJob, ScheduleRequest, schedule  # noqa: E402
+from whaleflux.scheduler.placement import ClusterState, JobRequest, NodeState  # noqa: E402
+from whaleflux.scheduler.queueing import (  # noqa: E402
+    WHALEFLUX,
+    PendingJob,
+    PendingQueue,
+    RunningJob,
+    RunningJobs,
+    ScheduleRequest,
+    schedule,
+)
 from whaleflux.scheduler.simulator.fleet import interconnects, model_facts  # noqa: E402
 from whaleflux.scheduler.simulator.metrics import percentile  # noqa: E402
 
@@ -52,6 +69,29 @@ def new_job(i: int, t: float, rng: random.Random) -> PendingJob:
     return PendingJob(req, t, i)
 
 
+def varied(nodes: list[NodeState]) -> list[NodeState]:
+    """Some nodes unhealthy, leased, with measured free memory or a quarantined GPU (`--variety`)."""
+    out = []
+    for i, n in enumerate(nodes):
+        gpus = n.gpus
+        if i % 11 == 0:  # telemetry: a foreign process holds memory on some GPUs
+            gpus = tuple(replace(g, memory_free_mib=g.memory_total_mib * (0.3 if g.index % 3 == 0 else 0.95))
+                         for g in gpus)
+        if i % 13 == 0:
+            gpus = (replace(gpus[0], quarantined=True), *gpus[1:])
+        out.append(replace(
+            n,
+            gpus=gpus,
+            cordoned=i % 97 == 0,
+            draining=i % 89 == 0,
+            temperature_c=95.0 if i % 83 == 0 else None,
+            thermal_limit_c=90.0 if i % 83 == 0 else None,
+            last_critical_xid_at=0.0 if i % 79 == 0 else None,
+            lease_expires_at=600.0 * (1 + i % 5) if i % 7 == 0 else None,
+        ))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=1000)
@@ -59,12 +99,16 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=600.0, help="virtual seconds of steady state")
     ap.add_argument("--step", type=float, default=1.0, help="virtual seconds between passes")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--variety", action="store_true", help="unhealthy, leased and telemetry nodes too")
+    ap.add_argument("--log", type=Path, help="write every pass's reply here (to compare two trees)")
     args = ap.parse_args()
+    log = args.log.open("w") if args.log else None
     rng = random.Random(args.seed)
     policy = WHALEFLUX
-    cluster = ClusterState(fleet(args.nodes), model_facts(), interconnects())
+    nodes = fleet(args.nodes)
+    cluster = ClusterState(varied(nodes) if args.variety else nodes, model_facts(), interconnects())
     queue = PendingQueue(policy)
-    running: dict[str, RunningJob] = {}
+    running = RunningJobs()  # team usage and ends kept as jobs start and end, as the simulator does
     ends: list[tuple[float, str]] = []
     seq = 0
     for _ in range(args.queue):
@@ -106,7 +150,10 @@ def main() -> int:
 
     # Fill the fleet (not measured: a cold pass is bench/scheduler_decisions.py's figure).
     t = 0.0
-    filled = apply(schedule(ScheduleRequest(t, cluster, queue, running, policy)), t)
+    first = schedule(ScheduleRequest(t, cluster, queue, running, policy))
+    if log:
+        log.write(f"{t} {first!r}\n")
+    filled = apply(first, t)
     print(
         f"{args.nodes} nodes x 8 GPUs, queue {args.queue}: first pass placed {filled} jobs, "
         f"{cluster.total_free} GPUs left free"
@@ -130,9 +177,13 @@ def main() -> int:
         cpu += c1 - c0
         wall += w1 - w0
         lengths.append(w1 - w0)
+        if log:
+            log.write(f"{t} {reply!r}\n")
         placed += apply(reply, t)
         passes += 1
     lengths.sort()
+    if log:
+        log.close()
     print(
         f"steady state: {passes} passes over {args.seconds:g} virtual s, {placed} placed "
         f"({placed / passes:.1f} per pass), queue {len(queue)} deep, {len(running)} running, "

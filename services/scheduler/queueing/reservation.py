@@ -15,12 +15,13 @@ fitting on, not the whole fleet.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..placement import ClusterState, JobRequest, Placement, Profile
 from ..placement.framework import eligible, unavailable, usable
 from .jobs import PendingJob, RunningJob
+from .running import EndKey, RunningJobs
 
 
 @dataclass
@@ -108,10 +109,7 @@ def reserve(
     start: float | None = now
     # Running jobs by their end (unknown ends last), popped only until the job fits. Only jobs on the nodes
     # it could use count: the others never make it fit, and the answer is the same without them.
-    ends = _ends_on(cluster, running, free) if not found else []
-    heapq.heapify(ends)
-    while ends and not found:
-        unknown, end, job_id = heapq.heappop(ends)
+    for unknown, end, job_id in ([] if found else _by_end(cluster, running, free)):
         r = running[job_id]
         if unknown:
             start = None
@@ -126,6 +124,8 @@ def reserve(
                     found = {share.node: req.gpus}
         if gang and total >= req.gpus:
             found = _fits(free, req.gpus, gang)
+        if found:
+            break
     if not found:
         # No start can be foreseen (an end is unknown, or not even all ends free enough). A gang holds every
         # node it could use; a one-node job the node nearest to holding it (most GPUs free or held by jobs
@@ -154,6 +154,25 @@ def _usable_now(
         if rest and (gang or any(len(cluster.nodes[n].gpus) >= req.gpus for n in rest)):
             return rest
     return free
+
+
+def _by_end(
+    cluster: ClusterState, running: Mapping[str, RunningJob], nodes: Mapping[str, int]
+) -> Iterator[EndKey]:
+    """(end unknown, end, job) of the running jobs holding GPUs on these nodes, soonest end first (unknown last).
+
+    From the order `RunningJobs` keeps when given one (the pass stops at the first few), else sorted here."""
+    if not isinstance(running, RunningJobs):
+        ends = _ends_on(cluster, running, nodes)
+        heapq.heapify(ends)
+        while ends:
+            yield heapq.heappop(ends)
+        return
+    holdings = cluster.holdings
+    for key in running.by_end:
+        shares = holdings.get(key[2])
+        if shares and any(s.node in nodes for s in shares):
+            yield key
 
 
 def _ends_on(

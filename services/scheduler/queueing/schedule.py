@@ -22,6 +22,7 @@ from .migration import Migration, make_room, off_largest, plan_migrations, undo
 from .pending import PendingQueue
 from .preemption import Preemption, choose_victims
 from .reservation import Reservation, Reservations, reserve
+from .running import RunningJobs
 
 # Jobs of one shape fit or not alike in one pass: (view, GPUs[, memory][, runtime, class]).
 Shape = tuple[object, ...]
@@ -78,8 +79,11 @@ class _Pass:
         self.request, self.cfg, self.cluster, self.now = request, request.config, request.cluster, request.now
         self.reply = ScheduleReply()
         self.usage: Counter[str] = Counter()
-        for r in request.running.values():
-            self.usage[r.team] += r.gpus
+        if isinstance(request.running, RunningJobs):
+            self.usage.update(request.running.usage)  # kept as jobs start and end
+        else:
+            for r in request.running.values():
+                self.usage[r.team] += r.gpus
         self.has_quotas = any(t.quota_gpus is not None for t in request.teams.values())
         self.blocked: dict[Shape, str] = {}  # job shape -> why it cannot start now (cached for this pass)
         self.reservations = Reservations()

@@ -28,6 +28,7 @@ from ..queueing import (
     PendingQueue,
     PolicyConfig,
     RunningJob,
+    RunningJobs,
     ScheduleReply,
     ScheduleRequest,
     TeamPolicy,
@@ -94,7 +95,7 @@ class _Replay:
                  teams: Mapping[str, TeamPolicy], rules: ExecutorRules) -> None:
         self.jobs, self.cluster, self.policy, self.teams, self.rules = jobs, cluster, policy, teams, rules
         self.queue = PendingQueue(policy)
-        self.running: dict[str, RunningJob] = {}
+        self.running = RunningJobs()  # team usage and ends kept as jobs start and end
         self.state: dict[str, _Job] = {}
         self.events: list[tuple[float, int, str, str, int]] = []  # (time, seq, kind, job, version)
         self.seq = 0

@@ -30,9 +30,10 @@ import nats.errors
 import structlog
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServerError, ServiceUnavailableError
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from . import subjects
 from .clock import Clock, system_clock
@@ -47,6 +48,11 @@ __all__ = ["REASON_HEADER", "SEEN_TTL_S", "BatchHandler", "Bus", "BusMetrics", "
 
 log = structlog.get_logger("whaleflux.bus")
 REASON_HEADER = "WhaleFlux-Reason"
+# JetStream could not create a consumer now, but may in a moment: no answer in time (NATS away, reconnecting,
+# or too busy: a thousand nodes' consumers created at once), JetStream not ready, the stream not there yet.
+TRANSIENT_JS_ERRORS = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                       nats.errors.ConnectionReconnectingError, ServiceUnavailableError, ServerError, NotFoundError)
+CONSUMER_PATIENCE_S = 300.0  # how long `ensure_consumer_patiently` keeps trying by default
 
 
 def nats_servers(url: str) -> list[str]:
@@ -155,6 +161,29 @@ class Bus:
         except BadRequestError:
             # Created meanwhile by another replica of the same service: use it.
             await self.js.consumer_info(spec.stream, spec.durable)
+
+    async def ensure_consumer_patiently(self, spec: ConsumerSpec, give_up_after_s: float = CONSUMER_PATIENCE_S,
+                                        max_wait_s: float = 10.0) -> None:
+        """`ensure_consumer`, tried again while JetStream cannot create it yet (`TRANSIENT_JS_ERRORS`), with a
+        random exponential back-off (0.5 s up to `max_wait_s`: a thousand nodes do not retry in step) for at most
+        `give_up_after_s`; the streams are declared again before each retry. Each failure is logged; the last one
+        is raised when time is up. Any other error (a bad request, a closed connection) is raised at once."""
+
+        def waiting(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            log.warning("bus.consumer_waiting", consumer=spec.durable, stream=spec.stream, error=repr(error),
+                        attempt=state.attempt_number, retry_in_s=round(state.upcoming_sleep, 2))
+
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(TRANSIENT_JS_ERRORS),
+                                           wait=wait_random_exponential(multiplier=0.5, max=max_wait_s),
+                                           stop=stop_after_delay(give_up_after_s), before_sleep=waiting,
+                                           reraise=True):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    await self.ensure_streams()  # a stream lost with a server's store comes back
+                await self.ensure_consumer(spec)
+                if attempt.retry_state.attempt_number > 1:
+                    log.info("bus.consumer_created", consumer=spec.durable, attempts=attempt.retry_state.attempt_number)
 
     async def reposition_consumer(self, spec: ConsumerSpec, start_seq: int) -> None:
         """Recreate the durable consumer so that it delivers from stream sequence `start_seq` on

@@ -117,7 +117,7 @@ class NodeAgent:
         # The placement consumer exists before the node announces itself, so no
         # placement made right after registration can be missed.
         placements = agent_consumer(self.node.cluster, self.node.name)
-        await self.bus.ensure_consumer(placements)
+        await self.bus.ensure_consumer_patiently(placements)  # NATS busy or briefly away: wait
         # Attempts an earlier agent left are taken up before any placement is handled,
         # so a redelivered placement of one of them is not run a second time.
         self.node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -160,3 +160,44 @@ def test_agent_killed_9_for_good_mid_job_moves_the_job_to_another_node_once_its_
         _assert_moved_once(clean_servers, job_id)
     finally:
         cluster.stop()
+
+
+def test_a_node_that_registers_and_dies_before_its_first_heartbeat_is_lost_and_its_job_requeued(
+        clean_servers, tmp_path):
+    from whaleflux.agent.simulated import SimulatedNode
+    from whaleflux.shared import subjects
+    from whaleflux.shared.catalog import gpu_models
+    from whaleflux.shared.events import NodeRegistered
+
+    from .processes import connect_bus
+
+    cluster, scheduler, _, _, script = _start(clean_servers, tmp_path)
+    try:
+        [site] = {n["cluster"] for n in httpx.get(scheduler.url + "/v1/nodes").json()}
+        ghost = SimulatedNode("ghost-01", gpu_models()["H200"], 2, interconnect="nvlink")
+
+        async def register() -> None:  # its agent registers it, then dies before its first heartbeat
+            bus = await connect_bus(clean_servers)
+            try:
+                await bus.publish(subjects.node_registered(site, "ghost-01"), NodeRegistered(
+                    cluster=site, node="ghost-01", agent_version="t", gpus=ghost.identities()))
+            finally:
+                await bus.close()
+
+        asyncio.run(register())
+        body = {"name": "only-there", "command": [sys.executable, str(script), "5"], "gpus": 2, "gpu_models": ["H200"]}
+        resp = httpx.post(scheduler.url + "/v1/jobs", json=body, headers=AUTH)
+        assert resp.status_code == 202, resp.text
+        job_id = resp.json()["job_id"]
+        wait_until(lambda: _job(scheduler, job_id)["attempt"] == 1, timeout=60, what="placed there")
+        wait_until(lambda: {n["node"]: n["status"] for n in httpx.get(scheduler.url + "/v1/nodes").json()}
+                   .get("ghost-01") == "lost", timeout=60, what="the silent node lost")
+        wait_until(lambda: _job(scheduler, job_id)["state"] == "pending", timeout=60, what="the job requeued")
+        history = [e for e in asyncio.run(_job_history(clean_servers)) if getattr(e, "job_id", None) == job_id]
+        assert [(e.attempt, e.node) for e in history if isinstance(e, JobPlaced)] == [(1, "ghost-01")]
+        [requeued] = [e for e in history if isinstance(e, JobRequeued)]
+        assert requeued.cause == "node_lost" and requeued.node == "ghost-01"
+        nodes = {n["node"]: n["status"] for n in httpx.get(scheduler.url + "/v1/nodes").json()}
+        assert nodes == {"h100-01": "healthy", "a100-01": "healthy", "ghost-01": "lost"}
+    finally:
+        cluster.stop()

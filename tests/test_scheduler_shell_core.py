@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from whaleflux.scheduler.liveness import LivenessPolicy, assess, watch_start
+from whaleflux.scheduler.liveness import LivenessPolicy, assess, judged_from, watch_start
 from whaleflux.scheduler.placement import FIRST_FIT, ClusterState, ModelFacts, Profile
 from whaleflux.scheduler.queueing import PendingQueue, ScheduleRequest, schedule
 from whaleflux.scheduler.records import JobPart, JobRecord, NodeCondition
@@ -53,6 +53,20 @@ def test_a_restarted_scheduler_does_not_blame_nodes_for_its_own_downtime():
     assert assess(seen, now=100.0, since=95.0, policy=POLICY).lost == set()
     assert assess(seen, now=100.0, since=89.0, policy=POLICY).mass_silence  # all silent since it came back
     assert assess({"a": 10.0, "b": 99.0, "c": 99.0}, now=100.0, since=89.0, policy=POLICY).lost == {"a"}
+
+
+def test_a_node_that_registers_and_dies_before_its_first_heartbeat_is_judged_by_its_registration():
+    # "new" registered at 85 and never spoke; "old" registered before this scheduler watched and was never heard
+    # since; "back" re-registered after its last heartbeat; "gone" is lost already (out of the count).
+    registered = ["a", "b", "new", "old", "back", "gone"]
+    heard = {"a": 99.0, "b": 99.0, "back": 70.0, "gone": 10.0}
+    seen = judged_from(registered, heard, {"new": 85.0, "back": 96.0, "a": 50.0}, out={"gone"})
+    assert seen == {"a": 99.0, "b": 99.0, "new": 85.0, "old": 0.0, "back": 96.0}
+    live = assess(seen, now=100.0, since=80.0, policy=POLICY)
+    assert live.lost == {"new", "old"} and live.suspect == set()
+    # Never blamed for time the scheduler was not watching: both age from `since` when it came later.
+    live = assess(seen, now=100.0, since=92.0, policy=POLICY)
+    assert live.lost == set() and live.suspect == {"new", "old"}
 
 
 def test_nodes_still_silent_when_a_mass_silence_ends_get_a_grace_period_before_any_is_lost():

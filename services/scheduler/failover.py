@@ -22,7 +22,7 @@ from whaleflux.shared.events import (
 )
 
 from . import attempts
-from .liveness import Liveness, LivenessPolicy, assess, watch_start
+from .liveness import Liveness, LivenessPolicy, assess, judged_from, watch_start
 from .progress import Progress
 from .records import NodeCondition
 from .service import TROUBLE, Scheduler
@@ -46,6 +46,7 @@ class Failover:
         self.watching_since = 0.0
         self._mass_silence_logged = False
         self._heard: dict[str, float] = {}  # node -> when we last heard it (epoch s, our clock)
+        self._registered: dict[str, float] = {}  # node -> when we got its registration (epoch s, our clock)
         self._fenced: dict[tuple[str, str], datetime] = {}  # (job, node) -> when a stop order last went there
         self._reconciled: dict[str, datetime] = {}  # node -> when its heartbeat was last reconciled
 
@@ -56,6 +57,7 @@ class Failover:
     async def on_node_event(self, env: Envelope, data: EventData) -> None:
         if isinstance(data, NodeRegistered):
             await self.s.store.register(data)
+            self._registered[f"{data.cluster}/{data.node}"] = self.s.clock().timestamp()
         elif isinstance(data, NodeDrainRequested):
             await self.drain(f"{data.cluster}/{data.node}", data.reason)
         self.s.dirty.set()
@@ -166,15 +168,15 @@ class Failover:
         return True
 
     async def liveness(self) -> Liveness:
-        """Who is suspect or lost now. Only nodes that ever sent a heartbeat are judged by them; lost and
-        draining nodes are out already (a drained node holds no jobs to move)."""
+        """Who is suspect or lost now, every registered node by its last heartbeat, or its registration if never
+        heard (`judged_from`); lost and draining nodes are out already (a drained node holds no jobs to move)."""
         store = self.s.store
         conditions = await store.conditions()
         registered = await store.node_keys()
         # As heard by this process; a node not heard since we started is judged by what is recorded
         # (and never blamed for the time we were not watching: see `watching_since`).
         heard = {**(await store.last_seen()), **self._heard}
-        seen = {k: heard[k] for k in registered if k in heard and k not in conditions}
+        seen = judged_from(registered, heard, self._registered, conditions)
         return assess(seen, self.s.clock().timestamp(), self.watching_since, self.policy)
 
     async def check_liveness(self) -> Liveness:

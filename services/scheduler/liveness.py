@@ -13,7 +13,7 @@ same reason as the rest, and are likely a moment from speaking again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -50,6 +50,17 @@ def assess(last_seen: Mapping[str, float], now: float, since: float, policy: Liv
     if ages and len(silent) > policy.mass_silence_fraction * len(ages):
         return Liveness(mass_silence=True, held_back=frozenset(silent), silent_ages=silent)
     return Liveness(frozenset(silent) - over, over, silent_ages=silent)
+
+
+def judged_from(registered: Iterable[str], heard: Mapping[str, float], registered_at: Mapping[str, float],
+                out: Collection[str]) -> dict[str, float]:
+    """node -> the time `assess` ages it from, for the registered nodes not `out` (lost or draining already).
+
+    Its last heartbeat, or its registration if later (a registration is a sign of life too); a node never heard
+    is judged by its registration, so one that registers and dies before its first heartbeat is found lost. A
+    time not known (0: registered before this scheduler watched, never heard since) is `assess`'s `since`.
+    """
+    return {k: max(heard.get(k, 0.0), registered_at.get(k, 0.0)) for k in registered if k not in out}
 
 
 def watch_start(in_storm: bool, live: Liveness, since: float, now: float) -> float:

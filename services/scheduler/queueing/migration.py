@@ -193,6 +193,8 @@ def make_room(
     to `cluster` (and undoes them when not all fit); each move comes with the
     GPUs the job held, for `undo`. The caller places `job`.
     """
+    if cluster.total_free == 0:
+        return None  # every move needs free GPUs elsewhere, and there are none
     req = job.request
     view = eligible(cluster, req, config.profile)
     if req.gpus > view.max_gpus_per_node:

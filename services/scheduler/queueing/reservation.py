@@ -103,6 +103,10 @@ def reserve(
     """
     req = job.request
     gang = req.gpus > eligible(cluster, req, profile).max_gpus_per_node
+    if not gang and isinstance(running, RunningJobs) and not (taken and taken.spare):
+        quick = _one_node(cluster, job, running, profile, now)
+        if quick is not None:
+            return quick
     free = _usable_now(cluster, req, profile, now, gang, taken)
     found = _fits(free, req.gpus, gang)
     total = sum(free.values())
@@ -136,6 +140,59 @@ def reserve(
         return Reservation(job.job_id, None, {best: 0})
     spare = {n: free[n] - used for n, used in found.items()}
     return Reservation(job.job_id, start, spare)
+
+
+def _one_node(
+    cluster: ClusterState, job: PendingJob, running: RunningJobs, profile: Profile, now: float
+) -> Reservation | None:
+    """`reserve`'s answer for a one-node job that fits now or once some jobs end, looking only at the nodes
+    with enough GPUs free and those the soonest-ending jobs hold (not every node); None: no start can be
+    foreseen, the full walk says what it holds.
+
+    The same answer: the node with the fewest usable GPUs free that holds the job (fleet order among equals),
+    else the ends walked in the same order with each node's usable GPUs counted the first time it is met."""
+    req = job.request
+    view = eligible(cluster, req, profile)
+    free: dict[str, int] = {}  # usable GPUs free on each node met that could hold the job
+    others: set[str] = set()  # nodes met that could not
+
+    def could_hold(name: str) -> bool:
+        if name in free:
+            return True
+        if name in others:
+            return False
+        node = cluster.nodes[name]
+        if (name in view.members and len(node.gpus) >= req.gpus
+                and unavailable(cluster, req, node, profile, now) is None):
+            free[name] = len(usable(cluster, req, name))
+            return True
+        others.add(name)
+        return False
+
+    best: tuple[int, int, str] | None = None
+    for m in view.models:
+        for bucket in cluster.buckets[m][req.gpus:]:  # only nodes with that many GPUs free could hold it now
+            for name in bucket:
+                if could_hold(name) and free[name] >= req.gpus and (
+                        best is None or (free[name], cluster.order[name]) < best[:2]):
+                    best = (free[name], cluster.order[name], name)
+    if best is not None:
+        return Reservation(job.job_id, now, {best[2]: best[0] - req.gpus})
+    holdings = cluster.holdings
+    for unknown, end, job_id in running.by_end:
+        shares = [s for s in holdings.get(job_id, ()) if could_hold(s.node)]
+        if not shares:
+            continue
+        if unknown:
+            return None
+        fits = None
+        for share in shares:
+            free[share.node] += cluster.freeable(share)
+            if free[share.node] >= req.gpus:
+                fits = share.node
+        if fits is not None:
+            return Reservation(job.job_id, max(now, end), {fits: free[fits] - req.gpus})
+    return None
 
 
 def _usable_now(

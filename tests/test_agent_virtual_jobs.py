@@ -8,9 +8,13 @@ from datetime import UTC, datetime
 
 from nats.js.errors import NotFoundError
 
+from whaleflux.agent.node import NodeAgent
+from whaleflux.agent.simulated import SimulatedNode
 from whaleflux.agent.virtual import stated_run
 from whaleflux.shared import subjects
+from whaleflux.shared.catalog import FleetNode, gpu_models
 from whaleflux.shared.events import JobFinished, JobPlaced, JobPreempted, NodeHeartbeat, NodeRegistered, decode
+from whaleflux.shared.streams import agent_consumer
 
 from .processes import connect_bus, make_cluster, until
 
@@ -97,4 +101,34 @@ async def test_a_virtual_job_obeys_a_stop_order_and_is_reported_interrupted(clea
         assert finished.interrupted == "stopped by the scheduler: make room"
     finally:
         cluster.stop()
+        await bus.close()
+
+
+async def test_a_stopped_agent_takes_no_more_orders_and_the_next_one_on_the_same_connection_runs_them(
+        clean_servers, tmp_path):
+    bus = await connect_bus(clean_servers)
+    node = FleetNode(name=NODE, group="a100", cluster=CLUSTER, rack="r1", pool="default", ownership="owned",
+                     gpu_model="A100", gpus=2, interconnect="nvlink")
+
+    def agent() -> NodeAgent:
+        return NodeAgent(bus, node, SimulatedNode(NODE, gpu_models()["A100"], 2, interconnect="nvlink"),
+                         interval_s=0.2, log_dir=tmp_path / "jobs", attempts_dir=tmp_path / "attempts",
+                         virtual_jobs=True)
+
+    durable = agent_consumer(CLUSTER, NODE).durable
+    try:
+        first = agent()
+        await first.start()
+        assert durable in bus.running_consumers()
+        await first.stop()
+        assert durable not in bus.running_consumers()  # its placement consumer stopped with it
+        await _place(bus, "after-stop", ["sleep", "0"])  # waits in the durable consumer for the next agent
+        second = agent()
+        await second.start()  # on the same connection: refused while the first one's consumer still ran
+        await until(lambda: _count(bus, subjects.JOB_FINISHED), timeout=30, what="the placement run by the next agent")
+        finished: JobFinished = (await _last(bus, "WHALEFLUX_JOBS", subjects.JOB_FINISHED))[1]
+        assert (finished.job_id, finished.exit_code, finished.interrupted) == ("after-stop", 0, None)
+        assert await _count(bus, subjects.JOB_STARTED) == 1
+        await second.stop()
+    finally:
         await bus.close()

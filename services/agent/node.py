@@ -231,20 +231,15 @@ class NodeAgent:
 
     def attempt_reports(self) -> list[AttemptReport]:
         """Every attempt running here, and those that ended within LISTED_AFTER_END_S of their report."""
-        running = [
-            AttemptReport(job_id=j.placed.job_id, attempt=j.placed.attempt, rank=j.placed.rank, state="running",
-                          started_at=j.running.started_at)
-            for j in self.jobs.values()
-        ]
+        running = [AttemptReport(job_id=j.placed.job_id, attempt=j.placed.attempt, rank=j.placed.rank, state="running",
+                                 started_at=j.running.started_at) for j in self.jobs.values()]
         return sorted([*running, *(e.report for e in self.ended.values())], key=lambda r: (r.job_id, r.attempt))
 
     def _list_ended(self, attempt_dir: Path | None, placed: JobPlaced, running: attempts.Running, ended: attempts.Exit,
                     reported_at: datetime) -> None:
-        report = AttemptReport(
-            job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank, state="exited",
-            started_at=running.started_at, exit_code=ended.exit_code,
-            finished_at=ended.finished_at, interrupted=ended.interrupted,
-        )
+        report = AttemptReport(job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank, state="exited",
+                               started_at=running.started_at, exit_code=ended.exit_code,
+                               finished_at=ended.finished_at, interrupted=ended.interrupted)
         self.ended[(placed.job_id, placed.attempt)] = EndedAttempt(attempt_dir, report, reported_at)
 
     def _forget_ended(self, now: datetime) -> None:
@@ -384,8 +379,12 @@ class NodeAgent:
         log.warning("job.failed_to_start", job_id=placed.job_id, attempt=placed.attempt, reason=reason)
 
     async def stop(self) -> None:
-        """A planned stop: stop every attempt running here, report each as interrupted, then stop telemetry."""
+        """A planned stop: no more orders taken, every attempt here stopped and reported interrupted, telemetry."""
         self._stopping = True
+        # Its placement consumer first (a placement in hand is refused, for the next agent): no job starts after.
+        durable = agent_consumer(self.node.cluster, self.node.name).durable
+        if durable in self.bus.running_consumers():
+            await self.bus.stop_consumer(durable)
         stops = [self._stop_in_background(k, j, self.stop_grace_s, PLANNED_STOP) for k, j in list(self.jobs.items())]
         await asyncio.gather(*stops, return_exceptions=True)
         # The waiters publish job.finished for the stopped jobs, so the scheduler requeues them.

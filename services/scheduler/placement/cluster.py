@@ -61,6 +61,7 @@ class ClusterState:
         self._derived: dict[tuple[object, ...], object] = {}
         self.has_memory_telemetry = False
         self.has_leases = False
+        self.memory: dict[str, float] = {}  # node -> its largest GPU memory (MiB), for nodes with GPUs
         for node in nodes:
             self._add(node)
         # Jobs already holding GPUs in the snapshot (the service's bookkeeping).
@@ -74,6 +75,8 @@ class ClusterState:
     def _add(self, node: NodeState) -> None:
         self.order[node.name] = len(self.order)
         self.nodes[node.name] = node
+        if node.gpus:
+            self.memory[node.name] = max(g.memory_total_mib for g in node.gpus)
         self.gpus[node.name] = {g.index: g for g in node.gpus}
         free = sorted(g.index for g in node.gpus if g.allocated_to is None and not g.quarantined)
         self.free[node.name] = free
@@ -131,6 +134,8 @@ class ClusterState:
             raise ValueError(f"node {node.name} changed model or GPU count; rebuild the cluster state")
         self.nodes[node.name] = node
         self.gpus[node.name] = {g.index: g for g in node.gpus}
+        if node.gpus:
+            self.memory[node.name] = max(g.memory_total_mib for g in node.gpus)
         self.has_leases = self.has_leases or node.lease_expires_at is not None
         self.has_memory_telemetry = self.has_memory_telemetry or any(g.memory_free_mib is not None for g in node.gpus)
         self._static.clear()

@@ -225,7 +225,7 @@ def _candidates(
 
 def _select(cluster: ClusterState, req: JobRequest, profile: Profile, cands: list[S.Candidate]) -> Placement:
     values = [v for v in (S.work_per_usd(cluster, c) for c in cands) if v is not None]
-    mems = [max(g.memory_total_mib for g in c.node.gpus) for c in cands]
+    mems = [cluster.memory[c.node.name] for c in cands]
     ctx = S.ScoreContext(
         cluster,
         max(c.speed for c in cands),
@@ -236,14 +236,16 @@ def _select(cluster: ClusterState, req: JobRequest, profile: Profile, cands: lis
         max((m for m in mems if m < max(mems)), default=max(mems)) or 1.0,
     )
     total_weight = sum(profile.weights.values()) or 1.0
+    scorers = [(S.SCORERS[n], w) for n, w in profile.weights.items()]
 
     def total(c: S.Candidate) -> float:
-        return sum(w * S.SCORERS[n](req, c, ctx) for n, w in profile.weights.items()) / total_weight
+        return sum(w * score(req, c, ctx) for score, w in scorers) / total_weight
 
-    best = max(cands, key=lambda c: (total(c), -cluster.order[c.node.name]))
+    score, _, i = max((total(c), -cluster.order[c.node.name], i) for i, c in enumerate(cands))
+    best = cands[i]
     why = (
         f"{best.node.name} ({best.node.model}): speed {best.speed:.2f}x, "
-        f"{best.leftover} GPU(s) left free, score {total(best):.0f} of {len(cands)} candidate(s)"
+        f"{best.leftover} GPU(s) left free, score {score:.0f} of {len(cands)} candidate(s)"
     )
     return _single(best.node, best.gpus, best.speed, why)
 

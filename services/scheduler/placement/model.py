@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,11 @@ class ModelFacts:
     def speed_for(self, workload_class: str) -> float:
         """Relative speed of a workload class on this model (A100 = 1.0); 1.0 if unknown."""
         return self.speed.get(workload_class, 1.0)
+
+    @cached_property
+    def speed_total(self) -> float:
+        """The speeds of every class added up (the scorers' mean; computed once)."""
+        return sum(self.speed.values())
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def comparative_advantage(req: JobRequest, cand: Candidate, ctx: ScoreContext) -
     facts = ctx.cluster.facts.get(cand.node.model)
     if facts is None or not facts.speed:
         return 100.0
-    mean = sum(facts.speed.values()) / len(facts.speed)
+    mean = facts.speed_total / len(facts.speed)
     if not ctx.best_advantage:
         return 100.0
     return min(100.0, 100.0 * facts.speed_for(req.workload_class) / mean / ctx.best_advantage)
@@ -77,7 +77,7 @@ def comparative_advantage(req: JobRequest, cand: Candidate, ctx: ScoreContext) -
 
 def memory_right_size(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
     """Keep large-memory GPUs for jobs that need the memory."""
-    return 100.0 * ctx.smallest_memory_mib / max(g.memory_total_mib for g in cand.node.gpus)
+    return 100.0 * ctx.smallest_memory_mib / ctx.cluster.memory[cand.node.name]
 
 
 def spare_largest_memory(req: JobRequest, cand: Candidate, ctx: ScoreContext) -> float:
@@ -89,7 +89,7 @@ def spare_largest_memory(req: JobRequest, cand: Candidate, ctx: ScoreContext) ->
     a 24 GB card. A job that needs the largest memory has no smaller candidate,
     so it is never penalized.
     """
-    mem = max(g.memory_total_mib for g in cand.node.gpus)
+    mem = ctx.cluster.memory[cand.node.name]
     if mem < ctx.largest_memory_mib or ctx.runner_up_memory_mib >= ctx.largest_memory_mib:
         return 100.0
     return 100.0 * ctx.runner_up_memory_mib / ctx.largest_memory_mib
@@ -147,7 +147,7 @@ def advantage(cluster: ClusterState, req: JobRequest, node: NodeState) -> float:
     facts = cluster.facts.get(node.model)
     if facts is None or not facts.speed:
         return 1.0
-    return facts.speed_for(req.workload_class) * len(facts.speed) / sum(facts.speed.values())
+    return facts.speed_for(req.workload_class) * len(facts.speed) / facts.speed_total
 
 
 def work_per_usd(cluster: ClusterState, cand: Candidate) -> float | None:

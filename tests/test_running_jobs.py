@@ -50,7 +50,9 @@ def _fleet(rng: random.Random) -> list[NodeState]:
         model = rng.choice(list(MODELS))
         size = rng.choice([2, 4, 8])
         mem = 143_771 if model == "H200" else 81_920
-        gpus = tuple(GpuState(f"n{i}-g{g}", g, mem, quarantined=rng.random() < 0.05) for g in range(size))
+        measured = rng.random() < 0.3  # telemetry: a foreign process may hold memory on its GPUs
+        gpus = tuple(GpuState(f"n{i}-g{g}", g, mem, mem * rng.choice([0.2, 1.0]) if measured else None,
+                              quarantined=rng.random() < 0.05) for g in range(size))
         out.append(NodeState(f"n{i}", "c", model, "nvlink", gpus, pool=rng.choice(["a", "b"]),
                              lease_expires_at=rng.choice([None, None, 5_000.0])))
     return out
@@ -59,7 +61,8 @@ def _fleet(rng: random.Random) -> list[NodeState]:
 def _job(rng: random.Random, i: int, t: float) -> PendingJob:
     gpus = rng.choice([1, 1, 2, 4, 8, 12])
     req = JobRequest(
-        f"j{i}", gpus, min_memory_mib=rng.choice([0, 0, 100 * 1024]), workload_class=rng.choice(["small", "llm-train"]),
+        f"j{i}", gpus, min_memory_mib=rng.choice([0, 0, 40 * 1024, 100 * 1024]),
+        workload_class=rng.choice(["small", "llm-train"]),
         team=f"t{rng.randrange(3)}", priority=rng.choice(["high", "normal", "low"]), preemptible=rng.random() < 0.5,
         expected_runtime_s=rng.choice([None, rng.uniform(10, 3_000)]), allow_multi_node=gpus > 8,
         pool=rng.choice([None, None, "a"]),

@@ -62,6 +62,10 @@ class ClusterState:
         self.has_memory_telemetry = False
         self.has_leases = False
         self.memory: dict[str, float] = {}  # node -> its largest GPU memory (MiB), for nodes with GPUs
+        # node -> its smallest GPU memory (MiB) when no GPU of it has measured free memory, else -1: a job
+        # needing at most that may use every free GPU of the node without asking each one.
+        self.memory_floor: dict[str, float] = {}
+        self._speeds: dict[tuple[str, str], float] = {}
         for node in nodes:
             self._add(node)
         # Jobs already holding GPUs in the snapshot (the service's bookkeeping).
@@ -75,8 +79,7 @@ class ClusterState:
     def _add(self, node: NodeState) -> None:
         self.order[node.name] = len(self.order)
         self.nodes[node.name] = node
-        if node.gpus:
-            self.memory[node.name] = max(g.memory_total_mib for g in node.gpus)
+        self._memory_of(node)
         self.gpus[node.name] = {g.index: g for g in node.gpus}
         free = sorted(g.index for g in node.gpus if g.allocated_to is None and not g.quarantined)
         self.free[node.name] = free
@@ -92,12 +95,22 @@ class ClusterState:
         self.has_leases = self.has_leases or node.lease_expires_at is not None
         self.has_memory_telemetry = self.has_memory_telemetry or any(g.memory_free_mib is not None for g in node.gpus)
 
+    def _memory_of(self, node: NodeState) -> None:
+        if node.gpus:
+            self.memory[node.name] = max(g.memory_total_mib for g in node.gpus)
+        measured = any(g.memory_free_mib is not None for g in node.gpus)
+        self.memory_floor[node.name] = -1.0 if measured or not node.gpus else min(g.memory_total_mib for g in node.gpus)
+
     # ------------------------------------------------------------ facts
 
     def speed(self, model: str, workload_class: str) -> float:
-        """Relative speed of a class on a model (1.0 when the model has no facts)."""
-        facts = self.facts.get(model)
-        return facts.speed_for(workload_class) if facts else 1.0
+        """Relative speed of a class on a model (1.0 when the model has no facts; kept once asked)."""
+        key = (model, workload_class)
+        speed = self._speeds.get(key)
+        if speed is None:
+            facts = self.facts.get(model)
+            speed = self._speeds[key] = facts.speed_for(workload_class) if facts else 1.0
+        return speed
 
     def static_view(self, key: tuple[object, ...], build: Callable[[], StaticView]) -> StaticView:
         """The cached static eligibility for one job shape; `build` computes it once."""
@@ -134,8 +147,7 @@ class ClusterState:
             raise ValueError(f"node {node.name} changed model or GPU count; rebuild the cluster state")
         self.nodes[node.name] = node
         self.gpus[node.name] = {g.index: g for g in node.gpus}
-        if node.gpus:
-            self.memory[node.name] = max(g.memory_total_mib for g in node.gpus)
+        self._memory_of(node)
         self.has_leases = self.has_leases or node.lease_expires_at is not None
         self.has_memory_telemetry = self.has_memory_telemetry or any(g.memory_free_mib is not None for g in node.gpus)
         self._static.clear()

@@ -85,6 +85,8 @@ def _up_candidates(
     scored: list[tuple[float, str, _Movable]] = []
     best_by_class: dict[str, float] = {}
     for r in running.values():
+        if r.expected_end is None or r.expected_end - now < min_gain:
+            continue  # (movable's `left`, asked before building it: most running jobs stop here)
         c = movable(r, now, config)
         if c is None or c.left < min_gain:
             continue

@@ -63,7 +63,8 @@ async def run(nodes: int, rounds: int) -> None:
     async def build() -> tuple[float, int, int]:
         started = time.process_time()
         frames = fleet_frames(await fleet_view(console))  # type: ignore[arg-type]
-        return time.process_time() - started, len(frames[0][1]), len(frames[1][1])
+        sent = dict(frames)  # the table, the heat map's layout (sent when it changes) and its cells (each time)
+        return time.process_time() - started, len(sent["fleet"]), len(sent["heat"])
 
     feed(1.0)
     await build()  # the first build makes every node's text
@@ -78,7 +79,7 @@ async def run(nodes: int, rounds: int) -> None:
         fold_s = statistics.median(per_msg) * nodes * share
         print(f"{label}: build median {1000 * statistics.median(builds):.0f} ms, max {1000 * max(builds):.0f} ms; "
               f"folding the messages {1000 * statistics.median(per_msg):.2f} ms each ({1000 * fold_s:.0f} ms a "
-              f"second); node table {sizes[0] / 1e3:.0f} kB, heat map {sizes[1] / 1e3:.0f} kB; build + fold "
+              f"second); node table {sizes[0] / 1e3:.0f} kB, heat map cells {sizes[1] / 1e3:.0f} kB; build + fold "
               f"{1000 * (statistics.median(builds) + fold_s):.0f} ms of CPU a second   (reference: <= 1,000 ms, one "
               f"build a second)")
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -64,6 +65,8 @@ class Stack:
     # "agent": one simulated agent process for the fleet file; "bus": this process publishes each node's
     # gpu.telemetry itself (telemetry_harness's node templates), no agent and no nodes in the scheduler.
     source: str = "agent"
+    # A second console on the same stack, run by this Python (a venv of an earlier commit: `large --before`).
+    before_python: str | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
 
@@ -88,14 +91,16 @@ class Stack:
                "WHALEFLUX_STALE_AFTER_S": str(max(15.0, 4 * self.interval_s))}
         for name in self.services:
             self._spawn(name, ["service", name], {**env, **lax})
-        self._spawn("console", ["service", "console"],
-                    {**env, "WHALEFLUX_UPSTREAM_TIMEOUT_S": str(self.upstream_timeout_s),
-                     **{f"WHALEFLUX_{n.upper()}_URL": self.urls[n] for n in self.services}})
+        consoles = {"console": sys.executable, **({"console-before": self.before_python} if self.before_python else {})}
+        for name, python in consoles.items():
+            self._spawn(name, ["service", "console"],
+                        {**env, "WHALEFLUX_UPSTREAM_TIMEOUT_S": str(self.upstream_timeout_s),
+                         **{f"WHALEFLUX_{n.upper()}_URL": self.urls[n] for n in self.services}}, python)
         if self.source == "agent":
             self._spawn("agent", ["agent", "--simulate", str(FLEETS[self.fleet])],
                         {**env, "WHALEFLUX_INTERVAL_S": str(self.interval_s),
                          "WHALEFLUX_FENCE_AFTER_S": lax["WHALEFLUX_HEARTBEAT_LOST_S"]})
-        for name in (*self.services, "console"):
+        for name in (*self.services, *consoles):
             self._ready(name)
         if self.source == "bus":  # once the services listen: a registration published before is lost
             self.publisher = Publisher(self.servers, GPUS[self.fleet] // 8, self.interval_s).start()
@@ -109,12 +114,12 @@ class Stack:
         self._until(fleet_up, 900, f"{want} GPUs in telemetry")
         return self
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str], python: str = sys.executable) -> None:
         port = free_port()  # the agent's too: its default port may be another run's
         env = {**env, "WHALEFLUX_HTTP_PORT": str(port)}
         self.urls[name] = f"http://127.0.0.1:{port}"
         with open(self.logs / f"{name}.log", "ab") as log:
-            self.procs[name] = subprocess.Popen([sys.executable, "-m", "whaleflux", *args], env=env, stdout=log,
+            self.procs[name] = subprocess.Popen([python, "-m", "whaleflux", *args], env=env, stdout=log,
                                                 stderr=subprocess.STDOUT)
 
     def _ready(self, name: str) -> None:
@@ -126,7 +131,7 @@ class Stack:
             except httpx.HTTPError:
                 return False
 
-        self._until(ok, 60, f"{name} ready")
+        self._until(ok, 240, f"{name} ready")  # a loaded machine starts a service slowly
 
     @staticmethod
     def _until(predicate, timeout: float, what: str) -> None:
@@ -150,6 +155,9 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.servers.stop()
+
+
+UTIL = re.compile(rb'"utilization_gpu_pct":[0-9.]+')
 
 
 class Publisher:
@@ -179,7 +187,10 @@ class Publisher:
             seq += 1
             started = time.monotonic()
             for i, t in enumerate(templates):  # spread over the interval, as agents would be
-                await nc.publish(t.subject, t.batch(seq, iso(time.time())))
+                # Every sample moves its GPUs' utilization, as a busy fleet's does (the console sends a view's
+                # frames only when what they show changed).
+                raw = UTIL.sub(b'"utilization_gpu_pct":%d' % ((seq * 7 + i) % 101), t.batch(seq, iso(time.time())))
+                await nc.publish(t.subject, raw)
                 beat = NodeHeartbeat(cluster="bench", node=t.node, seq=seq)
                 await nc.publish(subjects.node_heartbeat("bench", t.node), encode(make_envelope(beat, source="bench")))
                 if i % 50 == 49:
@@ -297,11 +308,15 @@ def mx(ts: list[dict], key: str) -> str:
 
 # Recorded in the page: when each live event arrived (before htmx swaps it) and when its swap (and, for the heat
 # map, its redraw) was over.
+# The fleet page's scripts read their events from the stream themselves and say what each cost (`live:update`: the
+# heat map's redraw, the node table's patch); a console before that change swapped both through htmx.
 WATCH = """() => { window.__live = [];
   document.body.addEventListener('htmx:sseBeforeMessage', e => { window.__t0 = performance.now(); });
   document.body.addEventListener('htmx:sseMessage', e => {
     const t = performance.now();
     window.__live.push({type: e.detail.type, at: t, cost: t - (window.__t0 || t), bytes: e.detail.data.length}); });
+  document.addEventListener('live:update', e => {
+    window.__live.push({type: e.detail.type, at: performance.now(), cost: e.detail.cost, bytes: e.detail.bytes}); });
 }"""
 
 
@@ -310,73 +325,91 @@ def large(args) -> None:
 
     # The fleet page reads telemetry and the scheduler only; alerting, billing and inventory would each consume the
     # same telemetry stream on the same two cores, so they are not started here.
-    stack = Stack("large", ("telemetry", "scheduler"), args.interval, args.upstream_timeout, source=args.source).start()
+    stack = Stack("large", ("telemetry", "scheduler"), args.interval, args.upstream_timeout, source=args.source,
+                  before_python=args.before).start()
     try:
-        con, sch = stack.urls["console"], stack.urls["scheduler"]
+        sch = stack.urls["scheduler"]
         if args.source == "agent":
             stack._until(lambda: len(httpx.get(sch + "/v1/nodes", timeout=30).json()) >= 1000, 900,
                          "1,000 nodes in the scheduler")
+        # With --before, both consoles fold the same bus side by side; each is measured in turn, loads alternating.
+        consoles = ["console-before", "console"] if args.before else ["console"]
         with sync_playwright() as p:
             browser = launch(p)
-            cookie = session_cookie(browser, con)
-            loads = []
+            cookie = session_cookie(browser, stack.urls["console"])
+            for name in consoles[:-1]:  # the first page of each console waits for its one read of telemetry
+                session_cookie(browser, stack.urls[name])
+            loads: dict[str, list[dict]] = {n: [] for n in consoles}
             for _ in range(args.repeat):
-                context = browser.new_context(viewport={"width": 1280, "height": 900})
-                context.add_cookies([cookie])
-                page = context.new_page()
-                loads.append(timed_load(page, con + "/fleet", "document.getElementById('heatmap').height > 100"))
-                context.close()
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
-            context.add_cookies([cookie])
-            page = context.new_page()
-            page.goto(con + "/fleet", wait_until="load", timeout=60_000)
-            cells = page.evaluate("JSON.parse(document.getElementById('heat-data').textContent).gpus")
-            problems = page.locator(".errors, .error").all_inner_texts()
-            page.evaluate(WATCH)
-            meter = CpuMeter(stack.pids("console", "telemetry", "scheduler", "agent")).start()
-            builds0 = builds(con)
-            page.wait_for_timeout(args.seconds * 1000)
-            used = meter.stop()
-            built = builds(con) - builds0
-            live = page.evaluate("window.__live")
-            gpus_now = page.evaluate("JSON.parse(document.getElementById('heat-data').textContent).gpus")
-            holder = job_holder_latency(page, sch) if args.source == "agent" else None
+                for name in consoles:
+                    context = browser.new_context(viewport={"width": 1280, "height": 900})
+                    context.add_cookies([cookie])
+                    loads[name].append(timed_load(context.new_page(), stack.urls[name] + "/fleet",
+                                                  "document.getElementById('heatmap').height > 100"))
+                    context.close()
+            for name in consoles:
+                live_window(stack, browser, cookie, name, loads[name], args)
             browser.close()
-        heat = [e for e in live if e["type"] == "heat"]
-        frag = [e for e in live if e["type"] == "fleet"]
-        gaps = [b["at"] - a["at"] for a, b in zip(heat, heat[1:], strict=False)]
-        wall = used.pop("_wall")
-        source = "one agent process" if args.source == "agent" else "samples published by this process"
-        print(f"# console /fleet with 1,000 nodes x 8 GPUs ({cells} GPUs in the heat map), {source} at a "
-              f"{args.interval:g} s interval, telemetry + scheduler + console; {machine()}")
-        print(f"first load, empty cache ({args.repeat} runs): load event median {med(loads, 'load')} ms, "
-              f"max {mx(loads, 'load')} ms; "
-              f"heat map drawn median {med(loads, 'done')} ms; server (TTFB) median {med(loads, 'ttfb')} ms; "
-              f"{loads[0]['bytes'] / 1e6:.2f} MB   (reference: renders in <= 2,000 ms) -> "
-              f"{'met' if max(t['done'] for t in loads) <= 2000 else 'NOT met'}")
-        rate = len(heat) / args.seconds
-        print(f"live, {args.seconds:g} s on one open page: {len(heat)} heat-map and {len(frag)} table updates "
-              f"({rate:.2f}/s; the console built the view {built} times); gap between updates median "
-              f"{statistics.median(gaps) if gaps else float('nan'):.0f} ms, "
-              f"max {max(gaps) if gaps else float('nan'):.0f} ms; in the browser per update: table swap median "
-              f"{statistics.median(e['cost'] for e in frag) if frag else 0:.0f} ms "
-              f"({statistics.mean(e['bytes'] for e in frag) / 1e3 if frag else 0:.0f} kB), heat map swap + redraw "
-              f"median {statistics.median(e['cost'] for e in heat) if heat else 0:.0f} ms "
-              f"({statistics.mean(e['bytes'] for e in heat) / 1e3 if heat else 0:.0f} kB); "
-              f"{gpus_now} GPUs shown at the end   (reference: keeps up with 1 Hz updates) -> "
-              f"{'met' if rate >= 0.9 else 'NOT met'}")
-        if holder:
-            print(f"a job submitted to the scheduler shows on the open page as holding its GPU (the heat map's and "
-                  f"the summary's 'running a job') after {holder['shown']:.0f} ms; the scheduler had placed it after "
-                  f"{holder['placed']:.0f} ms (polled, +-100 ms)")
-        else:
-            print("(--source bus: no agent runs jobs, so no job-holder figure; no nodes in the scheduler either)")
-        if problems:
-            print("the page said: " + " / ".join(p.strip() for p in problems)[:500])
-        shares = ", ".join(f"{n} {100 * s / wall:.0f} %" for n, s in used.items())
-        print(f"CPU over that window: {shares} of one core")
     finally:
         stack.stop()
+
+
+def live_window(stack: Stack, browser, cookie: dict, name: str, loads: list[dict], args) -> None:
+    """One open fleet page of console `name` for `args.seconds`: its updates, their cost in the page, CPU."""
+    con, sch = stack.urls[name], stack.urls["scheduler"]
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_cookies([cookie])
+    page = context.new_page()
+    page.goto(con + "/fleet", wait_until="load", timeout=60_000)
+    cells = page.evaluate("JSON.parse(document.getElementById('heat-data').textContent).gpus")
+    problems = page.locator(".errors, .error").all_inner_texts()
+    page.evaluate(WATCH)
+    meter = CpuMeter(stack.pids(name, "telemetry", "scheduler", "agent")).start()
+    builds0 = builds(con)
+    page.wait_for_timeout(args.seconds * 1000)
+    used = meter.stop()
+    built = builds(con) - builds0
+    live = page.evaluate("window.__live")
+    gpus_now = page.evaluate("JSON.parse(document.getElementById('heat-data').textContent).gpus")
+    holder = job_holder_latency(page, sch) if args.source == "agent" and name == "console" else None
+    context.close()
+    heat = [e for e in live if e["type"] == "heat"]
+    frag = [e for e in live if e["type"] == "fleet"]
+    gaps = [b["at"] - a["at"] for a, b in zip(heat, heat[1:], strict=False)]
+    wall = used.pop("_wall")
+    source = "one agent process" if args.source == "agent" else "samples published by this process"
+    which = {"console": "this tree", "console-before": f"--before {args.before}"}[name]
+    print(f"# {name} ({which}): /fleet with 1,000 nodes x 8 GPUs ({cells} GPUs in the heat map), {source} at a "
+          f"{args.interval:g} s interval, telemetry + scheduler + console{'s' if args.before else ''}; {machine()}")
+    print(f"first load, empty cache ({args.repeat} runs): load event median {med(loads, 'load')} ms, "
+          f"max {mx(loads, 'load')} ms; "
+          f"heat map drawn median {med(loads, 'done')} ms, max {mx(loads, 'done')} ms; server (TTFB) median "
+          f"{med(loads, 'ttfb')} ms; {loads[0]['bytes'] / 1e6:.2f} MB   (reference: renders in <= 2,000 ms) -> "
+          f"{'met' if max(t['done'] for t in loads) <= 2000 else 'NOT met'}")
+    rate = len(heat) / args.seconds
+
+    def cost(events: list[dict]) -> str:
+        if not events:
+            return "none"
+        return (f"median {statistics.median(e['cost'] for e in events):.1f} ms "
+                f"({statistics.mean(e['bytes'] for e in events) / 1e3:.0f} kB)")
+
+    print(f"live, {args.seconds:g} s on one open page: {len(heat)} heat-map and {len(frag)} table updates "
+          f"({rate:.2f}/s; the console built the view {built} times); gap between updates median "
+          f"{statistics.median(gaps) if gaps else float('nan'):.0f} ms, "
+          f"max {max(gaps) if gaps else float('nan'):.0f} ms; in the browser per update: table swap {cost(frag)}, "
+          f"heat map update + redraw {cost(heat)}; {gpus_now} GPUs shown at the end   (reference: keeps up with "
+          f"1 Hz updates) -> {'met' if rate >= 0.9 else 'NOT met'}")
+    if holder:
+        print(f"a job submitted to the scheduler shows on the open page as holding its GPU (the heat map's and "
+              f"the summary's 'running a job') after {holder['shown']:.0f} ms; the scheduler had placed it after "
+              f"{holder['placed']:.0f} ms (polled, +-100 ms)")
+    elif args.source == "bus":
+        print("(--source bus: no agent runs jobs, so no job-holder figure; no nodes in the scheduler either)")
+    if problems:
+        print("the page said: " + " / ".join(p.strip() for p in problems)[:500])
+    shares = ", ".join(f"{n} {100 * s / wall:.0f} %" for n, s in used.items())
+    print(f"CPU over that window: {shares} of one core")
 
 
 # Records, in the page, the browser's Date.now() when `count` elements matching `selector` contain `text`.
@@ -493,7 +526,7 @@ class Streams:
             if self._open == self.n:
                 self.opened.set()
             async for line in resp.aiter_lines():
-                if line.startswith("event: heat"):
+                if line == "event: heat":  # the heat map's cells: in every update (its layout only when it changes)
                     self.events[i] += 1
                 if self.stop.is_set():
                     return
@@ -621,6 +654,8 @@ def main() -> None:
     # 8,000 GPUs are 8 MB from telemetry's /v1/gpus: on a busy 2-core machine that takes longer than the console's
     # default 5 s, and the page then says telemetry did not answer.
     a.add_argument("--upstream-timeout", type=float, default=30.0, help="the console's WHALEFLUX_UPSTREAM_TIMEOUT_S")
+    a.add_argument("--before", metavar="PYTHON", help="also measure a console run by this Python (a venv whose "
+                   "whaleflux is an earlier commit), on the same stack in the same minutes")
     a = sub.add_parser("fault", help="an injected fault: how long until the fleet and alerts pages show it")
     a.add_argument("--repeat", type=int, default=len(FAULTED), choices=range(1, len(FAULTED) + 1))
     a.add_argument("--interval", type=float, default=1.0, help="the agent's sampling interval")

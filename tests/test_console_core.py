@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from whaleflux.console.auth import Signer, safe_next
-from whaleflux.console.heatmap import BUSY, ERROR, HOT, STALE
+from whaleflux.console.heatmap import BUSY, ERROR, HOT, STALE, decode_cells
 from whaleflux.console.live import LiveHub, encode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,9 +61,9 @@ def test_heat_map_cells_are_grouped_by_node_in_index_order_with_their_flags():
     b.put(_entry("b", 0, 0, 30, now - 60))  # silent for a minute: stale
     held = {"GPU-a-0": "job-1"}
     numbers = fleet_numbers([a, b], now, 15, held, {"b": "draining"})
-    assert json.loads(numbers.heat) == {"gpus": 3, "nodes": [
-        ["a", "unknown", [[100, 100, HOT | BUSY]]],
-        ["b", "draining", [[0, 33, STALE], [50, 50, ERROR]]]]}
+    layout = json.loads(numbers.heat)
+    assert (layout["gpus"], layout["nodes"]) == (3, [["a", "unknown", 1], ["b", "draining", 2]])
+    assert decode_cells(numbers.cells) == (layout["v"], [(100, 100, HOT | BUSY), (0, 33, STALE), (50, 50, ERROR)])
     s = numbers.summary
     assert (s.gpus, s.nodes, s.stale, s.hot, s.erroring, s.with_job, s.power_w) == (3, 2, 1, 1, 1, 1, 300)
     assert [(n.node, n.gpus, n.util_mean_pct, n.flagged_gpus, n.stale) for n in numbers.nodes] == [
@@ -72,7 +72,11 @@ def test_heat_map_cells_are_grouped_by_node_in_index_order_with_their_flags():
     # Nothing it shows changed: the same node texts again, not built anew. A job ending changes its node only.
     again = fleet_numbers([a, b], now + 1, 15, {}, {"b": "draining"})
     assert again.nodes[1] is numbers.nodes[1] and again.nodes[0] is not numbers.nodes[0]
-    assert json.loads(again.heat)["nodes"][0][2] == [[100, 100, HOT]]
+    assert again.heat == numbers.heat  # the same layout: the live view does not send it again
+    assert decode_cells(again.cells)[1][0] == (100, 100, HOT)
+    drained = fleet_numbers([a, b], now + 1, 15, {}, {"a": "draining", "b": "draining"})
+    version = json.loads(drained.heat)["v"]
+    assert version != layout["v"] and decode_cells(drained.cells)[0] == version  # the cells name their layout
     # A name is safe inside the page's <script> element.
     odd = NodeEntry("c", "</script>")
     odd.put(_entry("</script>", 0, 1, 1, now))
@@ -105,6 +109,38 @@ def test_fifty_browsers_on_one_view_cost_one_build_per_tick():
 
     builds, distinct = asyncio.run(scenario())
     assert builds == 2 and distinct == [1]
+
+
+def test_a_view_sends_only_the_frames_that_changed_and_a_browser_that_joins_gets_them_all():
+    async def scenario() -> None:
+        hub = LiveHub(interval_s=0.05)
+        builds = 0
+        third = asyncio.Event()
+
+        async def render():
+            nonlocal builds
+            builds += 1
+            if builds == 3:
+                third.set()
+            return [("layout", "names"), ("cells", f"cells {min(builds, 2)}")]
+
+        first = hub.stream("fleet", {"gpu"}, render)
+        assert await first.__anext__() == ": connected\n\n"
+        runner = asyncio.create_task(hub.run())
+        assert await first.__anext__() == encode("layout", "names") + encode("cells", "cells 1")
+        hub.mark("gpu")
+        assert await first.__anext__() == encode("cells", "cells 2")  # the layout did not change: not sent again
+        hub.mark("gpu")
+        await asyncio.wait_for(third.wait(), 30)  # built again, nothing changed: nothing sent (checked below)
+        late = hub.stream("fleet", {"gpu"}, render)
+        assert await late.__anext__() == ": connected\n\n"
+        assert await late.__anext__() == encode("layout", "names") + encode("cells", "cells 2")
+        assert all(q.empty() for q in hub.views["fleet"].queues)  # the third build sent nothing to anyone
+        runner.cancel()
+        await first.aclose()
+        await late.aclose()
+
+    asyncio.run(scenario())
 
 
 def test_server_sent_events_put_every_line_in_its_own_data_field():

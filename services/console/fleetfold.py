@@ -8,7 +8,8 @@ change since the last build gives back the same line and heat-map text it gave t
 few dictionary reads per node, not a model and a JSON encoding per GPU.
 
 The flags are the rule telemetry shows too (`shared/gpu_flags.py`); a GPU's heat-map cell is
-`[utilization %, temperature as % of the slowdown limit, flag bits]` (bits in `heatmap.py`).
+`[utilization %, temperature as % of the slowdown limit, flag bits]` (bits in `heatmap.py`), three bytes on
+the wire (`heatmap.cells_text`); the map's layout (node names, states, GPU counts) goes apart.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from datetime import datetime
 from whaleflux.shared.events import GpuSample
 from whaleflux.shared.gpu_flags import flags
 
-from .heatmap import BUSY, STALE, cell_bits
+from .heatmap import BUSY, STALE, cell_bits, cells_text, layout_text
 from .models import FleetSummary, GpuJob, GpuRow, NodeTelemetry
 
 ERRORING = frozenset({"xid", "ecc", "nvlink"})
@@ -68,7 +69,8 @@ class NodeNumbers:
 
     key: tuple[object, ...]  # what it was built from, besides the samples (see NodeEntry.numbers)
     line: NodeTelemetry
-    heat: str
+    layout: str  # its part of the heat map's layout: `[name, state, GPUs]`
+    cells: bytes  # its heat-map cells, three bytes a GPU in index order
     stale: int
     with_job: int
 
@@ -146,11 +148,13 @@ class NodeEntry:
         line = NodeTelemetry.model_construct(
             cluster=self.cluster, node=self.node, gpus=len(gs), model=gs[0].gpu.model, util_mean_pct=util,
             power_w=power, memory_used_mib=used, memory_total_mib=total, stale=stale == len(gs), flagged_gpus=flagged)
-        cells = ",".join(
-            f"[{u},{t},{b | (STALE if stale_mask >> i & 1 else 0) | (BUSY if busy_mask >> i & 1 else 0)}]"
-            for i, (u, t, b) in enumerate(g.cell for g in gs))
-        heat = f"[{self._name},{_js(status)},[{cells}]]"
-        self._built = NodeNumbers(key, line, heat, stale, busy_mask.bit_count())
+        cells = bytearray()
+        for i, g in enumerate(gs):
+            u, t, b = g.cell
+            cells += bytes((min(u, 255), min(max(t, 0), 255),
+                            b | (STALE if stale_mask >> i & 1 else 0) | (BUSY if busy_mask >> i & 1 else 0)))
+        layout = f"[{self._name},{_js(status)},{len(gs)}]"
+        self._built = NodeNumbers(key, line, layout, bytes(cells), stale, busy_mask.bit_count())
         return self._built
 
 
@@ -158,7 +162,8 @@ class NodeEntry:
 class FleetNumbers:
     summary: FleetSummary
     nodes: list[NodeTelemetry]  # sorted by cluster and node
-    heat: str  # the heat map's JSON: {"nodes": [[name, status, [cell, ...]], ...], "gpus": N}
+    heat: str  # the heat map's layout, JSON: {"v": version, "gpus": N, "nodes": [[name, state, GPUs], ...]}
+    cells: str  # its cells: "<version>:<base64 of 3 bytes a GPU, in layout order>"
 
 
 def fleet_numbers(nodes: Iterable[NodeEntry], now: float, stale_after_s: float, held: Mapping[str, object],
@@ -166,7 +171,8 @@ def fleet_numbers(nodes: Iterable[NodeEntry], now: float, stale_after_s: float, 
     """Every node's numbers and the fleet's totals; `nodes` in name order, `held`: GPUs a job holds,
     `statuses`: the scheduler's state per node ("unknown" for a node it does not list)."""
     lines: list[NodeTelemetry] = []
-    heat: list[str] = []
+    layout: list[str] = []
+    cells: list[bytes] = []
     gpus = stale = with_job = hot = throttled = erroring = 0
     power = 0.0
     for entry in nodes:
@@ -174,7 +180,8 @@ def fleet_numbers(nodes: Iterable[NodeEntry], now: float, stale_after_s: float, 
             continue
         n = entry.numbers(now, stale_after_s, held, statuses.get(entry.node, "unknown"))
         lines.append(n.line)
-        heat.append(n.heat)
+        layout.append(n.layout)
+        cells.append(n.cells)
         p, h, t, e = entry.counts()
         gpus += n.line.gpus
         stale += n.stale
@@ -184,7 +191,8 @@ def fleet_numbers(nodes: Iterable[NodeEntry], now: float, stale_after_s: float, 
     summary = FleetSummary.model_construct(gpus=gpus, nodes=len(lines), power_w=round(power, 1), stale=stale, hot=hot,
                                            throttled=throttled, erroring=erroring, with_job=with_job)
     lines.sort(key=lambda n: (n.cluster, n.node))
-    return FleetNumbers(summary, lines, '{"nodes":[' + ",".join(heat) + f'],"gpus":{gpus}}}')
+    heat, version = layout_text(layout, gpus)
+    return FleetNumbers(summary, lines, heat, cells_text(version, cells))
 
 
 def _js(text: str) -> str:

@@ -42,6 +42,9 @@ class View:
     queues: set[asyncio.Queue] = field(default_factory=set)
     dirty: bool = True
     built_at: float = 0.0
+    # Each frame's data as last sent: a frame is sent again only when it changed, and a browser that joins gets
+    # them all at once (so it never waits for a frame that does not change, such as the heat map's layout).
+    last: dict[str, str] = field(default_factory=dict)
 
 
 class LiveHub:
@@ -105,6 +108,8 @@ class LiveHub:
             view = self.views[key] = View(key, frozenset(topics), render)
         queue: asyncio.Queue = asyncio.Queue(QUEUE_FRAMES)
         view.queues.add(queue)
+        if view.last:  # what the others have: frames that did not change since are not sent again
+            queue.put_nowait("".join(encode(name, data) for name, data in view.last.items()))
         try:
             yield ": connected\n\n"
             while True:
@@ -138,7 +143,11 @@ class LiveHub:
         except Exception as exc:  # noqa: BLE001 - a view that fails to build must not stop the others; logged
             log.error("view.failed", view=view.key, error=repr(exc))
             return
-        chunk = "".join(encode(name, data) for name, data in frames)
+        changed = [(name, data) for name, data in frames if view.last.get(name) != data]
+        if not changed:
+            return
+        view.last.update(changed)
+        chunk = "".join(encode(name, data) for name, data in changed)
         for queue in list(view.queues):
             if queue.full():  # a slow browser gets the newest state, not a backlog
                 with contextlib.suppress(asyncio.QueueEmpty):

@@ -31,7 +31,8 @@ class FleetView:
     statuses: dict[str, NodeStatus]
     gpus: list[GpuRow]  # the GPU table's rows: a node's, or the fleet's up to GPU_TABLE_MAX
     errors: list[str] = field(default_factory=list)
-    heat: str = '{"nodes":[],"gpus":0}'
+    heat: str = '{"v":0,"nodes":[],"gpus":0}'  # the heat map's layout (heatmap.py)
+    cells: str = "0:"  # its cells
 
     @property
     def quarantined(self) -> list[NodeStatus]:
@@ -49,13 +50,14 @@ async def fleet_view(c: Console, node: str | None = None) -> FleetView:
     numbers = c.fleet.numbers({n: s.status for n, s in statuses.items()})
     gpus = c.fleet.rows() if numbers.summary.gpus <= GPU_TABLE_MAX else []
     summary = numbers.summary if numbers.summary.gpus or not unread else None
-    return FleetView(summary, numbers.nodes, statuses, gpus, unread + errors, numbers.heat)
+    return FleetView(summary, numbers.nodes, statuses, gpus, unread + errors, numbers.heat, numbers.cells)
 
 
 def fleet_frames(view: FleetView, page: int = 1) -> Frames:
+    """The node table, the heat map's layout and its cells (the live hub sends each only when it changed)."""
     nodes = page_of(view.nodes, page, NODES_PER_PAGE)
     return [("fleet", fragment("_fleet_live.html", v=view, nodes=nodes)),
-            ("heat", view.heat)]
+            ("heat-layout", view.heat), ("heat", view.cells)]
 
 
 @router.get("/", include_in_schema=False)
@@ -68,7 +70,8 @@ async def fleet(request: Request, c: ConsoleDep, _: SessionDep, nodes: int = 1) 
     view = await fleet_view(c)
     number = page_of(view.nodes, nodes, NODES_PER_PAGE).number
     frames = dict(fleet_frames(view, number))
-    return page(request, "fleet.html", "fleet", live=frames["fleet"], heat=frames["heat"], v=view, nodes_page=number)
+    return page(request, "fleet.html", "fleet", live=frames["fleet"], heat=frames["heat-layout"], cells=frames["heat"],
+                v=view, nodes_page=number)
 
 
 @router.get("/live/fleet")

@@ -1,5 +1,5 @@
-"""Malformed input generated from the services' own contracts: HTTP requests from each `/openapi.json`, bus
-messages from each event model's JSON Schema, hostile YAML for the upload endpoints.
+"""Malformed input generated from the services' own contracts: bus messages from each event model's JSON Schema,
+hostile YAML for the upload endpoints (HTTP requests come from schemathesis: tests/fuzz_http.py).
 
 Seeded (`random.Random`), so a failure is reproduced by its seed; used by tests/test_fuzz*.py (a few
 examples per route and subject) and bench/fuzz.py (thousands).
@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import random
 import string
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 TOKEN = "fuzz-admin-token-" + "x" * 24
 # Routes that take a YAML document as their body (not in their OpenAPI: they read the raw body).
@@ -103,92 +101,6 @@ def _set(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
 def _nasty(rng: random.Random) -> Any:
     pool = rng.choice([NASTY_STRINGS, NASTY_NUMBERS, NASTY_VALUES])
     return json.loads(json.dumps(rng.choice(pool)))  # a copy: the document it goes into is changed further
-
-
-def mutate_json(valid: Any, rng: random.Random) -> bytes:
-    """`valid` with one or more things wrong, as bytes (some not even JSON)."""
-    kind = rng.randrange(10)
-    text = json.dumps(valid)
-    if kind == 0:  # broken JSON
-        cut = rng.randrange(max(1, len(text)))
-        return rng.choice([text[:cut].encode(), b"\xff\xfe" + text.encode(), text.encode() + b"}", b"",
-                           b"\x00" * 8, rng.randbytes(rng.randrange(1, 64))])
-    if kind == 1:  # NaN, Infinity and numbers beyond a double where a value was
-        doc = json.loads(text)
-        path = rng.choice(_leaves(doc))
-        marker = "__FUZZ_NUMBER__"
-        return json.dumps(_set(doc, path, marker)).replace(f'"{marker}"', rng.choice(RAW_NUMBERS)).encode()
-    if kind == 2:  # nested far too deep
-        depth = rng.choice([100, 1000, 50_000])
-        return ("[" * depth + "]" * depth).encode() if rng.random() < 0.5 else ('{"a":' * depth + "1" +
-                                                                                  "}" * depth).encode()
-    doc = json.loads(text)
-    for _ in range(rng.randint(1, 3)):
-        leaves = _leaves(doc)
-        path = rng.choice(leaves)
-        if kind == 3 and path and isinstance(doc, dict):  # a field missing
-            parent = doc
-            for part in path[:-1]:
-                parent = parent[part]
-            if isinstance(parent, dict):
-                parent.pop(path[-1], None)
-                continue
-        if kind == 4 and isinstance(doc, dict):  # a field nobody knows
-            doc[rng.choice(["extra", "__proto__", "constructor", "a" * 300])] = _nasty(rng)
-            continue
-        doc = _set(doc, path, _nasty(rng))
-    return json.dumps(doc).encode()
-
-
-@dataclass
-class Request:
-    method: str
-    url: str
-    headers: dict[str, str]
-    body: bytes | None = None
-
-
-def _path_value(rng: random.Random) -> str:
-    return quote(rng.choice(NASTY_STRINGS[1:] + ["fuzz", "n1", "job-1"]), safe="") or "x"
-
-
-def _query(params: list[dict[str, Any]], spec: dict[str, Any], rng: random.Random) -> str:
-    pairs = []
-    for p in params:
-        if p["in"] != "query" or rng.random() < 0.3:
-            continue
-        good = example(p.get("schema", {}), spec)
-        value = rng.choice([good, _nasty(rng), rng.choice(NASTY_STRINGS)])
-        pairs.append(f"{quote(p['name'])}={quote(str(value), safe='')}")
-    if rng.random() < 0.2:
-        pairs.append(f"{quote(rng.choice(NASTY_STRINGS), safe='')}={quote(rng.choice(NASTY_STRINGS), safe='')}")
-    return ("?" + "&".join(pairs)) if pairs else ""
-
-
-def requests_for(spec: dict[str, Any], rng: random.Random, per_route: int,
-                 upload: tuple[str, str] | None = None) -> Iterator[tuple[str, Request]]:
-    """(`METHOD path`, a malformed request) for every operation of `spec`, `per_route` each."""
-    for path, ops in spec["paths"].items():
-        for method, op in ops.items():
-            params = op.get("parameters", [])
-            body_schema = (op.get("requestBody", {}).get("content", {}).get("application/json", {})
-                           .get("schema"))
-            for _ in range(per_route):
-                url = path
-                for p in params:
-                    if p["in"] == "path":
-                        url = url.replace("{" + p["name"] + "}", _path_value(rng))
-                url += _query(params, spec, rng)
-                headers = {"Authorization": f"Bearer {TOKEN}"} if rng.random() < 0.9 else {}
-                body = None
-                if (method.upper(), path) == upload:
-                    headers["Content-Type"] = "application/yaml"
-                    body = rng.choice(HOSTILE_YAML)(rng)
-                elif body_schema is not None or method in ("post", "put"):
-                    valid = example(body_schema or {"type": "object"}, spec)
-                    body = mutate_json(valid, rng)
-                    headers["Content-Type"] = rng.choice(["application/json"] * 4 + ["text/plain", "application/x"])
-                yield f"{method.upper()} {path}", Request(method.upper(), url, headers, body)
 
 
 # ---------------------------------------------------------------------------------------------- hostile YAML

@@ -111,8 +111,21 @@ class Stack:
                 raise SystemExit(f"the agent exited; see {self.logs / 'agent.log'}")
             return len(httpx.get(self.urls["telemetry"] + "/v1/gpus", timeout=30).json()) >= want
 
-        self._until(fleet_up, 900, f"{want} GPUs in telemetry")
+        if self.source == "agent":
+            self._until(fleet_up, 900, f"{want} GPUs in telemetry")
+        # else: the fleet page folds the bus itself; a loaded telemetry may stay minutes behind the published
+        # samples (dead-lettering the old ones), so the wait is for each console's page (`console_shows`).
         return self
+
+    def console_shows(self, name: str, cookie: dict) -> None:
+        """Until console `name`'s fleet page has every GPU of the fleet."""
+        want = f'"gpus":{GPUS[self.fleet]}'
+
+        def shows() -> bool:
+            page = httpx.get(self.urls[name] + "/fleet", cookies={"wf_session": cookie["value"]}, timeout=60)
+            return want in page.text
+
+        self._until(shows, 900, f"{GPUS[self.fleet]} GPUs on {name}'s fleet page")
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str], python: str = sys.executable) -> None:
         port = free_port()  # the agent's too: its default port may be another run's
@@ -339,6 +352,8 @@ def large(args) -> None:
             cookie = session_cookie(browser, stack.urls["console"])
             for name in consoles[:-1]:  # the first page of each console waits for its one read of telemetry
                 session_cookie(browser, stack.urls[name])
+            for name in consoles:
+                stack.console_shows(name, cookie)
             loads: dict[str, list[dict]] = {n: [] for n in consoles}
             for _ in range(args.repeat):
                 for name in consoles:

@@ -290,3 +290,21 @@ def test_the_job_holding_a_gpu_shows_from_the_bus_at_once_and_an_older_read_of_t
     first = GpuRow.model_validate({**state.rows("a")[0].model_dump(), "job": {"job_id": "j1"}})
     state._take_details([first, stale_read])
     assert [r.job for r in state.rows("a")] == [None, None] and state.numbers({}).summary.with_job == 0
+
+
+def test_telemetrys_gpu_list_is_read_in_chunks_and_a_bad_answer_is_an_error():
+    import pytest
+    from pydantic import TypeAdapter
+
+    from whaleflux.console.fleetstate import parse_rows
+    from whaleflux.console.models import GpuRow
+
+    state = _state()
+    now = datetime.now(UTC)
+    for n in range(9):
+        state.on_telemetry(_telemetry(f"n{n}", now, 10 * n))
+    body = TypeAdapter(list[GpuRow]).dump_json(state.rows())
+    assert parse_rows(body, chunk=4) == TypeAdapter(list[GpuRow]).validate_json(body)  # 18 rows, 5 chunks
+    for bad in (b"not json", b'{"gpus": 1}', b'[{"node": "x"}]'):
+        with pytest.raises(ValueError):
+            parse_rows(bad)

@@ -19,9 +19,10 @@ once one answer is known, so that no build waits for them.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
 from whaleflux.shared.contracts.holders import GpuHolders
 from whaleflux.shared.events import (
@@ -45,6 +46,7 @@ DETAILS_RETRY_S = 5.0  # after a failed read
 STATUSES_TTL_S = 2.0  # the scheduler's node states are read at most this often (a build every second)
 JOBS_KEPT = 100_000  # names and teams of this many recent jobs are remembered for the GPUs they hold
 _ROWS = TypeAdapter(list[GpuRow])
+PARSE_CHUNK = 200  # rows of telemetry's /v1/gpus validated in one call (parse_rows)
 _STATUSES = TypeAdapter(list[NodeStatus])
 
 
@@ -209,8 +211,8 @@ class FleetState:
         try:
             body = (await self.upstream.raw("telemetry", "/v1/gpus")).content
             # 8,000 GPUs are 8 MB: read in a thread, so that views and pages go on meanwhile.
-            rows = await asyncio.to_thread(_ROWS.validate_json, body)
-        except (UpstreamError, ValidationError) as exc:
+            rows = await asyncio.to_thread(parse_rows, body)
+        except (UpstreamError, ValueError) as exc:  # ValueError: not JSON, or a ValidationError
             self.details_error = str(exc) if isinstance(exc, UpstreamError) else f"telemetry: unexpected answer: {exc}"
         else:
             self._take_details(rows)
@@ -236,3 +238,20 @@ class FleetState:
         self.ended = {e for e in self.ended if e[0] in held_read}  # an end matters while a read still shows the job
         for g in before | set(self.read_jobs):
             self._settle(g)
+
+
+def parse_rows(body: bytes, chunk: int = PARSE_CHUNK) -> list[GpuRow]:
+    """Telemetry's `/v1/gpus`, validated `chunk` rows at a time, letting other threads run in between.
+
+    One validation call over 8 MB holds the GIL until it is done: on a busy machine that is many seconds
+    in which the event loop cannot read from NATS, and nats-server drops a client that has not read for
+    10 s (a slow consumer); between chunks the loop gets the GIL back."""
+    items = json.loads(body)
+    if not isinstance(items, list):
+        return _ROWS.validate_python(items)  # raises, naming what it got
+    rows: list[GpuRow] = []
+    for start in range(0, len(items), chunk):
+        rows += _ROWS.validate_python(items[start:start + chunk])
+        time.sleep(0)  # hand the GIL over
+    return rows
+

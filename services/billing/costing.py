@@ -12,18 +12,22 @@ days), each piece's joules and each attempt's part of them from the samples
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
+
+import numpy as np
 
 from whaleflux.shared.contracts import Asset
 
 from . import allocation as alloc
 from .allocation import Chargeback, EnergyUse, Interval, IntervalTable, JobInfo
 from .budgets import day_windows
+from .charged import charged_table
 from .energy import Series
-from .metering import Overlap, UsageRecord, intervals, without_overlaps
+from .metering import Overlap, UsageRecord
 from .ownership import GpuCost, GpuTerms, from_ms, gpu_cost, power_price, terms_from_assets, to_ms
 from .pricebook import PriceBook, day_start
 
@@ -50,11 +54,15 @@ class Costed:
     cb: Chargeback
     inputs: Inputs
     gpus: dict[str, GpuCost]
-    intervals: list[Interval]
+    table: IntervalTable  # the charged intervals
     jobs: dict[str, JobInfo]
     book: PriceBook
     energy: list[EnergyUse]
     overlaps: list[Overlap]
+
+    @property
+    def intervals(self) -> list[Interval]:
+        return self.table.rows()
 
 
 def inventory_terms(url: str, fetched_at: str | None, assets: list[Asset], error: str | None,
@@ -106,19 +114,33 @@ def sample_points(records: list[UsageRecord], terms: dict[str, GpuTerms], start:
     for uuid, t in terms.items():
         if t.ownership == "owned":
             points[uuid].update(_day_edges(lo, hi))
-    for iv in charged_intervals(records, now)[0]:
-        a, b = max(iv.start_ms, lo), min(iv.end_ms, hi)
-        if a < b:
-            points[iv.gpu].update((a, b))
+    tab = charged_intervals(records, now)[0]
+    a, b = np.maximum(tab.start, lo), np.minimum(tab.end, hi)
+    inside = a < b
+    g, a, b = tab.gpu[inside], a[inside], b[inside]
+    for code in np.unique(g).tolist():
+        at = g == code
+        points[tab.gpus[code]].update(a[at].tolist(), b[at].tolist())
     return points
 
 
-def energy_uses(series: Series, ivs: list[Interval], gpus: dict[str, GpuCost], start_ms: int,
+def _rows(ivs: list[Interval] | IntervalTable, gpus: Collection[str]) -> Iterator[tuple[str, int, int, str]]:
+    """(GPU, start, end, attempt) of the intervals on `gpus`, in order."""
+    tab = ivs if isinstance(ivs, IntervalTable) else IntervalTable.of(ivs)
+    wanted = [i for i, g in enumerate(tab.gpus) if g in gpus]
+    on = np.isin(tab.gpu, np.asarray(wanted, dtype=np.int64))
+    for g, s, e, j in zip(tab.gpu[on].tolist(), tab.start[on].tolist(), tab.end[on].tolist(), tab.job[on].tolist(),
+                          strict=True):
+        yield tab.gpus[g], s, e, tab.jobs[j]
+
+
+def energy_uses(series: Series, ivs: list[Interval] | IntervalTable, gpus: dict[str, GpuCost], start_ms: int,
                 end_ms: int) -> list[EnergyUse]:
     """Joules per owned GPU and day piece of the window, with each attempt's part (its intervals in the piece)."""
-    by_gpu: dict[str, list[Interval]] = defaultdict(list)
-    for iv in ivs:
-        by_gpu[iv.gpu].append(iv)
+    owned = {u for u, gc in gpus.items() if gc.terms.ownership == "owned" and u in series.by_gpu}
+    by_gpu: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for gpu, s, e, job in _rows(ivs, owned):
+        by_gpu[gpu].append((s, e, job))
     out = []
     for uuid, gc in gpus.items():
         if gc.terms.ownership != "owned" or uuid not in series.by_gpu:
@@ -126,24 +148,25 @@ def energy_uses(series: Series, ivs: list[Interval], gpus: dict[str, GpuCost], s
         edges = _day_edges(start_ms, end_ms)
         for a, b in zip(edges, edges[1:], strict=False):
             parts: dict[str, float] = defaultdict(float)
-            for iv in by_gpu.get(uuid, ()):
-                lo, hi = max(iv.start_ms, a), min(iv.end_ms, b)
+            for s, e, job in by_gpu.get(uuid, ()):
+                lo, hi = max(s, a), min(e, b)
                 if lo < hi:
-                    parts[iv.job] += series.joules(uuid, lo, hi)
+                    parts[job] += series.joules(uuid, lo, hi)
             total = series.joules(uuid, a, b)
             if total > 0 or parts:
                 out.append(EnergyUse(uuid, a, total, tuple(sorted((j, x) for j, x in parts.items() if x > 0))))
     return out
 
 
-def utilization(series: Series, ivs: list[Interval], start_ms: int, end_ms: int) -> dict[str, tuple[float, float]]:
+def utilization(series: Series, ivs: list[Interval] | IntervalTable, start_ms: int,
+                end_ms: int) -> dict[str, tuple[float, float]]:
     """Attempt -> (utilization % x ms, ms covered) of its GPUs over its intervals in the window."""
     out: dict[str, tuple[float, float]] = {}
-    for iv in ivs:
-        u, c = series.utilization(iv.gpu, max(iv.start_ms, start_ms), min(iv.end_ms, end_ms))
+    for gpu, s, e, job in _rows(ivs, series.by_gpu):  # a GPU without samples has no utilization
+        u, c = series.utilization(gpu, max(s, start_ms), min(e, end_ms))
         if c > 0:
-            pu, pc = out.get(iv.job, (0.0, 0.0))
-            out[iv.job] = (pu + u, pc + c)
+            pu, pc = out.get(job, (0.0, 0.0))
+            out[job] = (pu + u, pc + c)
     return out
 
 
@@ -162,21 +185,19 @@ def kwh_prices(energy: list[EnergyUse], gpus: dict[str, GpuCost], book: PriceBoo
 def compute(inp: Inputs, book: PriceBook, start: datetime, end: datetime, now: datetime) -> Costed:
     """Chargeback over [start, end); attempts still running are held until `now`."""
     gpus, notes = gpu_costs(inp, book, start, end)
-    ivs, jobs, overlaps = charged_intervals(inp.records, now)
+    table, jobs, overlaps = charged_intervals(inp.records, now)
     lo, hi = to_ms(start), to_ms(end)
-    energy = energy_uses(inp.series, ivs, gpus, lo, hi)
-    cb = alloc.chargeback(ivs, jobs, gpus, lo, hi, energy, kwh_prices(energy, gpus, book),
-                          utilization(inp.series, ivs, lo, hi))
+    energy = energy_uses(inp.series, table, gpus, lo, hi)
+    cb = alloc.chargeback(table, jobs, gpus, lo, hi, energy, kwh_prices(energy, gpus, book),
+                          utilization(inp.series, table, lo, hi))
     cb.notes = notes + overlap_notes(overlaps, lo, hi) + cb.notes
-    return Costed(cb, inp, gpus, ivs, jobs, book, energy, overlaps)
+    return Costed(cb, inp, gpus, table, jobs, book, energy, overlaps)
 
 
-def charged_intervals(records: list[UsageRecord], now: datetime) -> tuple[list[Interval], dict[str, JobInfo],
+def charged_intervals(records: list[UsageRecord], now: datetime) -> tuple[IntervalTable, dict[str, JobInfo],
                                                                            list[Overlap]]:
-    """The records' intervals with every GPU's time charged once, and the overlaps that were cut."""
-    ivs, jobs = intervals(records, now)
-    ivs, overlaps = without_overlaps(ivs)
-    return ivs, jobs, overlaps
+    """The records' intervals with every GPU's time charged once (as columns), and the overlaps that were cut."""
+    return charged_table(records, to_ms(now))
 
 
 def overlap_notes(overlaps: list[Overlap], start_ms: int, end_ms: int) -> list[str]:
@@ -202,11 +223,10 @@ def daily_spend(inp: Inputs, book: PriceBook, first: date, now: datetime) -> dic
     """Spend per UTC day from `first` to now, per (scope, name): cluster fleet cost, team and project allocated."""
     start = day_start(first)
     gpus, _ = gpu_costs(inp, book, start, now)
-    ivs, jobs, _ = charged_intervals(inp.records, now)
-    energy = energy_uses(inp.series, ivs, gpus, to_ms(start), to_ms(now))
+    table, jobs, _ = charged_intervals(inp.records, now)  # columns once for every day's chargeback
+    energy = energy_uses(inp.series, table, gpus, to_ms(start), to_ms(now))
     prices = kwh_prices(energy, gpus, book)
     daily: dict[tuple[str, str], dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
-    table = IntervalTable.of(ivs)  # once for every day's chargeback
     for lo, hi in day_windows(first, now):
         day_gpus = {u: gpu_cost(g.terms, book, lo, hi) if not g.usage_only or g.segments else g
                     for u, g in gpus.items()}

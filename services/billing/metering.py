@@ -102,11 +102,22 @@ def ended(record: UsageRecord, end: datetime, state: str) -> UsageRecord:
 
 
 def intervals(records: list[UsageRecord], now: datetime) -> tuple[list[Interval], dict[str, JobInfo]]:
-    """One interval per GPU per attempt; running attempts are held until `now`."""
+    """One interval per GPU per attempt; running attempts are held until `now` (charged.py: as columns)."""
     out: list[Interval] = []
+    now_ms = to_ms(now)
+    for r in records:
+        key = r.key
+        start = to_ms(r.started_at)
+        end = to_ms(r.ended_at) if r.ended_at is not None else max(now_ms, start)
+        for gpu in r.gpu_uuids:
+            out.append(Interval(gpu, start, end, key))
+    return out, job_infos(records)
+
+
+def job_infos(records: list[UsageRecord]) -> dict[str, JobInfo]:
+    """The attempts the records charge: a gang's parts share rank 0's tags, running while any part is."""
     jobs: dict[str, JobInfo] = {}
     min_rank: dict[str, int] = {}
-    now_ms = to_ms(now)
     for r in records:
         key = r.key
         info = JobInfo(r.job_id, r.attempt, r.team, r.project, r.gpu_model, running=r.ended_at is None)
@@ -115,11 +126,7 @@ def intervals(records: list[UsageRecord], now: datetime) -> tuple[list[Interval]
             info = replace(info if r.rank < min_rank[key] else prev, running=prev.running or info.running)
         min_rank[key] = min(r.rank, min_rank.get(key, r.rank))
         jobs[key] = info
-        start = to_ms(r.started_at)
-        end = to_ms(r.ended_at) if r.ended_at is not None else max(now_ms, start)
-        for gpu in r.gpu_uuids:
-            out.append(Interval(gpu, start, end, key))
-    return out, jobs
+    return jobs
 
 
 @dataclass(frozen=True)
@@ -148,17 +155,25 @@ def without_overlaps(ivs: list[Interval]) -> tuple[list[Interval], list[Overlap]
         if len(items) == 1:
             out.extend(items)
             continue
-        items.sort(key=_ORDER)
-        kept: list[Interval] = []  # this GPU's charged time, in order, never overlapping
-        for iv in items:
-            until = kept[-1].end_ms if kept else iv.start_ms
-            if iv.start_ms < until:
-                overlaps.extend(_overlaps_with(kept, iv))
-            start = max(iv.start_ms, until)
-            if iv.end_ms > start:
-                kept.append(iv if start == iv.start_ms else Interval(gpu, start, iv.end_ms, iv.job))
+        kept, found = cut(gpu, items)
         out.extend(kept)
+        overlaps.extend(found)
     return out, overlaps
+
+
+def cut(gpu: str, items: list[Interval]) -> tuple[list[Interval], list[Overlap]]:
+    """One GPU's intervals (two or more) with its time held once, in order, and the overlaps found."""
+    items = sorted(items, key=_ORDER)
+    kept: list[Interval] = []  # this GPU's charged time, in order, never overlapping
+    overlaps: list[Overlap] = []
+    for iv in items:
+        until = kept[-1].end_ms if kept else iv.start_ms
+        if iv.start_ms < until:
+            overlaps.extend(_overlaps_with(kept, iv))
+        start = max(iv.start_ms, until)
+        if iv.end_ms > start:
+            kept.append(iv if start == iv.start_ms else Interval(gpu, start, iv.end_ms, iv.job))
+    return kept, overlaps
 
 
 def _overlaps_with(kept: list[Interval], iv: Interval) -> list[Overlap]:

@@ -88,7 +88,7 @@ def _i64(values: Iterable[int] | I64) -> I64:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobInfo:
     job_id: str
     attempt: int

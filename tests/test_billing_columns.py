@@ -1,0 +1,77 @@
+"""The charged intervals built as columns straight from the ledger records (charged.py) are the object path's
+(`metering.intervals` + `without_overlaps`), row for row and overlap for overlap. No I/O."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from whaleflux.billing import costing
+from whaleflux.billing.allocation import IntervalTable
+from whaleflux.billing.charged import charged_table, record_table, without_overlaps_table
+from whaleflux.billing.metering import UsageRecord, intervals, without_overlaps
+from whaleflux.billing.ownership import to_ms
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def _records(rng: random.Random, n: int, fine: bool = False) -> list[UsageRecord]:
+    """Attempts on 12 GPUs over 3 days: overlaps, identical intervals of two attempts, zero-length and
+    negative ones, running ones (some starting after `now`), gang parts, second attempts, no GPUs."""
+    out = []
+    for i in range(n):
+        start = T0 + (timedelta(milliseconds=rng.randrange(3 * 86_400_000)) if fine else  # starts never equal
+                      timedelta(minutes=rng.randrange(0, 3 * 24 * 60, rng.choice([1, 30, 60]))))
+        hours = rng.choice([0, 0.5, 1, 2, 7, -1])
+        end = None if rng.random() < 0.1 else start + timedelta(hours=hours)
+        gpus = rng.sample([f"G{k}" for k in range(12)], rng.choice([0, 1, 1, 2, 4]))
+        out.append(UsageRecord(job_id=f"j{rng.randrange(n // 2 + 1)}", attempt=rng.choice([1, 1, 2]),
+                               team=f"t{i % 3}", project="p", gpu_model="H100", gpus=len(gpus), node="n",
+                               gpu_uuids=gpus, started_at=start, ended_at=end, rank=rng.choice([0, 0, 1])))
+        if rng.random() < 0.1 and not fine:  # another attempt with the very same interval on the same GPUs
+            out.append(out[-1].model_copy(update={"job_id": f"k{i}"}))
+    return out
+
+
+def _columns(tab: IntervalTable) -> tuple[list[str], list[str], list[int], list[int], list[int], list[int]]:
+    return (tab.gpus, tab.jobs, tab.gpu.tolist(), tab.start.tolist(), tab.end.tolist(), tab.job.tolist())
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_columns_from_records_equal_the_object_path_row_for_row(seed):
+    rng = random.Random(seed)
+    records = _records(rng, rng.choice([1, 5, 40, 300]), fine=seed % 3 == 0)
+    now = T0 + timedelta(days=rng.choice([0, 1, 4]))
+    ivs, jobs = intervals(records, now)
+    assert _columns(record_table(records, to_ms(now))) == _columns(IntervalTable.of(ivs))
+    kept, overlaps = without_overlaps(ivs)
+    tab, jobs_c, overlaps_c = charged_table(records, to_ms(now))
+    assert _columns(tab) == _columns(IntervalTable.of(kept))
+    assert overlaps_c == overlaps
+    assert jobs_c == jobs
+
+
+def test_overlaps_are_cut_on_columns_and_each_one_reported():
+    h = 3_600_000
+    tab = IntervalTable(["G", "K"], ["a:1", "b:1", "c:1"], np.array([0, 0, 0, 1]), np.array([0, 4 * h, 5 * h, 0]),
+                        np.array([10 * h, 12 * h, 6 * h, 3 * h]), np.array([0, 1, 2, 0]))
+    out, overlaps = without_overlaps_table(tab)
+    assert sorted((iv.gpu, iv.start_ms, iv.end_ms, iv.job) for iv in out.rows()) == [
+        ("G", 0, 10 * h, "a:1"), ("G", 10 * h, 12 * h, "b:1"), ("K", 0, 3 * h, "a:1")]
+    assert [(o.kept, o.dropped, o.start_ms, o.end_ms) for o in overlaps] == [
+        ("a:1", "b:1", 4 * h, 10 * h), ("a:1", "c:1", 5 * h, 6 * h)]
+
+
+def test_sample_points_are_the_clipped_edges_of_the_charged_intervals():
+    records = _records(random.Random(7), 60)
+    start, end = T0 + timedelta(hours=20), T0 + timedelta(days=2)
+    points = costing.sample_points(records, {}, start, end, T0 + timedelta(days=3))
+    expected: dict[str, set[int]] = {}
+    for iv in without_overlaps(intervals(records, T0 + timedelta(days=3))[0])[0]:
+        a, b = max(iv.start_ms, to_ms(start)), min(iv.end_ms, to_ms(end))
+        if a < b:
+            expected.setdefault(iv.gpu, set()).update((a, b))
+    assert points == expected

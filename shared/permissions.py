@@ -38,7 +38,7 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
                   f"{s.GPU_UNCORDONED}.>"),
     # Alerts, and the drains its auto-drain rules ask for.
     "alerting": (s.ALERT_RAISED, s.ALERT_RESOLVED, f"{s.NODE_DRAIN_REQUESTED}.>"),
-    "billing": (s.ALERT_RAISED,),  # budget alerts
+    "billing": (s.ALERT_RAISED, s.ALERT_RESOLVED),  # budget alerts and their resolutions
     "inventory": (s.LEASE_EXPIRING, s.LEASE_EXPIRED),
 }
 

@@ -9,13 +9,14 @@ from decimal import Decimal
 
 from whaleflux.billing import costing
 from whaleflux.billing.allocation import Interval
-from whaleflux.billing.budgets import Budget, evaluate, week_forecast
+from whaleflux.billing.budgets import Budget, alert_changes, evaluate, week_forecast
 from whaleflux.billing.costing import Inputs
 from whaleflux.billing.energy import Series
 from whaleflux.billing.metering import Overlap, UsageRecord, without_overlaps
 from whaleflux.billing.ownership import GpuTerms
 from whaleflux.billing.pricebook import parse_pricebook
 from whaleflux.billing.report import costs_report
+from whaleflux.shared.events import AlertRaised, AlertResolved
 
 MAR = datetime(2026, 3, 1, tzinfo=UTC)
 APR = datetime(2026, 4, 1, tzinfo=UTC)
@@ -170,3 +171,33 @@ def test_focus_13_leases_are_commitments_with_used_and_unused_time_and_a_partial
     assert commitment["ContractCommitmentUnit"] == "GPU-Months"
     assert commitment["ContractCommitmentPeriodStart"] == "2026-01-01T00:00:00Z"
     assert commitment["ContractCommitmentPeriodEnd"] == "2027-01-01T00:00:00Z"
+
+
+# --------------------------------------------------------------------------- budget alerts resolve
+
+
+def test_a_budget_alert_resolves_when_the_projection_falls_back_or_the_month_ends_and_fires_again_later():
+    budget = Budget(scope="team", name="nlp", amount_usd=Decimal("1000"), thresholds_pct=[80])
+    first = {date(2026, 3, d): Decimal(100) for d in range(1, 10)}  # $900 by 9 March: projected far past 80%
+    now = datetime(2026, 3, 10, tzinfo=UTC)
+    [due] = evaluate(budget, first, now).alerts
+    assert due.ends_at == APR  # alerting resolves it with March at the latest
+    [(eid, raised, state)] = alert_changes([due], {}, now)
+    assert eid == "raised-cost-budget-team-nlp-202603-80" and isinstance(raised, AlertRaised)
+    assert raised.ends_at == APR and raised.labels["alertname"] == "BudgetProjection" and state.firing
+    firing = {raised.fingerprint: state}
+    assert alert_changes([due], firing, now + timedelta(hours=1)) == []  # still due: nothing new
+
+    later = now + timedelta(hours=2)  # spend corrected down: no longer due
+    assert evaluate(budget, {date(2026, 3, 1): Decimal(10)}, later).alerts == ()
+    [(eid, resolved, state)] = alert_changes([], firing, later)
+    assert eid == "resolved-cost-budget-team-nlp-202603-80-1" and isinstance(resolved, AlertResolved)
+    assert (resolved.starts_at, resolved.ends_at, resolved.labels) == (now, later, raised.labels)
+    assert not state.firing and alert_changes([], {raised.fingerprint: state}, later) == []
+
+    [(eid, _, state)] = alert_changes([due], {raised.fingerprint: state}, later)  # due again: its 2nd firing
+    assert eid == "raised-cost-budget-team-nlp-202603-80-2" and state.count == 2
+    april = APR + timedelta(hours=1)  # the month is over: March's alert is not due in April
+    assert evaluate(budget, first, april).alerts == ()
+    [(eid, _, _)] = alert_changes([], {raised.fingerprint: state}, april)
+    assert eid == "resolved-cost-budget-team-nlp-202603-80-2"

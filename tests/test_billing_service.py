@@ -23,6 +23,7 @@ from whaleflux.servers import QuietHandler, serve_http
 from whaleflux.shared import subjects
 from whaleflux.shared.events import (
     AlertRaised,
+    AlertResolved,
     GpuSample,
     GpuTelemetry,
     JobFinished,
@@ -269,7 +270,8 @@ async def test_bad_price_book_upload_is_rejected_with_line_and_the_previous_one_
         await svc.runtime.stop()
 
 
-async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_server, monkeypatch, tmp_path):
+async def test_energy_efficiency_and_a_budget_alert_published_once_and_resolved(env, assets_server, monkeypatch,
+                                                                                  tmp_path):
     book = tmp_path / "prices.yaml"
     book.write_text(PRICEBOOK)
     monkeypatch.setenv("WHALEFLUX_PRICEBOOK_FILE", str(book))
@@ -282,6 +284,7 @@ async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_s
         alerts.append(decode(msg.data))
 
     await nc.subscribe(subjects.ALERT_RAISED, cb=on_alert)
+    await nc.subscribe(subjects.ALERT_RESOLVED, cb=on_alert)
     bus = await connect_bus(env)
     app, svc = await _started(clock)
     try:
@@ -325,12 +328,33 @@ async def test_energy_efficiency_and_a_budget_alert_published_once(env, assets_s
             bad = await http.put("/admin/budgets", json=[{"scope": "team", "amount_usd": "-1"}], headers=auth)
             assert bad.status_code == 422 and "amount_usd" in json.dumps(bad.json())
 
-        await until(lambda: asyncio.sleep(0, len(alerts) >= 1), what="alert on the bus")
+            await until(lambda: asyncio.sleep(0, len(alerts) >= 1), what="alert on the bus")
+            # The budget raised to $100: the projection is back under 50%, the alert resolves, once.
+            clock.now += timedelta(minutes=5)
+            budgets[0]["amount_usd"] = "100"
+            resp = await http.put("/admin/budgets", json=budgets, headers=auth)
+            assert resp.json()["alerts_published"] == ["resolved-cost-budget-team-cv-202603-50-1"]
+            assert await svc.check_budgets() == []
+            # Back to $25: due again, raised again (its second firing), then resolved when March is over.
+            budgets[0]["amount_usd"] = "25"
+            resp = await http.put("/admin/budgets", json=budgets, headers=auth)
+            assert resp.json()["alerts_published"] == ["raised-cost-budget-team-cv-202603-50-2"]
+            clock.now = datetime(2026, 4, 1, 1, tzinfo=UTC)
+            assert await svc.check_budgets() == ["resolved-cost-budget-team-cv-202603-50-2"]
+            assert await svc.check_budgets() == []
+
+        await until(lambda: asyncio.sleep(0, len(alerts) >= 4), what="alerts on the bus")
         await asyncio.sleep(0.3)
-        [(envelope, data)] = alerts
-        assert isinstance(data, AlertRaised)
-        assert envelope.id == "raised-cost-budget-team-cv-202603-50"
+        assert [e.id for e, _ in alerts] == ["raised-cost-budget-team-cv-202603-50",
+                                             "resolved-cost-budget-team-cv-202603-50-1",
+                                             "raised-cost-budget-team-cv-202603-50-2",
+                                             "resolved-cost-budget-team-cv-202603-50-2"]
+        (envelope, data), (_, resolved) = alerts[:2]
+        assert isinstance(data, AlertRaised) and isinstance(resolved, AlertResolved)
         assert data.category == "cost" and data.labels["name"] == "cv" and "Team cv projected" in data.summary
+        assert data.ends_at == datetime(2026, 4, 1, tzinfo=UTC)  # alerting resolves it with March at the latest
+        assert resolved.fingerprint == data.fingerprint and resolved.starts_at == data.starts_at
+        assert resolved.labels == data.labels and resolved.ends_at > resolved.starts_at
     finally:
         await svc.runtime.stop()
         await bus.close()

@@ -11,7 +11,7 @@ cluster. For a monthly budget at time `now`:
   only from one elapsed day on (before that, the spend itself), so the first
   hours of a month do not page anyone.
 
-Alerts, each once (its event id is fixed by content):
+Alerts, each raise once (its event id is fixed by content):
 - `raised-cost-budget-<scope>-<name>-<YYYYMM>-<pct>` when the projection
   reaches pct% of the budget (each threshold of each period once);
 - `raised-cost-week-<scope>-<name>-<YYYYMMDD>` when a week's (Monday to
@@ -22,6 +22,15 @@ Alerts, each once (its event id is fixed by content):
   before the first day with spend and the first week with spend when that
   began after its Monday (partial). Backtested on synthetic seasonal spend
   in `tests/test_billing_money.py`.
+
+Each alert resolves like every alert (`alert.resolved`) when it is no longer
+due: the projection back under the threshold (a budget raised, a cost
+corrected, a replay), its month over, the budget removed, or the week alert's
+week no longer the current or last complete one (`alert_changes`, from what
+billing raised and has not resolved, `Firing`). Each raise also carries
+`ends_at`, the end of the period it is about (the month; the week after the
+week), so alerting resolves it then even if billing is down. Due again after
+a resolution, it is raised again (event id `...-<n>` for the n-th firing).
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from decimal import Decimal
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from whaleflux.shared.events import AlertRaised, AlertResolved
 
 from .ownership import month_start, next_month
 from .pricing import to_cents
@@ -66,6 +77,42 @@ class BudgetAlert:
     summary: str
     value: float
     labels: dict[str, str]
+    ends_at: datetime  # the end of the period it is about: alerting resolves it then at the latest
+
+
+class Firing(BaseModel):
+    """A cost alert billing raised: how many times, whether it fires now, what its resolution repeats."""
+
+    count: int
+    firing: bool
+    rule: str
+    labels: dict[str, str]
+    summary: str
+    starts_at: datetime
+
+
+def alert_changes(due: list[BudgetAlert], state: dict[str, Firing], now: datetime
+                  ) -> list[tuple[str, AlertRaised | AlertResolved, Firing]]:
+    """The events due at `now` (event id, event, the fingerprint's state after it): a raise for each alert
+    due and not firing, a resolution for each one firing and no longer due."""
+    out: list[tuple[str, AlertRaised | AlertResolved, Firing]] = []
+    by_fp = {a.fingerprint: a for a in due}
+    for fp, a in by_fp.items():
+        was = state.get(fp)
+        if was is not None and was.firing:
+            continue
+        n = 1 if was is None else was.count + 1
+        labels = {"alertname": a.rule, **a.labels}
+        raised = AlertRaised(fingerprint=fp, rule=a.rule, severity=a.severity, category="cost", summary=a.summary,
+                             labels=labels, value=a.value, starts_at=now, ends_at=a.ends_at)
+        out.append((a.event_id if n == 1 else f"{a.event_id}-{n}", raised,
+                    Firing(count=n, firing=True, rule=a.rule, labels=labels, summary=a.summary, starts_at=now)))
+    for fp, was in sorted(state.items()):
+        if was.firing and fp not in by_fp:
+            resolved = AlertResolved(fingerprint=fp, rule=was.rule, labels=was.labels, summary=was.summary,
+                                     starts_at=was.starts_at, ends_at=now)
+            out.append((f"resolved-{fp}-{was.count}", resolved, was.model_copy(update={"firing": False})))
+    return out
 
 
 @dataclass(frozen=True)
@@ -118,6 +165,7 @@ def _week_alert(budget: Budget, labels: dict[str, str], monday: date, spent: Dec
         summary=(f"{budget.label} spend exceeded forecast by {over:.0f}% {when} "
                  f"(${to_cents(spent):,} against ${to_cents(forecast):,} forecast for the week)"),
         value=round(over, 2), labels={**labels, "week": monday.isoformat()},
+        ends_at=datetime(monday.year, monday.month, monday.day, tzinfo=UTC) + timedelta(weeks=2),
     )
 
 
@@ -145,7 +193,7 @@ def evaluate(budget: Budget, daily: dict[date, Decimal], now: datetime) -> Budge
             summary=(f"{budget.label} projected to spend ${to_cents(projected):,} in {start:%B %Y}, "
                      f"{pct:.0f}% of its ${to_cents(budget.amount_usd):,} budget (threshold {t}%; "
                      f"${to_cents(spend):,} spent so far)"),
-            value=round(pct, 2), labels={**labels, "threshold_pct": str(t)},
+            value=round(pct, 2), labels={**labels, "threshold_pct": str(t)}, ends_at=end,
         ))
     this_week = today - timedelta(days=today.weekday())
     week_start = this_week - timedelta(weeks=1)  # the last complete week

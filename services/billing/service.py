@@ -26,7 +26,7 @@ from whaleflux.shared.events import AlertRaised, Envelope, EventData, GpuTelemet
 from whaleflux.shared.runtime import Runtime
 
 from . import costing, energy, ledger
-from .budgets import BudgetStatus, evaluate, history_start
+from .budgets import BudgetStatus, alert_changes, evaluate, history_start
 from .costing import Costed, Inputs
 from .metering import merge_parts
 from .pricebook import PriceBook, reference_book
@@ -197,23 +197,23 @@ class Billing:
         return [evaluate(b, daily.get((b.scope, b.name if b.scope != "cluster" else "all"), {}), now) for b in budgets]
 
     async def check_budgets(self) -> list[str]:
-        """Publish the cost alerts due now, each once (ids fixed by content); return their ids."""
+        """Publish the cost alerts due now and resolve those no longer due, each event once (budgets.py
+        `alert_changes`); return their ids."""
         now = self.now()
         due = [a for s in await self.budget_statuses(now) for a in s.alerts]
-        if not due:
+        changes = alert_changes(due, await self.store.budget_alerts(), now)
+        if not changes:
             return []
         staged = []
-        for a in due:
-            data = AlertRaised(fingerprint=a.fingerprint, rule=a.rule, severity=a.severity, category="cost",
-                               summary=a.summary, labels={"alertname": a.rule, **a.labels}, value=a.value,
-                               starts_at=now)
-            env = make_envelope(data, source=self.runtime.source, subject=a.fingerprint, event_id=a.event_id,
-                                correlation_id=a.fingerprint, time=now)
-            staged.append((subjects.ALERT_RAISED, env))
+        for event_id, data, state in changes:
+            subject = subjects.ALERT_RAISED if isinstance(data, AlertRaised) else subjects.ALERT_RESOLVED
+            env = make_envelope(data, source=self.runtime.source, subject=data.fingerprint, event_id=event_id,
+                                correlation_id=data.fingerprint, time=now)
+            staged.append((subject, env, data.fingerprint, state))
         fired = await self.store.stage_alerts(staged)
         if fired:
             await self.runtime.publish_staged()
-        summaries = {a.event_id: a.summary for a in due}
+        summaries = {event_id: data.summary for event_id, data, _ in changes}
         for event_id in fired:
             self.log.info("budget.alert", event_id=event_id, summary=summaries[event_id])
         return fired

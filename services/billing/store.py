@@ -5,7 +5,7 @@ Nothing else in billing talks to Redis. The keys (docs/services/billing.md):
 `holds` and `gpu:holder` (the GPU-holder fold: job -> its holds, GPU -> the
 part holding it), `usage:starts`, `usage:running`, `usage:longest` (the ledger's time index),
 `energy:last`, `energy:series:<gpu>`, `assets`, `assets:status`, `pricebook`,
-`pricebook:error`, `budgets`, `budget:fired`.
+`pricebook:error`, `budgets`, `budget:fired`, `budget:alerts`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from whaleflux.shared.contracts import ASSETS, Asset, Holder, JobHolds
 from whaleflux.shared.events import Envelope, JobPlaced
 from whaleflux.shared.outbox import Outbox
 
-from .budgets import Budget
+from .budgets import Budget, Firing
 from .energy import Reading, Series
 from .ledger import LedgerView
 from .metering import UsageRecord
@@ -279,22 +279,29 @@ class BillingStore:
     async def save_budgets(self, budgets: list[Budget]) -> None:
         await self.redis.set(self._k("budgets"), _budgets.dump_json(budgets))
 
-    async def stage_alerts(self, due: list[tuple[str, Envelope]]) -> list[str]:
-        """Stage in the outbox each (subject, event) not fired before, once across replicas; their ids."""
-        key = self._k("budget:fired")
+    async def budget_alerts(self) -> dict[str, Firing]:
+        """Fingerprint -> the cost alert billing raised under it (firing or resolved)."""
+        raw = await self.redis.hgetall(self._k("budget:alerts"))
+        return {_s(fp): Firing.model_validate_json(v) for fp, v in raw.items()}
+
+    async def stage_alerts(self, due: list[tuple[str, Envelope, str, Firing]]) -> list[str]:
+        """Stage in the outbox each (subject, event) not published before, with its fingerprint's state after
+        it, once across replicas; their ids."""
+        key, states = self._k("budget:fired"), self._k("budget:alerts")
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
-                # WATCH: two replicas checking at once stage each alert once.
-                await pipe.watch(key)
+                # WATCH: two replicas checking at once stage each event once.
+                await pipe.watch(key, states)
                 fired = {_s(m) for m in await pipe.smembers(key)}
-                new = [(subject, env) for subject, env in due if env.id not in fired]
+                new = [(subject, env, fp, state) for subject, env, fp, state in due if env.id not in fired]
                 if not new:
                     return []
                 pipe.multi()
-                pipe.sadd(key, *[env.id for _, env in new])
-                for subject, env in new:
+                pipe.sadd(key, *[env.id for _, env, _, _ in new])
+                pipe.hset(states, mapping={fp: state.model_dump_json() for _, _, fp, state in new})
+                for subject, env, _, _ in new:
                     self.outbox.stage(pipe, subject, env)
                 await pipe.execute()
         except WatchError:
             return []
-        return [env.id for _, env in new]
+        return [env.id for _, env, _, _ in new]

@@ -308,3 +308,27 @@ def test_telemetrys_gpu_list_is_read_in_chunks_and_a_bad_answer_is_an_error():
     for bad in (b"not json", b'{"gpus": 1}', b'[{"node": "x"}]'):
         with pytest.raises(ValueError):
             parse_rows(bad)
+
+
+def test_the_sizing_table_shows_each_configurations_memory_against_the_serving_budget_not_the_whole_gpu():
+    import whaleflux.console.app  # noqa: F401 - registers the templates' filters
+    from whaleflux.console.models import SizingReport
+    from whaleflux.console.web import fragment
+    from whaleflux.shared.sizing import SizingRequest, estimate
+
+    # 22.8 GiB a GPU: inside an RTX 4090's 24 GiB, outside vLLM's 90% of it (21.6 GiB), so it is not offered.
+    asked = {"max_gpus": 1}
+    served = estimate(SizingRequest(model="llama-3-8b", task="serve", context=4096, batch=9, max_gpus=1))
+    report = SizingReport.model_validate(served.model_dump(mode="json"))  # as the console reads /v1/size
+    html = fragment("_sizing_options.html", report=report, asked=asked)
+    cells = re.findall(r'<td>(\w+)</td><td class="n">1</td>.*?data-testid="fit">([^<]*)<span class="hint">\(([^)]*)\)',
+                       html)
+    assert cells == [(o.gpu, f"{o.per_gpu_bytes / 2**30:.1f} / {o.budget_bytes / 2**30:.1f} GiB ",
+                      f"90% of {o.capacity_bytes / 2**30:.1f} GiB") for o in served.options if o.best_split]
+    assert {gpu for gpu, _, _ in cells} == {"A100", "H100", "H200"} and "RTX4090" not in html
+    assert ("H100", "22.8 / 71.7 GiB ", "90% of 79.6 GiB") in cells
+    # Training is judged against the whole GPU: no budget shown.
+    trained = estimate(SizingRequest(model="llama-3-8b", task="lora", context=4096, max_gpus=1))
+    html = fragment("_sizing_options.html", report=SizingReport.model_validate(trained.model_dump(mode="json")),
+                    asked=asked)
+    assert 'data-testid="fit">' in html and "% of" not in html

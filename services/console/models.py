@@ -356,6 +356,7 @@ class SizingOption(Read):
     split: str
     per_gpu_bytes: int
     capacity_bytes: int
+    budget_bytes: int | None = None  # what the stack may use of it (vLLM: gpu_memory_utilization); "fits" within it
     tokens_per_s: float | None = None
     seconds: float | None = None
     cost_usd: float | None = None
@@ -367,6 +368,7 @@ class SizingOption(Read):
 
 class SizingReport(Read):
     summary: str
+    workload: dict[str, Any] = Field(default_factory=dict)
     memory: list[MemoryItem] = Field(default_factory=list)
     memory_total_bytes: int = 0
     options: list[SizingOption] = Field(default_factory=list)

@@ -55,14 +55,14 @@ def test_redis_flushall_mid_run_reruns_no_finished_job_and_loses_none(own, tmp_p
         ids = submit(scheduler.url, marks, 2.0, 12)
         # Some have finished, some run, some wait (12 jobs on 8 GPUs).
         wait_until(lambda: sum(1 for j in ids if any(r.end for r in runs(marks, j))) >= 2
-                   and _some_running(marks, ids, 4), timeout=60, what="jobs finished and running")
+                   and _some_running(marks, ids, 4), timeout=180, what="jobs finished and running")
         folds = len(_log_events(log, "state.folded"))  # the first start's rebuild (an empty store) is one
         own.flushall()
         # The store's loss is noticed while running and the state rebuilt from JetStream (until then the API
         # answers 503 instead of answering from nothing: a submission may meet that window, so wait it out).
-        wait_until(lambda: len(_log_events(log, "state.folded")) > folds, timeout=60, what="state rebuilt")
+        wait_until(lambda: len(_log_events(log, "state.folded")) > folds, timeout=180, what="state rebuilt")
         wait_until(lambda: httpx.get(scheduler.url + "/readyz").status_code == 200
-                   and len(httpx.get(scheduler.url + "/v1/nodes").json()) == 1, timeout=60, what="scheduler rebuilt")
+                   and len(httpx.get(scheduler.url + "/v1/nodes").json()) == 1, timeout=180, what="scheduler rebuilt")
         late = submit(scheduler.url, marks, 1.0, 1)  # a job submitted after the wipe runs too
         records = wait_all_ended(scheduler.url, ids + late)
         assert_ran_once_each(marks, ids + late, records)
@@ -86,7 +86,7 @@ def test_a_rebuild_from_the_snapshot_and_the_tail_reruns_nothing(own, tmp_path):
         wait_until(lambda: any(e["jobs"] >= 4 for e in _log_events(log, "history.snapshot")), timeout=30,
                    what="a snapshot holding the finished jobs")
         late = submit(scheduler.url, marks, 2.0, 6)
-        wait_until(lambda: _some_running(marks, late, 3), timeout=60, what="late jobs running")
+        wait_until(lambda: _some_running(marks, late, 3), timeout=180, what="late jobs running")
         own.flushall()
         records = wait_all_ended(scheduler.url, early + late)
         assert_ran_once_each(marks, early + late, records)
@@ -105,7 +105,7 @@ def test_redis_down_for_10_s_loses_no_node_and_reruns_nothing(own, tmp_path):
     cluster, scheduler, billing = start_stack(own.servers, tmp_path, "a100-01", "h100-01")
     try:
         ids = submit(scheduler.url, marks, 3.0, 10)
-        wait_until(lambda: _some_running(marks, ids, 4), timeout=60, what="jobs running")
+        wait_until(lambda: _some_running(marks, ids, 4), timeout=180, what="jobs running")
         own.stop_redis()
         # While it is down the API answers 503 with the reason, never 500.
         r = wait_until(lambda: (r := httpx.post(scheduler.url + "/v1/jobs", json={"name": "x", "command": ["true"]},
@@ -130,7 +130,7 @@ def test_nats_server_restarted_mid_run_loses_no_event_and_reruns_nothing(own, tm
     cluster, scheduler, billing = start_stack(own.servers, tmp_path, "a100-01")
     try:
         ids = submit(scheduler.url, marks, 2.0, 10)
-        wait_until(lambda: _some_running(marks, ids, 4), timeout=60, what="jobs running")
+        wait_until(lambda: _some_running(marks, ids, 4), timeout=180, what="jobs running")
         own.restart_nats()
         records = wait_all_ended(scheduler.url, ids)
         assert_ran_once_each(marks, ids, records)
@@ -148,7 +148,7 @@ def test_agent_kill_9_mid_job_loses_no_end_and_bills_what_ran(own, tmp_path):
     try:
         short = submit(scheduler.url, marks, 1.5, 3)  # these end while the agent is down
         long = submit(scheduler.url, marks, 6.0, 3)  # these are still running when it is back
-        wait_until(lambda: _some_running(marks, short + long, 6), timeout=60, what="all six running")
+        wait_until(lambda: _some_running(marks, short + long, 6), timeout=180, what="all six running")
         agent.kill9()
         wait_until(lambda: all(r.end for j in short for r in runs(marks, j)), timeout=30,
                    what="short jobs ended meanwhile")
@@ -195,7 +195,7 @@ def test_ctrl_c_of_up_interrupts_the_job_and_it_resumes_from_its_checkpoint_when
         body = {"name": "ckpt", "command": checkpointing_command(marks, steps=60), "gpu_models": ["A100"]}
         job_id = httpx.post(services["scheduler"] + "/v1/jobs", json=body, headers=token, timeout=10).json()["job_id"]
         step = home / "checkpoints" / job_id / "step"
-        wait_until(lambda: step.exists() and int(step.read_text()) >= 4, timeout=60, what="job past step 4")
+        wait_until(lambda: step.exists() and int(step.read_text()) >= 4, timeout=180, what="job past step 4")
         os.killpg(up.pid, signal.SIGINT)  # Ctrl-C
         assert up.wait(timeout=90) == 0
         [run] = runs(marks, job_id)

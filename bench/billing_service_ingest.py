@@ -8,7 +8,11 @@ in batches of 256: one pipelined read per batch, decided in stream order, one
 MULTI write, acks after it), timed until every usage record is written.
 Printed beside the same run's reference: the same backlog fetched and acked by
 a bare pull consumer in batches of 256 with no handling (what the bus alone
-costs). Starts its own nats-server and redis-server.
+costs), and again acking once per batch (AckAll: the fewest acks a consumer
+can send). The service is timed from its start() returning (connected, state
+checked, consumers created), the reference from its subscription; each prints
+its CPU time per event in this process (on a shared, loaded machine steadier
+than the rate). Starts its own nats-server and redis-server.
 
     python bench/billing_service_ingest.py [--jobs 5000]
 """
@@ -59,13 +63,16 @@ async def run(jobs: int, servers: LocalServers) -> None:
     await publish_job_events(bus, jobs, prefix="b")
     await bus.close()
 
-    reference = await bare_consume(servers, jobs * 3)
+    reference, reference_cpu = await bare_consume(servers, jobs * 3)
+    ack_all, ack_all_cpu = await bare_consume(servers, jobs * 3, ack_all=True)
     _, svc = build(BillingSettings(inventory_url="http://127.0.0.1:9"))
-    began = time.perf_counter()
     await svc.runtime.start()
     try:
+        began, began_cpu = time.perf_counter(), time.process_time()  # connected and started: consumers created
         js = svc.runtime.bus.js
+        deadline = began + 600  # a stalled consumer fails the run instead of hanging it
         while True:  # the consumer's backlog and unacked events both drained (acks come after the writes)
+            assert time.perf_counter() < deadline, "no end in 600 s: the consumer stalled"
             try:
                 info = await js.consumer_info("WHALEFLUX_JOBS", "billing-jobs")
             except nats.js.errors.NotFoundError:  # not created yet
@@ -73,35 +80,41 @@ async def run(jobs: int, servers: LocalServers) -> None:
                 continue
             if info.num_pending == 0 and info.num_ack_pending == 0 and info.delivered.stream_seq >= jobs * 3:
                 break
-            await asyncio.sleep(0.01)
-        elapsed = time.perf_counter() - began
+            await asyncio.sleep(0.02)
+        elapsed, cpu = time.perf_counter() - began, time.process_time() - began_cpu
         ended = sum(r.ended_at is not None for r in await svc.store.all_usage_records())
         assert ended == jobs, f"{ended} of {jobs} usage records ended"
     finally:
         await svc.runtime.stop()
     events = jobs * 3
     print(f"billing service ingest: {events} job events in {elapsed:.2f} s = {events / elapsed:,.0f} events/s "
-          f"(target >= {TARGET:,}/s, bar {BAR:,}/s); reference, same run: fetch + ack alone "
-          f"{events / reference:,.0f} events/s")
+          f"(target >= {TARGET:,}/s, bar {BAR:,}/s), {cpu / events * 1e6:.0f} us CPU per event in this process; "
+          f"reference, same run: fetch + ack alone {events / reference:,.0f} events/s, "
+          f"{reference_cpu / events * 1e6:.0f} us CPU per event; with one ack per batch (AckAll) "
+          f"{events / ack_all:,.0f} events/s, {ack_all_cpu / events * 1e6:.0f} us CPU per event")
 
 
-async def bare_consume(servers: LocalServers, events: int) -> float:
-    """Seconds for a bare pull consumer to fetch and ack `events` job events in batches of 256."""
+async def bare_consume(servers: LocalServers, events: int, ack_all: bool = False) -> tuple[float, float]:
+    """Seconds, and CPU seconds of this process, for a bare pull consumer to fetch and ack `events` job events
+    in batches of 256: each acked (as the service does), or with `ack_all` one ack per batch (AckAll policy)."""
     import nats
+    from nats.js.api import AckPolicy, ConsumerConfig
 
     nc = await nats.connect(servers.nats_url, user=servers.nats_user, password=servers.nats_password)
     js = nc.jetstream()
-    sub = await js.pull_subscribe("job.>", durable="bench-reference", stream="WHALEFLUX_JOBS")
-    began = time.perf_counter()
+    config = ConsumerConfig(ack_policy=AckPolicy.ALL if ack_all else AckPolicy.EXPLICIT, max_ack_pending=1000)
+    sub = await js.pull_subscribe("job.>", durable=f"bench-reference{'-ackall' if ack_all else ''}",
+                                  stream="WHALEFLUX_JOBS", config=config)
+    began, began_cpu = time.perf_counter(), time.process_time()
     got = 0
     while got < events:
         msgs = await sub.fetch(256, timeout=5)
-        for m in msgs:
+        for m in msgs[-1:] if ack_all else msgs:
             await m.ack()
         got += len(msgs)
-    elapsed = time.perf_counter() - began
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - began_cpu
     await nc.close()
-    return elapsed
+    return elapsed, cpu
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ from datetime import datetime
 from whaleflux.shared.contracts import Holder, HolderChange, JobHolds, fold_holders, gpus_involved
 from whaleflux.shared.events import EventData, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
 
-from .metering import UsageRecord, ended, ledger_key
+from .metering import UsageRecord, ledger_key
+from .pricing import gpu_seconds
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,15 @@ def interval_after(span: Span, current: UsageRecord | None) -> tuple[datetime, d
 
 def record_for(span: Span, placed: JobPlaced, started: datetime, end: datetime | None) -> UsageRecord:
     """The part's record over [started, end) (`interval_after`), tagged from its placement."""
-    record = UsageRecord(
+    gpus = len(placed.gpu_uuids)
+    # One validated model, its end included (not a running record copied with its end: once per job event).
+    return UsageRecord(
         job_id=span.job_id, attempt=span.attempt, team=placed.team, project=placed.project,
-        gpu_model=placed.gpu_model, gpus=len(placed.gpu_uuids), node=placed.node, cluster=placed.cluster,
-        gpu_uuids=placed.gpu_uuids, started_at=started, state="running", rank=span.rank,
+        gpu_model=placed.gpu_model, gpus=gpus, node=placed.node, cluster=placed.cluster,
+        gpu_uuids=placed.gpu_uuids, started_at=started, rank=span.rank,
+        **({"state": "running"} if end is None else
+           {"ended_at": end, "state": span.state, "gpu_seconds": gpu_seconds(started, end, gpus)}),
     )
-    return record if end is None else ended(record, end, span.state)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..events import EventData, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
@@ -124,23 +124,26 @@ def fold_holders(job: JobHolds, data: EventData, at: datetime, current: Mapping[
         job = JobHolds(attempt=data.attempt)
     if isinstance(data, JobRequeued):
         mine = [g for g in sorted(job.gpus()) if _held_by_attempt(current.get(g), data.job_id, data.attempt)]
-        return HolderChange(replace(job, ended=job.ended | set(job.parts), closed=True), release=(*release, *mine))
+        return HolderChange(JobHolds(job.attempt, job.parts, job.ended | set(job.parts), True),
+                            release=(*release, *mine))
     rank = data.rank or 0
     if isinstance(data, _ENDING):
         gpus = job.parts.get(rank, ())
         mine = [g for g in gpus if (h := current.get(g)) is not None and h.same_part(data.job_id, data.attempt, rank)]
-        return HolderChange(replace(job, ended=job.ended | {rank}), release=(*release, *mine))
+        return HolderChange(JobHolds(job.attempt, job.parts, job.ended | {rank}, job.closed),
+                            release=(*release, *mine))
     if job.closed or rank in job.ended:
         return HolderChange(job, release=tuple(release))  # its end came first: a late placement holds nothing
     gpus = tuple(dict.fromkeys((*job.parts.get(rank, ()), *data.gpu_uuids)))
-    job = replace(job, parts={**job.parts, rank: gpus})
+    # Constructors, not dataclasses.replace: this runs once per job event (thousands a second).
+    job = JobHolds(job.attempt, {**job.parts, rank: gpus}, job.ended, job.closed)
     started = data.started_at if isinstance(data, JobStarted) else None
     hold: dict[str, Holder] = {}
     for g in data.gpu_uuids:
         held = current.get(g)
         if held is not None and held.same_part(data.job_id, data.attempt, rank):
             if started is not None and held.started_at is None:
-                hold[g] = replace(held, started_at=started)
+                hold[g] = Holder(held.job_id, held.attempt, held.rank, held.since, started)
             continue  # held already, since its first event
         hold[g] = Holder(data.job_id, data.attempt, rank, since=at, started_at=started)
     return HolderChange(job, hold=hold, release=tuple(g for g in release if g not in hold))

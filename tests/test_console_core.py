@@ -8,7 +8,7 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from whaleflux.console.auth import Signer, safe_next
+from whaleflux.console.auth import Person, Sessions, Signer, safe_next
 from whaleflux.console.heatmap import BUSY, ERROR, HOT, STALE, decode_cells
 from whaleflux.console.live import LiveHub, encode
 
@@ -24,6 +24,26 @@ def test_a_session_cookie_is_accepted_until_it_expires_and_only_with_its_own_sig
     assert signer.session(f"{sid}.{int(expires) + 9999}.{mac}", now=2000.0) is None  # lifetime extended by hand
     assert Signer("another-token-0123456789").session(cookie, now=2000.0) is None  # token rotated: sessions end
     assert "admin-token" not in cookie
+
+
+def test_a_sessions_person_and_credential_live_on_the_server_until_it_ends_expires_or_makes_room():
+    signer, sessions = Signer("admin-token-0123456789"), Sessions(limit=2)
+    first, cookie = signer.new_session(3600, now=1000.0)
+    sessions.add(first, Person("vic", "viewer", "token", "wf_secret-of-vic"), now=1000.0)
+    assert "wf_secret" not in cookie and "vic" not in cookie
+    assert sessions.person(first, now=2000.0) == Person("vic", "viewer", "token", "wf_secret-of-vic")
+    assert "wf_secret" not in repr(sessions.person(first, now=2000.0))  # never in a log line
+    assert sessions.person(first, now=5000.0) is None  # expired, and forgotten
+    short, _ = signer.new_session(3600, now=1000.0, ends=1500.0)  # an OIDC token's exp comes first
+    assert short.expires == 1500
+    a, _ = signer.new_session(3600, now=1000.0)
+    b, _ = signer.new_session(3600, now=1000.0)
+    c, _ = signer.new_session(3600, now=1000.0)
+    for s in (a, b, c):
+        sessions.add(s, Person(s.sid, "viewer", "token", "t"), now=1000.0)
+    assert len(sessions) == 2 and sessions.person(a, now=1001.0) is None  # full: the oldest made room
+    sessions.end(b)
+    assert sessions.person(b, now=1001.0) is None and sessions.person(c, now=1001.0) is not None
 
 
 def test_csrf_tokens_are_bound_to_their_session():

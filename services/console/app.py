@@ -12,11 +12,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from whaleflux.shared.access_http import Access
 from whaleflux.shared.apidocs import mount_api_docs
 from whaleflux.shared.logs import configure_logging
 from whaleflux.shared.runtime_http import guard_input
 
-from .auth import Signer
+from .auth import Sessions, Signer
 from .fleetstate import FleetState
 from .formatting import FILTERS
 from .live import LiveHub
@@ -36,7 +37,8 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                   docs_url=None, redoc_url=None)
     fleet_state = FleetState(upstream, stale_after_s=settings.stale_after_s)
     hub.taps.update({"gpu.telemetry.": fleet_state.on_telemetry, "job.": fleet_state.on_job})
-    app.state.console = Console(settings, upstream, hub, Signer(settings.secret("admin_token") or ""), fleet_state)
+    app.state.console = Console(settings, upstream, hub, Signer(settings.secret("admin_token") or ""), fleet_state,
+                                Access("console", settings), Sessions())
     mount_api_docs(app)
     guard_input(app)  # body limit, NaN/Infinity refused, 422s that render any bytes (no 500), as on every service
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")

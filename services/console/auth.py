@@ -1,8 +1,9 @@
-"""Login with the admin token, a signed HttpOnly session cookie, and CSRF tokens bound to the session.
+"""Login with a person's own token, a signed HttpOnly session cookie, and CSRF tokens bound to the session.
 
-Stateless on purpose: the cookie carries its expiry and a random session id, signed with a key
-derived from the admin token, so any console replica (or a restarted one) accepts it, and rotating
-the admin token ends every session. The token itself never leaves the server and is never in a URL.
+The cookie carries its expiry and a random session id, signed with a key derived from the console's admin token
+(rotating that token ends every session). Who the session is, and the credential the console calls the services
+with on that person's behalf, are kept in this process only (`Sessions`): never in the cookie, never in a URL.
+A restarted console (or another replica) asks the person to log in again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SESSION_COOKIE = "wf_session"
 LOGIN_COOKIE = "wf_login"
@@ -30,19 +31,57 @@ class Session:
         return _mac(key, f"csrf:{self.sid}")
 
 
+@dataclass(frozen=True)
+class Person:
+    """Who logged in, and the credential (their own token or OIDC bearer) the console sends for them."""
+
+    name: str
+    role: str
+    via: str
+    credential: str = field(repr=False)
+
+
+class Sessions:
+    """Each live session's person, in this process's memory; expired ones are dropped as new ones come."""
+
+    def __init__(self, limit: int = 10_000):
+        self.limit = limit
+        self._by_sid: dict[str, tuple[Person, int]] = {}
+
+    def add(self, session: Session, person: Person, now: float | None = None) -> None:
+        now = now or time.time()
+        if len(self._by_sid) >= self.limit:
+            self._by_sid = {sid: v for sid, v in self._by_sid.items() if v[1] >= now}
+        while len(self._by_sid) >= self.limit:  # still full of live sessions: the oldest one ends
+            self._by_sid.pop(next(iter(self._by_sid)))
+        self._by_sid[session.sid] = (person, session.expires)
+
+    def person(self, session: Session, now: float | None = None) -> Person | None:
+        found = self._by_sid.get(session.sid)
+        if found is None or found[1] < (now or time.time()):
+            self._by_sid.pop(session.sid, None)
+            return None
+        return found[0]
+
+    def end(self, session: Session) -> None:
+        self._by_sid.pop(session.sid, None)
+
+    def __len__(self) -> int:
+        return len(self._by_sid)
+
+
 class Signer:
     """Signs and checks session cookies and CSRF tokens with a key derived from the admin token."""
 
     def __init__(self, admin_token: str):
         self.key = hashlib.sha256(b"whaleflux-console-session:" + admin_token.encode()).digest()
-        self._token = admin_token.encode()
 
-    def token_matches(self, given: str) -> bool:
-        return secrets.compare_digest(given.encode(), self._token)
-
-    def new_session(self, lifetime_s: float, now: float | None = None) -> tuple[Session, str]:
-        """A fresh session and its cookie value."""
-        session = Session(secrets.token_urlsafe(16), int((now or time.time()) + lifetime_s))
+    def new_session(self, lifetime_s: float, now: float | None = None,
+                    ends: float | None = None) -> tuple[Session, str]:
+        """A fresh session and its cookie value; it ends after `lifetime_s`, or at `ends` if that is sooner (an OIDC
+        token's expiry)."""
+        end = (now or time.time()) + lifetime_s
+        session = Session(secrets.token_urlsafe(16), int(min(end, ends) if ends is not None else end))
         body = f"{session.sid}.{session.expires}"
         return session, f"{body}.{_mac(self.key, body)}"
 

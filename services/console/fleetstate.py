@@ -38,7 +38,7 @@ from whaleflux.shared.events import (
 
 from .fleetfold import FleetNumbers, NodeEntry, fleet_numbers, gpu_entry
 from .models import GpuJob, GpuRow, NodeStatus
-from .upstream import Upstream, UpstreamError
+from .upstream import Upstream, UpstreamError, as_console
 
 STALE_AFTER_S = 15.0  # telemetry's default `stale_after_s`
 DETAILS_EVERY_S = 60.0
@@ -197,7 +197,8 @@ class FleetState:
 
     async def _read_statuses(self) -> None:
         try:
-            got = _STATUSES.validate_python(await self.upstream.get("scheduler", "/v1/nodes"))
+            with as_console():  # one read shared by every page: the console's own credential
+                got = _STATUSES.validate_python(await self.upstream.get("scheduler", "/v1/nodes"))
         except UpstreamError as exc:
             self.statuses_error = exc.detail
             if self._statuses is not None:  # tried again after STATUSES_TTL_S, not at every build
@@ -209,7 +210,8 @@ class FleetState:
     async def _read_details(self) -> None:
         started = time.monotonic()
         try:
-            body = (await self.upstream.raw("telemetry", "/v1/gpus")).content
+            with as_console():
+                body = (await self.upstream.raw("telemetry", "/v1/gpus")).content
             # 8,000 GPUs are 8 MB: read in a thread, so that views and pages go on meanwhile.
             rows = await asyncio.to_thread(parse_rows, body)
         except (UpstreamError, ValueError) as exc:  # ValueError: not JSON, or a ValidationError

@@ -1,16 +1,33 @@
-"""The console's one HTTP client to the other services: every request carries the console's token (reads need a
-viewer in production, writes their role; docs/security.md)."""
+"""The console's one HTTP client to the other services (reads need a viewer in production, writes their role;
+docs/security.md). A request made while serving a person (`acting_as`, set from their session) carries that
+person's own credential, so the services apply that person's role and their audit log names them; only the
+console's own background reads (the live views shared by every browser, the fleet's node states) carry the
+console's token."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import contextlib
+from collections.abc import Awaitable, Iterator
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
 T = TypeVar("T")
+# The credential of the person this request is served for (web.session sets it); None: the console's own work.
+acting_as: ContextVar[str | None] = ContextVar("acting_as", default=None)
+
+
+@contextlib.contextmanager
+def as_console() -> Iterator[None]:
+    """Calls made inside carry the console's own token: for what is read once and shown to everyone."""
+    reset = acting_as.set(None)
+    try:
+        yield
+    finally:
+        acting_as.reset(reset)
 
 
 class UpstreamError(Exception):
@@ -51,7 +68,7 @@ class Upstream:
         return resp.json()
 
     async def _request(self, method: str, service: str, path: str, **kw: Any) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {self._token}"}
+        headers = {"Authorization": f"Bearer {acting_as.get() or self._token}"}
         try:
             resp = await self.http.request(method, self.urls[service] + path, headers=headers, **kw)
         except httpx.HTTPError as exc:

@@ -12,11 +12,13 @@ from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from .auth import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, Session, Signer
+from whaleflux.shared.access_http import Access
+
+from .auth import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, Person, Session, Sessions, Signer
 from .fleetstate import FleetState
 from .live import LiveHub
 from .settings import ConsoleSettings
-from .upstream import Upstream
+from .upstream import Upstream, acting_as
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -32,6 +34,8 @@ class Console:
     hub: LiveHub
     signer: Signer
     fleet: FleetState
+    access: Access  # who a login token is: the console's admin token, the tokens file, OIDC (as the services)
+    sessions: Sessions
 
 
 class NotLoggedIn(Exception):
@@ -46,11 +50,16 @@ def console(request: Request) -> Console:
     return request.app.state.console
 
 
-def session(request: Request) -> Session:
-    found = console(request).signer.session(request.cookies.get(SESSION_COOKIE))
-    if found is None:
+async def session(request: Request) -> Session:
+    """The request's session; from here on the console calls the services with that person's credential
+    (async on purpose: a dependency run in a thread could not set `acting_as` for the route)."""
+    c = console(request)
+    found = c.signer.session(request.cookies.get(SESSION_COOKIE))
+    person = c.sessions.person(found) if found is not None else None
+    if found is None or person is None:
         raise NotLoggedIn()
-    request.state.session = found
+    request.state.session, request.state.person = found, person
+    acting_as.set(person.credential)
     return found
 
 
@@ -75,9 +84,11 @@ def page(request: Request, template: str, active: str | None = None, status_code
     """Render a template with what the layout needs (navigation, the CSRF token for forms and htmx)."""
     c = console(request)
     sess: Session | None = getattr(request.state, "session", None)
+    person: Person | None = getattr(request.state, "person", None)
     return templates.TemplateResponse(
         request, template,
-        {"active": active, "nav": NAV, "csrf": sess.csrf(c.signer.key) if sess else "", "now": utcnow(), **ctx},
+        {"active": active, "nav": NAV, "csrf": sess.csrf(c.signer.key) if sess else "", "now": utcnow(),
+         "person": person, **ctx},
         status_code=status_code,
     )
 

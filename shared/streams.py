@@ -131,11 +131,15 @@ class ConsumerSpec:
     takeover: bool = False
 
     def partition(self, k: int) -> ConsumerSpec:
-        """Partition `k`'s durable consumer."""
+        """Partition `k`'s durable consumer. It fetches an eighth of the whole feed's batch: a replica holding
+        every partition then has as many events fetched and not yet acked as one consumer of the whole feed
+        (two fetches each), so under a backlog none waits in the process past the shorter ack_wait and comes
+        again (bench/telemetry_replicas.py saw half of all batches redelivered with whole batches)."""
         if not self.partitioned:
             raise ValueError(f"consumer {self.durable} is not partitioned")
         return replace(self, durable=f"{self.durable}-p{k}", filter_subjects=[STREAMS[self.stream].partition_filter(k)],
-                       partitioned=False, takeover=True, ack_wait_s=PARTITION_ACK_WAIT_S)
+                       partitioned=False, takeover=True, ack_wait_s=PARTITION_ACK_WAIT_S,
+                       batch=max(1, self.batch // PARTITIONS))
 
     def partitions(self) -> list[ConsumerSpec]:
         """Every durable consumer this declaration stands for: itself, and one per partition if partitioned."""

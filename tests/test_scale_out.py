@@ -68,6 +68,7 @@ def test_partitioned_consumers_run_one_durable_per_partition_and_the_rest_with_m
     [(name, p5)] = planned["p5"]
     assert name == "telemetry-gpu" and p5.durable == "telemetry-gpu-p5"
     assert p5.filter_subjects == ["gpu.telemetry.*.*.5"] and p5.takeover and not p5.partitioned
+    assert p5.batch * PARTITIONS == specs["telemetry-gpu"].batch  # all partitions fetch what one whole-feed fetch does
     # The service's NATS identity may run every partition's consumer.
     identity = service_identity("telemetry")
     assert identity.may_publish("$JS.API.CONSUMER.MSG.NEXT.WHALEFLUX_TELEMETRY.telemetry-gpu-p5")

@@ -196,8 +196,26 @@ def test_two_inventory_replicas_count_every_sample_once_and_keep_the_holders_acr
         sums, _ = asyncio.run(read())
         for uuid in every:
             got = sums[(uuid, hour)]
-            # Each sample once, none lost to the handover. (A batch counted by the killed replica in the instant
-            # between its write and its ack would come again and count twice: inventory.md says so.)
+            # Each sample once, none lost to the handover (a batch the killed replica counted but never acked
+            # comes again and is not counted twice: see the next test).
             assert (got.total_n, got.total_sum) == (rounds, float(sum(range(1, rounds + 1)))), (uuid, got)
     finally:
         system.stop()
+
+
+async def test_an_inventory_telemetry_batch_that_comes_again_is_counted_once(bus_and_redis):
+    """A batch handled by a replica that died before its ack comes again: only a node's newer batch adds."""
+    from whaleflux.inventory.rollups import UtilSums
+
+    _, redis = bus_and_redis
+    store = InventoryStore(SimpleNamespace(redis=redis, prefix="wf:inventory", outbox=None),
+                           lambda: datetime.now(UTC), structlog.get_logger("test"))
+    t = datetime(2026, 3, 10, 5, 20, tzinfo=UTC)
+    sums = {"g0": UtilSums(allocated_sum=50.0, allocated_n=1, total_sum=50.0, total_n=1)}
+    assert await store.add_utilization("onprem/n1", t, sums, 3600)
+    assert not await store.add_utilization("onprem/n1", t, sums, 3600)  # the same batch again
+    assert not await store.add_utilization("onprem/n1", t - timedelta(seconds=1), sums, 3600)  # older than it
+    assert await store.add_utilization("onprem/n2", t, sums, 3600)  # another node's
+    assert await store.add_utilization("onprem/n1", t + timedelta(microseconds=1), sums, 3600)
+    hour = hour_floor(t)
+    assert (await store.utilization(hour, hour + HOUR))[("g0", hour)] == UtilSums(150.0, 3, 150.0, 3)

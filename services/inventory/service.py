@@ -99,7 +99,8 @@ class Inventory:
         uuids = [g.uuid for g in data.gpus]
         allocated = allocated_at(await self.store.holders_of(uuids), uuids, data.sample_time)
         sums = sample_sums([(g.uuid, g.utilization_gpu_pct) for g in data.gpus], allocated)
-        await self.store.add_utilization(hour_floor(data.sample_time), sums, int(self.settings.retention_days * 86400))
+        await self.store.add_utilization(f"{data.cluster}/{data.node}", data.sample_time, sums,
+                                         int(self.settings.retention_days * 86400))
 
     # ------------------------------------------------------------------ queries
 

@@ -40,6 +40,21 @@ class Connection(Protocol):
 
 # The fields of a GPU's hourly utilization sums (`util:<hour>`): `<uuid>|<part>`.
 _UTIL_PARTS = {"as": "allocated_sum", "an": "allocated_n", "s": "total_sum", "n": "total_n"}
+# A node's batch is added once: only if newer than the last one added for the node (`util:last`), in the same
+# call, so a batch that comes again (handled, then the replica died before its ack) is not counted twice.
+_ADD_UTIL = """
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '-1')
+if tonumber(ARGV[2]) <= last then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+for i = 4, #ARGV, 5 do
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i] .. '|as', ARGV[i + 1])
+  redis.call('HINCRBY', KEYS[1], ARGV[i] .. '|an', ARGV[i + 2])
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i] .. '|s', ARGV[i + 3])
+  redis.call('HINCRBY', KEYS[1], ARGV[i] .. '|n', ARGV[i + 4])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
 
 
 class InventoryStore:
@@ -197,17 +212,16 @@ class InventoryStore:
     def _util_key(self, hour: datetime) -> str:
         return self.key(f"util:{int(hour.timestamp())}")
 
-    async def add_utilization(self, hour: datetime, sums: dict[str, UtilSums], ttl_s: int) -> None:
-        """Add one telemetry batch's per-GPU sums to the hour's (the hour's sums expire after `ttl_s`)."""
-        key = self._util_key(hour)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for uuid, s in sums.items():
-                pipe.hincrbyfloat(key, f"{uuid}|as", s.allocated_sum)
-                pipe.hincrby(key, f"{uuid}|an", s.allocated_n)
-                pipe.hincrbyfloat(key, f"{uuid}|s", s.total_sum)
-                pipe.hincrby(key, f"{uuid}|n", s.total_n)
-            pipe.expire(key, ttl_s)
-            await pipe.execute()
+    async def add_utilization(self, node_key: str, sample_time: datetime, sums: dict[str, UtilSums],
+                              ttl_s: int) -> bool:
+        """Add one node's telemetry batch's per-GPU sums to its hour's (kept `ttl_s`), unless the node's last batch
+        added is as new or newer (this one came again); whether it was added."""
+        hour = hour_floor(sample_time)
+        args: list[str | int | float] = [node_key, int(sample_time.timestamp() * 1_000_000), ttl_s]
+        for uuid, s in sums.items():
+            args += [uuid, s.allocated_sum, s.allocated_n, s.total_sum, s.total_n]
+        added = await self.redis.eval(_ADD_UTIL, 2, self._util_key(hour), self.key("util:last"), *args)
+        return bool(added)
 
     async def utilization(self, start: datetime, end: datetime) -> dict[tuple[str, datetime], UtilSums]:
         """Per (GPU, hour) sums of the hours overlapping [start, end)."""

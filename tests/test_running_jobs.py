@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import replace
 
@@ -39,6 +40,8 @@ def test_usage_and_ends_follow_each_start_change_and_end():
     with pytest.raises(TypeError, match="one job at a time"):
         running.update({})
     assert dict(running) == {"a": running["a"]}
+    copied = copy.deepcopy(running)
+    assert copied == running and copied.usage == running.usage and copied.by_end == running.by_end
 
 
 MODELS = {m: ModelFacts(m, {"llm-train": s, "small": s}) for m, s in (("A100", 1.0), ("H100", 2.6), ("H200", 3.0))}

@@ -67,6 +67,9 @@ class RunningJobs(dict[str, RunningJob]):
         key = end_key(job)
         del self.by_end[bisect_left(self.by_end, key)]
 
+    def __reduce__(self) -> tuple[type[RunningJobs], tuple[list[RunningJob]]]:
+        return (RunningJobs, (list(self.values()),))  # copies and pickles rebuild the kept order and usage
+
     def _unsupported(self, *_: object, **__: object) -> NoReturn:
         raise TypeError("RunningJobs changes one job at a time: use [job_id] = job, del or pop")
 

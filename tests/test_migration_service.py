@@ -47,8 +47,8 @@ def test_a_long_checkpointable_job_moves_to_faster_gpus_when_they_free_and_a_res
         wait_until(lambda: _job(scheduler, holder)["state"] == "running", what="H100 node held")
         train = dict(gpus=2, gpu_models=["H100", "A100"], workload_class="llm-train", expected_runtime_s=36000,
                      preemptible=True)
-        mover = _submit(scheduler, [sys.executable, str(job), "40"], **train)
-        stayer = _submit(scheduler, [sys.executable, str(job), "90"], resume="restart", **train)
+        mover = _submit(scheduler, [sys.executable, str(job), "100"], **train)
+        stayer = _submit(scheduler, [sys.executable, str(job), "120"], resume="restart", **train)
         for job_id in (mover, stayer):
             wait_until(lambda job_id=job_id: (j := _job(scheduler, job_id))["state"] == "running"
                        and j["node"] == "a100-01",
@@ -56,7 +56,7 @@ def test_a_long_checkpointable_job_moves_to_faster_gpus_when_they_free_and_a_res
         wait_until(lambda: _checkpoint(tmp_path, mover) >= 5, what="mover checkpointed")
 
         release.touch()  # the H100s free: the checkpointable job moves there, the restart one stays
-        done = wait_until(lambda: (j := _job(scheduler, mover))["state"] == "succeeded" and j, timeout=30,
+        done = wait_until(lambda: (j := _job(scheduler, mover))["state"] == "succeeded" and j, timeout=90,
                           what="moved job done")
         assert (done["attempt"], done["node"], done["gpu_model"]) == (2, "h100-01", "H100")
         assert done["migrations"] == 1 and done["preemptions"] == 0
@@ -65,9 +65,9 @@ def test_a_long_checkpointable_job_moves_to_faster_gpus_when_they_free_and_a_res
         home = tmp_path / "home" / "jobs"
         assert "sigterm at" in (home / f"{mover}.1.log").read_text()
         resumed = (home / f"{mover}.2.log").read_text()
-        assert "attempt=2 resume=1" in resumed and "done at 40" in resumed
+        assert "attempt=2 resume=1" in resumed and "done at 100" in resumed
         assert int(resumed.split("from=")[1].split()[0]) >= 5
-        stayed = wait_until(lambda: (j := _job(scheduler, stayer))["state"] == "succeeded" and j, timeout=30,
+        stayed = wait_until(lambda: (j := _job(scheduler, stayer))["state"] == "succeeded" and j, timeout=90,
                             what="restart job done")
         assert (stayed["attempt"], stayed["node"], stayed["migrations"]) == (1, "a100-01", 0)
 

@@ -105,6 +105,8 @@ class Bus:
             user=user,
             password=password,
             name=source,
+            # Replies under `_INBOX.<user>`: the only inbox its NATS permissions let it read (shared/permissions.py).
+            inbox_prefix=subjects.inbox_prefix(user) if user else "_INBOX",
             connect_timeout=connect_timeout,
             max_reconnect_attempts=-1 if reconnect else 0,
             reconnect_time_wait=1,

@@ -7,7 +7,7 @@ what each service publishes is declared in `PUBLISHES` below, next to the subjec
 
 JetStream is reached through request subjects (`$JS.API.…`, docs.nats.io "JetStream API"): each
 identity gets only the API subjects of its own durable consumers (info, create, delete, next message),
-the acks of its own consumers (`$JS.ACK.<stream>.<durable>.>`) and its replies on `_INBOX.>`.
+the acks of its own consumers (`$JS.ACK.<stream>.<durable>.>`) and its own replies on `_INBOX.<user>.>`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from .partitions import PARTITIONS
 from .streams import CONSUMERS, STREAMS, ConsumerSpec, agent_consumer
 
 API = "$JS.API"
-INBOX = "_INBOX.>"
 OPERATOR = "operator"
 
 # The scheduler keeps its folded job history in a JetStream object store (services/scheduler/rebuild.py).
@@ -120,13 +119,18 @@ def _scheduler_extra() -> list[str]:
     return out
 
 
+def inbox(user: str) -> str:
+    """The one part of `_INBOX` that `user` may subscribe to: its own replies."""
+    return f"{s.inbox_prefix(user)}.>"
+
+
 def service_identity(service: str) -> Identity:
     if service not in PUBLISHES:
         raise ValueError(f"unknown service {service!r}; one of {', '.join(PUBLISHES)}")
     publish = [*PUBLISHES[service], *stream_api(update=True), *_consuming(service_consumers(service))]
     if service == "scheduler":
         publish += _scheduler_extra()
-    return Identity(service, _unique(publish), (INBOX,), f"the {service} service")
+    return Identity(service, _unique(publish), (inbox(service),), f"the {service} service")
 
 
 def agent_user(cluster: str, node: str) -> str:
@@ -150,12 +154,12 @@ def agent_identity(nodes: Sequence[tuple[str, str]], user: str | None = None) ->
         publish += [s.gpu_telemetry(cluster, node), s.node_heartbeat(cluster, node), s.node_registered(cluster, node),
                     s.gpu_validated(cluster, node)]  # its burn-in's report cards
         publish += _consuming([agent_consumer(cluster, node)])
-    return Identity(user, _unique(publish), (INBOX,), f"the agent of {', '.join(f'{c}/{n}' for c, n in nodes)}")
+    return Identity(user, _unique(publish), (inbox(user),), f"the agent of {', '.join(f'{c}/{n}' for c, n in nodes)}")
 
 
 def submitter_identity(user: str = "submitter") -> Identity:
     """Another system that submits jobs: `job.submitted` and its publish acknowledgements, nothing else."""
-    return Identity(user, (s.JOB_SUBMITTED,), (INBOX,), "an external system that submits jobs")
+    return Identity(user, (s.JOB_SUBMITTED,), (inbox(user),), "an external system that submits jobs")
 
 
 def console_identity() -> Identity:
@@ -168,7 +172,7 @@ def operator_identity(user: str = OPERATOR) -> Identity:
     """A person's CLI: submits jobs and reads the streams' and consumers' state; changes nothing else."""
     inspect = [f"{API}.INFO", f"{API}.STREAM.NAMES", f"{API}.STREAM.LIST", f"{API}.STREAM.INFO.*",
                f"{API}.CONSUMER.NAMES.*", f"{API}.CONSUMER.LIST.*", f"{API}.CONSUMER.INFO.*.*"]
-    return Identity(user, (s.JOB_SUBMITTED, *inspect), (INBOX,), "a person's CLI (whaleflux submit, inspection)")
+    return Identity(user, (s.JOB_SUBMITTED, *inspect), (inbox(user),), "a person's CLI (whaleflux submit, inspection)")
 
 
 def stack_identities(agent_nodes: Sequence[tuple[str, str]], agent_user_name: str = "agent") -> list[Identity]:
@@ -210,7 +214,7 @@ def markdown_table(identities: Sequence[Identity]) -> str:
         partitioned = {c.removesuffix(last) for c in consumers if c.endswith(last)}
         consumers = [f"{c}[-p0…p{PARTITIONS - 1}]" if c in partitioned else c for c in consumers
                      if not any(c.startswith(f"{base}-p") for base in partitioned)]
-        subscribed = [p for p in identity.subscribe if p != INBOX]
+        subscribed = [p for p in identity.subscribe if p != inbox(identity.user)]
         cells = [", ".join(f"`{x}`" for x in items) or "—" for items in (events, consumers, subscribed)]
         rows.append(f"| `{identity.user}` | {identity.role} | {' | '.join(cells)} |")
     return "\n".join(rows) + "\n"

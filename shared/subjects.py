@@ -34,6 +34,12 @@ ALERT_RESOLVED = "alert.resolved"
 DEADLETTER_PREFIX = "deadletter"
 
 
+def inbox_prefix(user: str) -> str:
+    """Where replies to `user`'s connections arrive (`_INBOX.<user>.…`): shared/bus.py connects with it, and
+    the user may subscribe to nothing else of `_INBOX`, so no identity reads another's replies."""
+    return f"_INBOX.{user}"
+
+
 def token(value: str) -> str:
     """Return `value` if it is safe as one subject token, else raise ValueError."""
     if not _TOKEN.match(value):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import nats
 import pytest
+from nats.js.errors import NotFoundError
 
 from whaleflux.servers import LocalServers, write_private
 from whaleflux.shared import subjects as s
@@ -84,7 +85,8 @@ def test_an_agent_publishes_only_its_own_nodes_subjects_and_consumes_only_its_ow
                     "$JS.API.STREAM.DELETE.WHALEFLUX_JOBS", f"$JS.API.CONSUMER.MSG.NEXT.WHALEFLUX_JOBS.{OTHER_AGENT}"):
         assert not agent.may_publish(subject), subject
     assert agent.may_publish("$JS.API.CONSUMER.MSG.NEXT.WHALEFLUX_JOBS.agent-onprem-a100-01")
-    assert not agent.may_subscribe("job.>") and agent.subscribe == ("_INBOX.>",)
+    assert not agent.may_subscribe("job.>") and agent.subscribe == (f"_INBOX.{AGENT}.>",)
+    assert not agent.may_subscribe("_INBOX.scheduler.x") and not agent.may_subscribe("_INBOX.>")
 
 
 def test_submitter_console_and_operator_are_narrow():
@@ -144,7 +146,8 @@ class Guarded:
 
     async def connect(self, user: str, refused: Refusals | None = None) -> nats.NATS:
         return await nats.connect(self.servers.nats_url, user=user, password=self.passwords[user],
-                                  error_cb=refused.record if refused else None, allow_reconnect=False)
+                                  error_cb=refused.record if refused else None, allow_reconnect=False,
+                                  inbox_prefix=s.inbox_prefix(user))  # as shared/bus.py connects
 
 
 class Refusals:
@@ -220,6 +223,33 @@ def test_the_server_refuses_what_an_identity_may_not_publish(guarded):
         errors = await refused.first()
         await nc.close()
         assert any("permissions violation for subscription" in e for e in errors), errors
+
+    asyncio.run(scenario())
+
+
+def test_no_identity_may_read_another_identitys_replies(guarded):
+    """Replies arrive under `_INBOX.<user>`: the agent's own JetStream requests are answered there, and the
+    server refuses it a subscription to the scheduler's inbox or to all of `_INBOX`."""
+    async def scenario() -> None:
+        nc = await guarded.connect("scheduler")
+        await Bus(nc, "test").ensure_streams()
+        assert nc.new_inbox().startswith("_INBOX.scheduler.")
+        await nc.close()
+        for other in (f"{s.inbox_prefix('scheduler')}.>", "_INBOX.>", f"{s.inbox_prefix('submitter')}.abc"):
+            refused = Refusals()
+            nc = await guarded.connect(AGENT, refused)
+            await nc.subscribe(other)
+            errors = await refused.first()
+            await nc.close()
+            assert any(f'permissions violation for subscription to "{other.lower()}"' in e for e in errors), errors
+        nc = await guarded.connect(AGENT)  # its own replies still come: a JetStream request answered
+        try:
+            info = await nc.jetstream().consumer_info("WHALEFLUX_JOBS", AGENT)
+        except NotFoundError:
+            info = None  # not bound yet: the answer (a 404) came back on the agent's own inbox all the same
+        finally:
+            await nc.close()
+        assert info is None or info.name == AGENT
 
     asyncio.run(scenario())
 

@@ -3,9 +3,10 @@
 One command per figure; each prints the figure and its reference (issue 19):
 
     python bench/console_pages.py pages              first load of every page on the demo fleet (<= 1 s each)
-    python bench/console_pages.py large [--interval 5] [--seconds 30] [--source agent|bus]
+    python bench/console_pages.py large [--interval 5] [--seconds 30] [--source agent|bus] [--before PYTHON]
                                                      /fleet with 1,000 nodes x 8 GPUs: renders in <= 2 s, keeps up
-                                                     with 1 Hz updates; a submitted job shows as holding its GPUs
+                                                     with 1 Hz updates; a submitted job shows as holding its GPUs;
+                                                     --before: also an earlier console, on the same stack
     python bench/console_pages.py fault [--repeat 2]  an injected fault (the agent's admin endpoint): how long until
                                                      the open fleet page flags it and the open alerts page lists
                                                      the alert (within 2 s)

@@ -254,3 +254,15 @@ def test_a_heartbeat_sent_before_the_recorded_end_does_not_stop_the_ended_attemp
     done.finished_at = at(9)
     assert reconcile(heartbeat(running()), at(9.5), [], {"j1": done}, at(20), 30).stop == []
     assert [a.job_id for a in reconcile(heartbeat(running()), at(20), [], {"j1": done}, at(20), 30).stop] == ["j1"]
+
+
+def test_the_other_part_of_a_failed_gang_gets_its_stop_order_s_grace_before_another():
+    parts = [JobPart(rank=0, cluster="c", node="n1", gpu_model="H100", gpu_uuids=["a"], gpu_indices=[0],
+                     state="running", started_at=at(1)),
+             JobPart(rank=1, cluster="c", node="n2", gpu_model="H100", gpu_uuids=["b"], gpu_indices=[0],
+                     state="exited", started_at=at(1), finished_at=at(9), exit_code=3)]
+    failed = record(state="failed", parts=parts)  # rank 1 failed at 9; rank 0 was told to stop then
+    failed.finished_at = at(9)
+    hb = heartbeat(running(rank=0))
+    assert reconcile(hb, at(12), [], {"j1": failed}, at(12), 30, stopping_s=12).stop == []
+    assert [a.rank for a in reconcile(hb, at(22), [], {"j1": failed}, at(22), 30, stopping_s=12).stop] == [0]

@@ -11,7 +11,9 @@ recorded. Both ways:
 - one the node runs that is an older attempt of the job, or of a job that has
   ended, is stopped (never one our possibly lagging read does not know yet, and
   never the current attempt on a heartbeat the node sent before that attempt's
-  recorded end: the heartbeat was on its way while the attempt exited).
+  recorded end: the heartbeat was on its way while the attempt exited, nor a
+  part of an ended job within `stopping_s` of that end: the end sent it its stop
+  order, with a grace period to honour it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from datetime import datetime
 
 from whaleflux.shared.events import AttemptReport, JobFinished, NodeHeartbeat
 
-from .records import ACTIVE, JobRecord
+from .records import ACTIVE, TERMINAL, JobRecord
 
 # A started attempt missing from a heartbeat the node sent this much later than its start is lost
 # (the node adds an attempt to its list before it reports the start; both times are the node's clock).
@@ -54,9 +56,10 @@ def _ended_at(job: JobRecord, cluster: str, node: str) -> datetime | None:
 
 
 def reconcile(hb: NodeHeartbeat, sent_at: datetime, ours: list[JobRecord], others: dict[str, JobRecord],
-              now: datetime, placement_report_s: float) -> Plan:
+              now: datetime, placement_report_s: float, stopping_s: float = 0.0) -> Plan:
     """What to do about one heartbeat (`sent_at`: its envelope time, the node's clock). `ours`: jobs we think
-    active on the node; `others`: the records of the other jobs it lists."""
+    active on the node; `others`: the records of the other jobs it lists; `stopping_s`: how long a part that
+    was sent a stop order when its job ended has to stop before it is sent another."""
     plan = Plan()
     listed = {(a.job_id, a.attempt, a.rank or 0): a for a in hb.attempts or []}
     for job in ours:
@@ -95,8 +98,12 @@ def reconcile(hb: NodeHeartbeat, sent_at: datetime, ours: list[JobRecord], other
         here = record.state in ACTIVE and live and (rank or 0) == (a.rank or 0)
         if a.attempt == record.attempt and (record.state == "pending" or here):
             continue  # the current attempt where it belongs, or one being stopped already (the job is queued again)
-        ended = _ended_at(record, hb.cluster, hb.node) if a.attempt == record.attempt else None
-        if ended is not None and (sent_at - ended).total_seconds() < STARTED_SLACK_S:
-            continue  # a heartbeat from before (or just at) the end we have: it ran then, it has exited since
+        if a.attempt == record.attempt:
+            ended = _ended_at(record, hb.cluster, hb.node)
+            if ended is not None and (sent_at - ended).total_seconds() < STARTED_SLACK_S:
+                continue  # a heartbeat from before (or just at) the end we have: it ran then, it has exited since
+            if (record.state in TERMINAL and live and record.finished_at is not None
+                    and (now - record.finished_at).total_seconds() < stopping_s):
+                continue  # told to stop when the job ended (a gang's other part failed, a cancel): it is stopping
         plan.stop.append(a)
     return plan

@@ -100,7 +100,8 @@ class Failover:
         async with self.s.lock:
             ours = await store.jobs_on(key)
             others = await store.jobs(sorted(listed - {j.job_id for j in ours}))
-            plan = attempts.reconcile(hb, env.time, ours, others, now, settings.placement_report_s)
+            plan = attempts.reconcile(hb, env.time, ours, others, now, settings.placement_report_s,
+                                      settings.hold_s)
             for report in plan.ended:
                 self.s.log.warning("attempt.ended_per_node", job_id=report.job_id, attempt=report.attempt, node=key,
                                    exit_code=report.exit_code, interrupted=report.interrupted)

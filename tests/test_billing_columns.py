@@ -48,10 +48,11 @@ def test_columns_from_records_equal_the_object_path_row_for_row(seed):
     ivs, jobs = intervals(records, now)
     assert _columns(record_table(records, to_ms(now))) == _columns(IntervalTable.of(ivs))
     kept, overlaps = without_overlaps(ivs)
-    tab, jobs_c, overlaps_c = charged_table(records, to_ms(now))
-    assert _columns(tab) == _columns(IntervalTable.of(kept))
-    assert overlaps_c == overlaps
-    assert jobs_c == jobs
+    for small in (0, 10**6):  # on columns; as objects
+        tab, jobs_c, overlaps_c = charged_table(records, to_ms(now), small)
+        assert _columns(tab) == _columns(IntervalTable.of(kept))
+        assert overlaps_c == overlaps
+        assert jobs_c == jobs
 
 
 def test_overlaps_are_cut_on_columns_and_each_one_reported():

@@ -27,9 +27,11 @@ import numpy as np
 
 from .allocation import Interval, IntervalTable, JobInfo
 from .allocation.chargeback import I64, codes
-from .metering import Overlap, UsageRecord, cut, job_infos
+from .metering import Overlap, UsageRecord, cut, intervals, job_infos, without_overlaps
+from .ownership import from_ms
 
 __all__ = ["charged_table", "record_table", "without_overlaps_table"]
+SMALL = 200  # records: below this a one-day report's handful of records costs less as objects
 
 
 @dataclass(frozen=True)
@@ -79,11 +81,28 @@ def _table(f: _Fields, now_ms: int) -> IntervalTable:
     ends = np.full(len(n), now_ms, dtype=np.int64)
     ends[~running] = _ms(filter(None, f.ended), int((~running).sum()))
     ends[running] = np.maximum(ends[running], starts[running])
-    gpus, gpu = codes(list(chain.from_iterable(f.gpus)))
+    gpus, gpu = _gpu_codes(f.gpus)
     jobs, job = codes(list(compress(f.keys, n.tolist())))  # the attempts that held a GPU
     held = n > 0
     return IntervalTable(gpus, jobs, gpu, np.repeat(starts[held], n[held]), np.repeat(ends[held], n[held]),
                          np.repeat(job, n[held]))
+
+
+def _gpu_codes(lists: tuple[list[str], ...]) -> tuple[list[str], I64]:
+    """`codes` of every GPU of every record's list, in order, hashing each distinct list once: a fleet has far
+    fewer distinct GPU lists (a node's GPUs, a few of them) than a report has records."""
+    keys = list(map(tuple, lists))
+    index = dict.fromkeys(keys)
+    distinct = list(index)
+    for i, k in enumerate(distinct):
+        index[k] = i
+    which = np.fromiter(map(index.__getitem__, keys), np.int64, len(keys))
+    gpus, flat = codes(list(chain.from_iterable(distinct)))  # first appearance in the lists' = in the records'
+    lengths = np.fromiter(map(len, distinct), np.int64, len(distinct))
+    offsets = np.cumsum(lengths) - lengths
+    n = lengths[which]
+    within = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    return gpus, flat[np.repeat(offsets[which], n) + within]
 
 
 def record_table(records: list[UsageRecord], now_ms: int) -> IntervalTable:
@@ -174,9 +193,14 @@ def without_overlaps_table(tab: IntervalTable) -> tuple[IntervalTable, list[Over
                          gpu, new_start, end, job), overlaps
 
 
-def charged_table(records: list[UsageRecord], now_ms: int
+def charged_table(records: list[UsageRecord], now_ms: int, small: int = SMALL
                   ) -> tuple[IntervalTable, dict[str, JobInfo], list[Overlap]]:
-    """The records' intervals with every GPU's time charged once (columns), the attempts, the overlaps cut."""
+    """The records' intervals with every GPU's time charged once (columns), the attempts, the overlaps cut.
+    Fewer than `small` records go the object path (the same result; cheaper than the array calls there)."""
+    if len(records) < small:
+        ivs, jobs = intervals(records, from_ms(now_ms))
+        kept, overlaps = without_overlaps(ivs)
+        return IntervalTable.of(kept), jobs, overlaps
     with _no_gc():
         f = _Fields.of(records)
         tab, overlaps = without_overlaps_table(_table(f, now_ms))

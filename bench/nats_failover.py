@@ -183,7 +183,7 @@ def main() -> None:
             nodes = httpx.get(f"{scheduler.url}/v1/nodes", timeout=10).json()
             return sum(1 for n in nodes if n["cluster"] == "bench" and n["status"] == "draining") == sources
 
-        wait_until(drained, timeout=120, what="the telemetry sources drained")
+        wait_until(drained, timeout=900, what="the telemetry sources drained")  # one drain at a time
         name = asyncio.run(leader())
         victim = next(i for i in range(3) if local.cluster.server_name(i) == name)
         result = asyncio.run(load(servers, local, args, victim))

@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from whaleflux.shared import access
+
 
 @dataclass
 class Servers:
@@ -217,3 +219,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 or item.get_closest_marker("integration"):
             continue
         item.add_marker(pytest.mark.integration if _is_integration(item) else pytest.mark.unit)
+
+
+@pytest.fixture
+def people(tmp_path: Path) -> dict[str, str]:
+    """A tokens file (its path under "path") with one person of each role and a component's token scoped to
+    inventory (tests/test_access_live.py, tests/test_console_people.py)."""
+    path = tmp_path / "tokens.json"
+    return {
+        "path": str(path),
+        "viewer": access.issue(path, "vic", "viewer"),
+        "submitter": access.issue(path, "sam", "submitter", teams=["vision"]),
+        "operator": access.issue(path, "olga", "operator"),
+        "admin": access.issue(path, "ada", "admin"),
+        "scheduler": access.issue(path, "scheduler", "viewer", services=["inventory"]),
+    }

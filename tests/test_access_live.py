@@ -18,8 +18,6 @@ from typing import Any
 import httpx
 import pytest
 
-from whaleflux.shared import access
-
 from .processes import until
 from .test_access import AUDIENCE, ISSUER, Issuer
 
@@ -29,19 +27,6 @@ def issuer():
     idp = Issuer()
     yield idp
     idp.stop()
-
-
-@pytest.fixture
-def people(tmp_path) -> dict[str, str]:
-    path = tmp_path / "tokens.json"
-    return {
-        "path": str(path),
-        "viewer": access.issue(path, "vic", "viewer"),
-        "submitter": access.issue(path, "sam", "submitter", teams=["vision"]),
-        "operator": access.issue(path, "olga", "operator"),
-        "admin": access.issue(path, "ada", "admin"),
-        "scheduler": access.issue(path, "scheduler", "viewer", services=["inventory"]),
-    }
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -11,22 +11,11 @@ import re
 import httpx
 import pytest
 
-from whaleflux.shared import access
-
 from .processes import make_cluster, wait_until
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
-@pytest.fixture
-def people(tmp_path) -> dict[str, str]:
-    path = tmp_path / "tokens.json"
-    return {
-        "path": str(path),
-        "viewer": access.issue(path, "vic", "viewer"),
-        "submitter": access.issue(path, "sam", "submitter", teams=["vision"]),
-        "elsewhere": access.issue(path, "telemetry-reader", "viewer", services=["telemetry"]),
-    }
 
 
 @pytest.fixture
@@ -66,7 +55,7 @@ def test_each_person_acts_in_the_console_with_their_own_role_and_the_audit_log_n
     url, audit, console_audit = stack
     stranger, refused = log_in(url, "not-anyones-token")
     assert refused.status_code == 401 and "Wrong token" in refused.text
-    _, scoped = log_in(url, people["elsewhere"])  # a component's token, accepted only by telemetry
+    _, scoped = log_in(url, people["scheduler"])  # a component's token, accepted only by inventory
     assert scoped.status_code == 401
 
     sam, answer = log_in(url, people["submitter"])

@@ -7,12 +7,13 @@ JOBS stream, consumed by one in-process billing service (durable pull consumer
 in batches of 256: one pipelined read per batch, decided in stream order, one
 MULTI write, acks after it), timed until every usage record is written.
 Printed beside the same run's reference: the same backlog fetched and acked by
-a bare pull consumer in batches of 256 with no handling (what the bus alone
-costs), and again acking once per batch (AckAll: the fewest acks a consumer
-can send). The service is timed from its start() returning (connected, state
-checked, consumers created), the reference from its subscription; each prints
-its CPU time per event in this process (on a shared, loaded machine steadier
-than the rate). Starts its own nats-server and redis-server.
+a bare pull consumer in batches of 256 with no handling, with the fetch every
+consumer of the bus uses (`shared/pull.py`: what the bus alone costs), and again
+with nats-py's own `PullSubscription.fetch` (what the bus used before). The
+service is timed from its start() returning (connected, state checked,
+consumers created), the references from their subscriptions; each prints its
+CPU time per event in this process (on a shared, loaded machine steadier than
+the rate). Starts its own nats-server and redis-server.
 
     python bench/billing_service_ingest.py [--jobs 5000]
 """
@@ -36,6 +37,7 @@ from whaleflux.shared import subjects
 from whaleflux.shared.bus import Bus
 from whaleflux.shared.events import JobFinished, JobPlaced, JobStarted
 from whaleflux.shared.logs import configure_logging
+from whaleflux.shared.pull import Puller
 
 TARGET = 20_000
 BAR = 5_000
@@ -64,7 +66,7 @@ async def run(jobs: int, servers: LocalServers) -> None:
     await bus.close()
 
     reference, reference_cpu = await bare_consume(servers, jobs * 3)
-    ack_all, ack_all_cpu = await bare_consume(servers, jobs * 3, ack_all=True)
+    natspy, natspy_cpu = await bare_consume(servers, jobs * 3, natspy=True)
     _, svc = build(BillingSettings(inventory_url="http://127.0.0.1:9"))
     await svc.runtime.start()
     try:
@@ -90,26 +92,34 @@ async def run(jobs: int, servers: LocalServers) -> None:
     print(f"billing service ingest: {events} job events in {elapsed:.2f} s = {events / elapsed:,.0f} events/s "
           f"(target >= {TARGET:,}/s, bar {BAR:,}/s), {cpu / events * 1e6:.0f} us CPU per event in this process; "
           f"reference, same run: fetch + ack alone {events / reference:,.0f} events/s, "
-          f"{reference_cpu / events * 1e6:.0f} us CPU per event; with one ack per batch (AckAll) "
-          f"{events / ack_all:,.0f} events/s, {ack_all_cpu / events * 1e6:.0f} us CPU per event")
+          f"{reference_cpu / events * 1e6:.0f} us CPU per event; the same with nats-py's fetch "
+          f"{events / natspy:,.0f} events/s, {natspy_cpu / events * 1e6:.0f} us CPU per event")
 
 
-async def bare_consume(servers: LocalServers, events: int, ack_all: bool = False) -> tuple[float, float]:
+async def bare_consume(servers: LocalServers, events: int, natspy: bool = False) -> tuple[float, float]:
     """Seconds, and CPU seconds of this process, for a bare pull consumer to fetch and ack `events` job events
-    in batches of 256: each acked (as the service does), or with `ack_all` one ack per batch (AckAll policy)."""
+    in batches of 256, each acked (as the service does): with the bus's `Puller`, or with `natspy` nats-py's
+    `PullSubscription.fetch`."""
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig
 
     nc = await nats.connect(servers.nats_url, user=servers.nats_user, password=servers.nats_password)
     js = nc.jetstream()
-    config = ConsumerConfig(ack_policy=AckPolicy.ALL if ack_all else AckPolicy.EXPLICIT, max_ack_pending=1000)
-    sub = await js.pull_subscribe("job.>", durable=f"bench-reference{'-ackall' if ack_all else ''}",
-                                  stream="WHALEFLUX_JOBS", config=config)
+    durable = f"bench-reference{'-natspy' if natspy else ''}"
+    config = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, max_ack_pending=1000,
+                            filter_subject="job.>")
+    await js.add_consumer("WHALEFLUX_JOBS", config)
+    sub: Puller | nats.js.JetStreamContext.PullSubscription
+    if natspy:
+        sub = await js.pull_subscribe_bind(durable=durable, stream="WHALEFLUX_JOBS")
+    else:
+        sub = Puller(nc, "WHALEFLUX_JOBS", durable)
+        await sub.bind()
     began, began_cpu = time.perf_counter(), time.process_time()
     got = 0
     while got < events:
         msgs = await sub.fetch(256, timeout=5)
-        for m in msgs[-1:] if ack_all else msgs:
+        for m in msgs:
             await m.ack()
         got += len(msgs)
     elapsed, cpu = time.perf_counter() - began, time.process_time() - began_cpu

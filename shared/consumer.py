@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 import nats.errors
 import structlog
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from redis.exceptions import DataError
 
 from .dedup_store import SeenStore
 from .events import Envelope, EventData, InvalidEvent, decode, decode_typed
 from .handlers import BatchHandler, Handler, Reject, Retry, is_batch_handler
+from .pull import Puller
 from .streams import ConsumerSpec
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class Consumer:
         self.seen = seen if spec.dedup else None
         self.gate = gate
         self.batch_mode = is_batch_handler(handler)
-        self.psub: JetStreamContext.PullSubscription | None = None
+        self.psub: Puller | None = None
         # Batch mode handles one fetch while fetching the next; at most one batch is in
         # flight, so batches are still handled one after another, in stream order.
         self.inflight: asyncio.Task[None] | None = None
@@ -105,13 +105,13 @@ class Consumer:
                 await self.bus.ensure_consumer(self.spec)
                 if self.spec.takeover:
                     await self._await_redeliveries()
-                self.psub = await self.bus.js.pull_subscribe_bind(durable=self.name, stream=self.spec.stream)
+                puller = Puller(self.bus.nc, self.spec.stream, self.name)
+                await puller.bind()
+                self.psub = puller
                 self.bus.bound.add(self.name)
-            return await self.psub.fetch(self.spec.batch, timeout=1.0)
+            return await self.psub.fetch(self.spec.batch, timeout=1.0) or None  # None: an idle fetch
         except (TimeoutError, nats.errors.TimeoutError):
-            if self.psub is not None:
-                return None  # an idle fetch: nothing to deliver
-            # Declaring or binding timed out (a JetStream leader being elected): say so, never retry silently.
+            # Declaring the consumer timed out (a JetStream leader being elected): say so, never retry silently.
             log.warning("consumer.bind_failed", consumer=self.name, error="timeout")
             pause = 1.0
         except NotFoundError:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 
 from whaleflux.shared.contracts import Holder, HolderChange, JobHolds, fold_holders, gpus_involved
 from whaleflux.shared.events import EventData, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
@@ -35,8 +36,8 @@ class Span:
     started: datetime | None  # None for a requeue: the recorded start stands
     end: datetime | None  # None while running
 
-    @property
-    def ledger(self) -> str:
+    @cached_property
+    def ledger(self) -> str:  # read four times per event: computed once
         return ledger_key(self.job_id, self.attempt, self.rank)
 
 
@@ -102,13 +103,15 @@ class JobEventOutcome:
     missing: str | None = None
 
 
-def job_event(data: EventData, at: datetime, state: JobEventState) -> JobEventOutcome:
-    """The outcome of one job event (`at`: its envelope time) given what the store holds."""
+def job_event(data: EventData, at: datetime, state: JobEventState,
+              event_spans: list[Span] | None = None) -> JobEventOutcome:
+    """The outcome of one job event (`at`: its envelope time) given what the store holds (`event_spans`:
+    `spans(data, at)`, when the caller has them already)."""
     change = fold_holders(state.holds, data, at, state.holders)
     if isinstance(data, JobPlaced):
         return JobEventOutcome(change, placement=(ledger_key(data.job_id, data.attempt, data.part), data))
     records = []
-    for span in spans(data, at):
+    for span in spans(data, at) if event_spans is None else event_spans:
         interval = interval_after(span, state.usage.get(span.ledger))
         if interval is None:
             continue
@@ -135,10 +138,10 @@ class LedgerView:
     dirty_usage: set[str] = field(default_factory=set)
     dirty_placements: set[str] = field(default_factory=set)
 
-    def state_for(self, data: EventData, at: datetime) -> JobEventState:
+    def state_for(self, data: EventData, at: datetime, event_spans: list[Span] | None = None) -> JobEventState:
         job_id = getattr(data, "job_id", "")
         holds = self.holds.get(job_id, JobHolds())
-        ledgers = [span.ledger for span in spans(data, at)]
+        ledgers = [span.ledger for span in (spans(data, at) if event_spans is None else event_spans)]
         return JobEventState(holds, {g: self.holders.get(g) for g in gpus_involved(holds, data)},
                              {k: self.usage.get(k) for k in ledgers}, {k: self.placements.get(k) for k in ledgers})
 
@@ -187,7 +190,8 @@ def job_events(events: list[tuple[EventData, datetime]], view: LedgerView) -> li
         if not isinstance(job_id, str):
             out.append(None)
             continue
-        outcome = job_event(data, at, view.state_for(data, at))
+        event_spans = spans(data, at)
+        outcome = job_event(data, at, view.state_for(data, at, event_spans), event_spans)
         if outcome.missing is None:
             view.apply(job_id, outcome)
         out.append(outcome.missing)

@@ -27,7 +27,7 @@ from datetime import datetime
 from decimal import Decimal
 from operator import attrgetter
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from .allocation import Interval, JobInfo
 from .ownership import to_ms
@@ -43,14 +43,14 @@ class UsageRecord(BaseModel):
     gpus: int
     node: str
     cluster: str = ""
-    gpu_uuids: list[str] = []
+    gpu_uuids: list[str] = Field(default_factory=list)  # a factory: a `[]` default is deep-copied per record
     started_at: datetime
     ended_at: datetime | None = None
     state: str = "finished"  # running | finished | failed | requeued
     gpu_seconds: Decimal = Decimal(0)
     # Which part of a gang spanning nodes (0: rank 0, or a job on one node); `nodes`: a merged record's.
     rank: int = 0
-    nodes: list[str] = []
+    nodes: list[str] = Field(default_factory=list)
 
     @property
     def key(self) -> str:

@@ -109,11 +109,7 @@ class Billing:
         timed = [(data, env.time) for env, data in events]
         view = await self.store.ledger_view(*ledger.reads_for(timed))
         missing = ledger.job_events(timed, view)
-        await self.store.commit_view(view)
-        for key in view.dirty_usage:
-            record = view.usage[key]
-            if record is not None:
-                self.log.debug("usage.recorded", job_id=record.job_id, attempt=record.attempt, state=record.state)
+        await self.store.commit_view(view)  # logged once per batch by the consumer (`events.handled`)
         return [None if m is None else Retry(m) for m in missing]
 
     async def on_telemetry(self, env: Envelope, data: EventData) -> None:

@@ -29,6 +29,19 @@ class StaticView:
     total_gpus: int
     rejections: dict[str, list[str]] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, nodes: Mapping[str, NodeState], names: list[str], rejections: dict[str, list[str]]) -> StaticView:
+        """The view of these nodes (fleet order), with why the others were left out."""
+        models: list[str] = []
+        biggest = total = 0
+        for name in names:
+            node = nodes[name]
+            biggest = max(biggest, len(node.gpus))
+            total += len(node.gpus)
+            if node.model not in models:
+                models.append(node.model)
+        return cls(names, set(names), models, biggest, total, rejections)
+
 
 class ClusterState:
     """Free GPUs per node, bucketed by model and free count; allocations per job."""
@@ -66,6 +79,10 @@ class ClusterState:
         # needing at most that may use every free GPU of the node without asking each one.
         self.memory_floor: dict[str, float] = {}
         self._speeds: dict[tuple[str, str], float] = {}
+        # Count every allocation, release and node update (`changes`), and those that may free a GPU or make
+        # a node usable (`freed`: releases and updates): equal counts, the same state; equal `freed`, no more room.
+        self.changes = 0
+        self.freed = 0
         for node in nodes:
             self._add(node)
         # Jobs already holding GPUs in the snapshot (the service's bookkeeping).
@@ -145,6 +162,8 @@ class ClusterState:
         old = self.nodes[node.name]
         if old.model != node.model or len(old.gpus) != len(node.gpus):
             raise ValueError(f"node {node.name} changed model or GPU count; rebuild the cluster state")
+        self.changes += 1
+        self.freed += 1
         self.nodes[node.name] = node
         self.gpus[node.name] = {g.index: g for g in node.gpus}
         self._memory_of(node)
@@ -166,6 +185,7 @@ class ClusterState:
         """Mark the placement's GPUs as held by the job."""
         if job_id in self.holdings:
             raise ValueError(f"job {job_id} already holds GPUs")
+        self.changes += 1
         for share in placement.shares:
             free = self.free[share.node]
             before = len(free)
@@ -185,6 +205,8 @@ class ClusterState:
         """Free the job's GPUs; returns what it held (nothing if it held nothing)."""
         shares = self.holdings.pop(job_id, ())
         service = self._service_of.pop(job_id, None)
+        self.changes += 1
+        self.freed += 1
         for share in shares:
             free = self.free[share.node]
             before = len(free)

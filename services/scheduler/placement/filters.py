@@ -116,6 +116,27 @@ def usable_gpus(req: JobRequest, gpus: dict[int, GpuState], free: list[int]) -> 
     return out
 
 
+def needs(req: JobRequest, gang: bool) -> str:
+    """What the job asks for; `gang`: it would span nodes (larger than any node it may use)."""
+    text = f"needs {req.gpus} GPU{'s' if req.gpus != 1 else ''}"
+    if req.min_memory_mib:
+        text += f" with >= {req.min_memory_mib / MIB_PER_GB:.0f} GB"
+    if req.gpu_models:
+        text += f" of {'/'.join(req.gpu_models)}"
+    text += " across nodes" if gang else " on one NVLink node" if req.nvlink else " on one node"
+    if req.pool:
+        text += f" in pool {req.pool}"
+    return text
+
+
+def summary(by_reason: dict[str, list[str]]) -> str:
+    parts = []
+    for reason, nodes in by_reason.items():
+        more = f" +{len(nodes) - 3}" if len(nodes) > 3 else ""
+        parts.append(f"{reason} ({', '.join(nodes[:3])}{more})")
+    return "; ".join(parts)
+
+
 STATIC_FILTERS: dict[str, StaticFilter] = {
     "model_allowed": model_allowed,
     "memory_size": memory_size,

@@ -10,7 +10,7 @@ can read.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import filters as F
 from . import scorers as S
@@ -69,18 +69,18 @@ def place_on(
         return Unschedulable("no GPU nodes registered yet")
     view = _static_view(cluster, req, profile)
     if not view.nodes:
-        return Infeasible(f"{_needs(req, req.allow_multi_node)}; no node can ever fit: {_summary(view.rejections)}")
+        return Infeasible(f"{F.needs(req, req.allow_multi_node)}; no node can ever fit: {F.summary(view.rejections)}")
     settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
     if req.gpus > view.max_gpus_per_node:
         if view.total_gpus < req.gpus:
             return Infeasible(
-                f"{_needs(req, req.allow_multi_node)}; the nodes it may use have {view.total_gpus} GPUs in all,"
+                f"{F.needs(req, req.allow_multi_node)}; the nodes it may use have {view.total_gpus} GPUs in all,"
                 f" only {view.max_gpus_per_node} GPUs per node"
             )
         (cl, pool), largest = max(_group_sizes(cluster, view).items(), key=lambda kv: kv[1])
         if largest < req.gpus:
             return Infeasible(
-                f"{_needs(req, req.allow_multi_node)}; a gang stays within one cluster and pool, and the largest it"
+                f"{F.needs(req, req.allow_multi_node)}; a gang stays within one cluster and pool, and the largest it"
                 f" may use ({cl}/{pool}) has {largest} GPUs"
             )
         return _place_gang(cluster, req, profile, now, view, settings, caps)
@@ -105,22 +105,24 @@ def _static_view(cluster: ClusterState, req: JobRequest, profile: Profile) -> St
            profile.static_filters)
 
     def build() -> StaticView:
+        if req.gpu_models and "model_allowed" in profile.static_filters:
+            # The view without the model list, narrowed to those models (moves and `off_largest` ask for
+            # many model lists): the same nodes. An empty one is built in full, for its rejections.
+            allowed = set(req.gpu_models)
+            wider = _static_view(cluster, replace(req, gpu_models=()), profile)
+            narrowed = [n for n in wider.nodes if cluster.nodes[n].model in allowed]
+            if narrowed:
+                return StaticView.of(cluster.nodes, narrowed, {})
         checks = [F.STATIC_FILTERS[n] for n in profile.static_filters]
         names: list[str] = []
         rejections: dict[str, list[str]] = {}
-        models: list[str] = []
-        biggest = total = 0
         for name, node in cluster.nodes.items():
             reason = next((r for r in (c(req, node) for c in checks) if r), None)
             if reason:
                 rejections.setdefault(reason, []).append(name)
                 continue
             names.append(name)
-            biggest = max(biggest, len(node.gpus))
-            total += len(node.gpus)
-            if node.model not in models:
-                models.append(node.model)
-        return StaticView(names, set(names), models, biggest, total, rejections)
+        return StaticView.of(cluster.nodes, names, rejections)
 
     return cluster.static_view(key, build)
 
@@ -293,7 +295,7 @@ def _place_gang(
     fits = {g: pools for g, pools in groups.items() if sum(len(u) for _, u in pools) >= req.gpus}
     if not fits:
         most = max((sum(len(u) for _, u in pools) for pools in groups.values()), default=0)
-        return Unschedulable(f"{_needs(req, True)}; at most {most} usable GPU(s) free in one cluster and pool")
+        return Unschedulable(f"{F.needs(req, True)}; at most {most} usable GPU(s) free in one cluster and pool")
     if profile.first_fit:
         first = min(fits, key=lambda g: min(cluster.order[n.name] for n, _ in fits[g]))
         return _gang(cluster, req, fits[first], f"first fit across nodes of {first[0]}/{first[1]}")
@@ -370,31 +372,10 @@ def explain_wait(
             best, best_node = len(usable), name
     gang = req.allow_multi_node and req.gpus > view.max_gpus_per_node
     block = f"largest free block is {best} on {best_node}" if best_node else "no usable GPU free"
-    text = f"{_needs(req, gang)}; {block}"
+    text = f"{F.needs(req, gang)}; {block}"
     if held:
         where = ", ".join(f"{n} on {name}" for name, n in sorted(held.items()))
         text += f"; free GPU(s) whose memory is held by processes WhaleFlux did not start: {where}"
     if unhealthy:
-        text += f"; unavailable: {_summary(unhealthy)}"
+        text += f"; unavailable: {F.summary(unhealthy)}"
     return text
-
-
-def _needs(req: JobRequest, gang: bool) -> str:
-    """What the job asks for; `gang`: it would span nodes (larger than any node it may use)."""
-    text = f"needs {req.gpus} GPU{'s' if req.gpus != 1 else ''}"
-    if req.min_memory_mib:
-        text += f" with >= {req.min_memory_mib / F.MIB_PER_GB:.0f} GB"
-    if req.gpu_models:
-        text += f" of {'/'.join(req.gpu_models)}"
-    text += " across nodes" if gang else " on one NVLink node" if req.nvlink else " on one node"
-    if req.pool:
-        text += f" in pool {req.pool}"
-    return text
-
-
-def _summary(by_reason: dict[str, list[str]]) -> str:
-    parts = []
-    for reason, nodes in by_reason.items():
-        more = f" +{len(nodes) - 3}" if len(nodes) > 3 else ""
-        parts.append(f"{reason} ({', '.join(nodes[:3])}{more})")
-    return "; ".join(parts)

@@ -48,6 +48,7 @@ class Migration:
 
 
 NO_PLACEMENT = Migration("", Placement("", "", "", (), ()), None, "no placement")
+NO_ROOM = Migration("", Placement("", "", "", (), ()), None, "no placement within the reservations")
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,9 @@ def plan_migrations(
     moves: list[Migration] = []
     models_of: dict[tuple[int, str, bool], list[tuple[str, float]]] = {}  # per view and class: (model, speed)
     failed: set[tuple[int, int, tuple[str, ...]]] = set()  # target shapes that found no placement in this pass
+    # Targets with no placement within the reservations, at `cluster.freed` then: until a move frees GPUs, a
+    # job of that target that cannot end by every reserved start cannot move (`_move_up` would place it twice).
+    no_room: dict[tuple[object, ...], int] = {}
     for c in _up_candidates(cluster, running, config, now, min_gain):
         if cluster.total_free < c.job.gpus:
             continue
@@ -131,7 +135,15 @@ def plan_migrations(
         )
         if not faster or (id(view), req.gpus, faster) in failed:
             continue
+        room = (id(view), req.gpus, faster, req.min_memory_mib, req.workload_class, req.allow_multi_node,
+                req.expected_runtime_s if cluster.has_leases else None)
+        if reservation and no_room.get(room) == cluster.freed and reservation.ends_after_all(
+                now + config.migration_overhead_s + c.left * c.speed / _fastest(cluster, req, faster)):
+            continue
         move = _move_up(cluster, c, replace(req, gpu_models=faster), config, now, min_gain, reservation)
+        if move is NO_ROOM:
+            no_room[room] = cluster.freed
+            continue
         if move is NO_PLACEMENT:
             failed.add((id(view), req.gpus, faster))
             continue
@@ -148,7 +160,8 @@ def _move_up(
 ) -> Migration | None:
     """Place the job on `target`'s faster models if that gains enough within the reservations; apply it.
 
-    `NO_PLACEMENT` when no GPUs of those models can take it (so no job of that shape can, this pass).
+    `NO_PLACEMENT` when no GPUs of those models can take it (so no job of that shape can, this pass);
+    `NO_ROOM` when the reservations keep it off them and no GPUs they spare can take it.
     """
     decision = place_on(cluster, target, config.profile, now)
     if not isinstance(decision, Placement) or decision.speed <= 0:
@@ -156,7 +169,9 @@ def _move_up(
     new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
     if reservation and not reservation.allows(decision, now + new_left):
         decision = place_on(cluster, target, config.profile, now, caps=reservation.spare)
-        if not isinstance(decision, Placement) or decision.speed <= 0:
+        if not isinstance(decision, Placement):
+            return NO_ROOM
+        if decision.speed <= 0:
             return None
         new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
     if c.left - new_left < min_gain or new_left > config.migrate_max_ratio * c.left:
@@ -171,6 +186,16 @@ def _move_up(
         f"migrate to faster GPUs: {decision.model} on {decision.node} finishes it in "
         f"{new_left / 3600:.1f} h instead of {c.left / 3600:.1f} h",
     )
+
+
+def _fastest(cluster: ClusterState, req: JobRequest, models: tuple[str, ...]) -> float:
+    """No placement of the job on these models runs faster (a model's speed for its class, times the best
+    interconnect and cross-node factors for more than one GPU)."""
+    fastest = max(cluster.speed(m, req.workload_class) for m in models)
+    if req.gpus > 1:
+        ic = cluster.interconnects
+        fastest *= max(1.0, ic.nvlink, ic.pcie) * max(1.0, ic.cross_node)
+    return fastest
 
 
 Moves = list[tuple[Migration, tuple[NodeShare, ...]]]

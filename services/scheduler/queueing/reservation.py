@@ -84,6 +84,11 @@ class Reservations:
         """The first reservation the placement would break (the head's if none)."""
         return next((r for r in self.held if not r.allows(placement, end)), self.held[0])
 
+    def ends_after_all(self, end: float) -> bool:
+        """A job ending no sooner than `end` ends after every reserved start, so it must keep within the spare
+        GPUs (and none are spare where no placement is found with `spare` as caps)."""
+        return all(r.start is None or end > r.start for r in self.held)
+
     def holds(self, job_id: str) -> bool:
         return any(r.job_id == job_id for r in self.held)
 

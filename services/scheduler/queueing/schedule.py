@@ -86,6 +86,11 @@ class _Pass:
                 self.usage[r.team] += r.gpus
         self.has_quotas = any(t.quota_gpus is not None for t in request.teams.values())
         self.blocked: dict[Shape, str] = {}  # job shape -> why it cannot start now (cached for this pass)
+        # Shapes with no room outside the reservations, at `cluster.freed` then (fewer GPUs free, still none),
+        # found for a job needing this much memory.
+        self.no_room: dict[Shape, tuple[int, float]] = {}
+        # Shapes whose placement the one reservation refused, at `cluster.changes` then (`_kept_by_reservation`).
+        self.delayed: dict[Shape, int] = {}
         self.reservations = Reservations()
         self.head_seen = False
         self.misses = 0
@@ -124,6 +129,8 @@ class _Pass:
         req = self._request_for(job)
         shape = _shape(cluster, req, cfg)
         why = self.blocked.get(shape)
+        if why is None:
+            why = self._kept_by_reservation(job, req, shape)
         if why is None:
             decision = place_on(cluster, req, cfg.profile, now)
             if isinstance(decision, Infeasible) and req is not job.request:
@@ -172,8 +179,12 @@ class _Pass:
         placed = decision
         if self.reservations and not self.reservations.allows(decision, end):
             blocking = self.reservations.blocking(decision, end)
-            within = _place_within(cluster, req, cfg, now, self.reservations, shape, self.blocked)
+            within = _place_within(cluster, req, cfg, now, self.reservations, shape, self.no_room)
             if within is None:
+                # (known for this job too when computed as free GPUs are now, for a job needing no more memory)
+                if len(self.reservations.held) == 1 and self.no_room[shape] == (cluster.freed, req.min_memory_mib):
+                    if (key := _delay_key(cluster, req, cfg, shape)) is not None:
+                        self.delayed[key] = cluster.changes
                 return f"would delay {blocking.job_id}, {blocking.describe()}"
             placed, end = within, _end(now, job, within, cfg)
         if self.reservations:
@@ -181,6 +192,23 @@ class _Pass:
         _start(reply, cluster, self.usage, job, placed, end, backfilled=bool(self.reservations))
         self.misses = 0
         return None
+
+    def _kept_by_reservation(self, job: PendingJob, req: JobRequest, shape: Shape) -> str | None:
+        """Why the job would delay the one reservation, known without placing it; None: place it to know.
+
+        Known when a job of its shape was placed and refused in this very state of the cluster (so this one
+        has a placement too, and none outside the reservation) and this one cannot end by the reserved start
+        whatever GPUs it gets: the pass would place it, score its candidates and throw the placement away."""
+        held = self.reservations.held
+        if len(held) != 1:
+            return None
+        key = _delay_key(self.cluster, req, self.cfg, shape)
+        if key is None or self.delayed.get(key) != self.cluster.changes:
+            return None
+        r = held[0]
+        if r.start is not None and _earliest_end(self.cluster, self.now, job, req, self.cfg) <= r.start:
+            return None
+        return f"would delay {r.job_id}, {r.describe()}"
 
     def _head(self, job: PendingJob, may_preempt: bool, why: str) -> bool:
         """The first job that cannot start: it preempts, or has room made, or reserves. True: stop the pass."""
@@ -229,6 +257,31 @@ def _shape(cluster: ClusterState, req: JobRequest, cfg: PolicyConfig) -> Shape:
     return key
 
 
+def _delay_key(cluster: ClusterState, req: JobRequest, cfg: PolicyConfig, shape: Shape) -> Shape | None:
+    """Jobs of this key have a placement alike and none within the reservations alike (None: not known so,
+    a job that may split over nodes when no node is free enough: its split may run too slowly)."""
+    if req.allow_multi_node and 1 < req.gpus <= eligible(cluster, req, cfg.profile).max_gpus_per_node:
+        return None
+    return (*shape, req.min_memory_mib, req.allow_multi_node)
+
+
+def _earliest_end(cluster: ClusterState, now: float, job: PendingJob, req: JobRequest, cfg: PolicyConfig) -> float:
+    """No placement of the job ends before this (-inf: no bound; inf: the end is unknown)."""
+    base = job.request.expected_runtime_s
+    if base is None:
+        return float("inf")
+    if base < 0:
+        return float("-inf")
+    if not cfg.estimates_scale_with_speed:
+        return now + base
+    view = eligible(cluster, req, cfg.profile)
+    fastest = max((cluster.speed(m, req.workload_class) for m in view.models), default=1.0)
+    if req.gpus > 1:  # (a placement's speed: its model's, times its interconnect's, times cross-node's)
+        ic = cluster.interconnects
+        fastest *= max(1.0, ic.nvlink, ic.pcie) * max(1.0, ic.cross_node)
+    return now + base / max(fastest, 1.0)
+
+
 def _end(now: float, job: PendingJob, placement: Placement, cfg: PolicyConfig) -> float | None:
     runtime = expected_runtime(job, placement, cfg)
     return None if runtime is None else now + runtime
@@ -236,16 +289,15 @@ def _end(now: float, job: PendingJob, placement: Placement, cfg: PolicyConfig) -
 
 def _place_within(
     cluster: ClusterState, req: JobRequest, cfg: PolicyConfig, now: float, reservation: Reservations, shape: Shape,
-    blocked: dict[Shape, str],
+    no_room: dict[Shape, tuple[int, float]],
 ) -> Placement | None:
-    """Place using only GPUs the reservation can spare (cached per shape like any failure)."""
-    key = (*shape, "within-reservation")
-    if key in blocked:
+    """Place using only GPUs the reservation can spare (cached per shape like any failure, with `cluster.freed`)."""
+    if shape in no_room:
         return None
     decision = place_on(cluster, req, cfg.profile, now, caps=reservation.spare)
     if isinstance(decision, Placement):
         return decision
-    blocked[key] = "no room outside the reservation"
+    no_room[shape] = (cluster.freed, req.min_memory_mib)
     return None
 
 

@@ -1,0 +1,176 @@
+"""A pass skips work whose answer it already knows, with the decisions it would make doing the work.
+
+A job of a shape the head's reservation just refused, in the same state of the cluster, is not placed again
+to be refused again unless it could end by the reserved start; a move to faster GPUs that the reservations
+refused is not tried again for a job that cannot end by every reserved start either (queueing/schedule.py
+`_kept_by_reservation`, queueing/migration.py `plan_migrations`).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import replace
+
+import pytest
+
+from whaleflux.scheduler.placement import (
+    ClusterState,
+    GpuState,
+    Interconnects,
+    JobRequest,
+    ModelFacts,
+    NodeState,
+    place_on,
+)
+from whaleflux.scheduler.queueing import (
+    WHALEFLUX,
+    PendingJob,
+    PendingQueue,
+    RunningJob,
+    RunningJobs,
+    ScheduleRequest,
+    TeamPolicy,
+    schedule,
+)
+from whaleflux.scheduler.queueing.reservation import Reservations
+
+QUIET = replace(WHALEFLUX, preemption=False, make_room_by_migration=False, migrate_min_gain_s=None, aging_s=None)
+SPEEDS = {"A100": 1.0, "H100": 2.6}
+FACTS = {m: ModelFacts(m, {"small": s}) for m, s in SPEEDS.items()}
+
+
+def node(name: str, model: str = "A100", size: int = 8) -> NodeState:
+    return NodeState(name, "c", model, "nvlink", tuple(GpuState(f"{name}-g{g}", g, 81920) for g in range(size)))
+
+
+def hold(cluster: ClusterState, running: RunningJobs, job_id: str, node_name: str, gpus: int, end: float,
+         **movable: object) -> None:
+    """A job already running on `gpus` GPUs of one node, ending at `end`."""
+    req = JobRequest(job_id, gpus, gpu_models=(cluster.nodes[node_name].model,), expected_runtime_s=end)
+    placement = place_on(cluster, req, QUIET.profile, 0.0)
+    assert placement.node == node_name  # type: ignore[union-attr]
+    cluster.allocate(job_id, placement)  # type: ignore[arg-type]
+    running[job_id] = RunningJob(job_id, "t", "normal", False, gpus, 0.0, end, **movable)  # type: ignore[arg-type]
+
+
+def pending(job_id: str, gpus: int, runtime: float, seq: int, **more: object) -> PendingJob:
+    return PendingJob(JobRequest(job_id, gpus, expected_runtime_s=runtime, **more), 0.0, seq)  # type: ignore[arg-type]
+
+
+def test_a_job_of_a_refused_shape_that_ends_by_the_reserved_start_still_backfills():
+    cluster, running = ClusterState([node("n0"), node("n1")], FACTS), RunningJobs()
+    hold(cluster, running, "r0", "n0", 4, end=1000.0)  # n0 is whole at t=1000: the head's start
+    hold(cluster, running, "r1", "n1", 8, end=9000.0)
+    queue = PendingQueue(QUIET)
+    for i, (job_id, runtime) in enumerate([("long-a", 3000.0), ("long-b", 4000.0), ("short", 500.0),
+                                           ("long-c", 5000.0)], start=1):
+        queue.add(pending(job_id, 1, runtime, i))
+    queue.add(pending("head", 8, 100.0, 0))
+    reply = schedule(ScheduleRequest(0.0, cluster, queue, running, QUIET))
+    assert reply.reservation is not None and reply.reservation.job_id == "head" and reply.reservation.start == 1000
+    assert [s.job.job_id for s in reply.started] == ["short"], reply.waiting
+    assert reply.started[0].placement.node == "n0" and reply.started[0].backfilled
+    for job_id in ("long-a", "long-b", "long-c"):
+        assert reply.waiting[job_id].startswith("would delay head, reserved to start at t=1000s on n0"), job_id
+
+
+def test_a_move_the_reservation_refused_is_still_made_for_a_job_that_ends_by_the_reserved_start():
+    policy = replace(QUIET, migrate_min_gain_s=600.0)
+    cluster, running = ClusterState([node("fast", "H100"), node("slow", "A100")], FACTS), RunningJobs()
+    hold(cluster, running, "r0", "fast", 4, end=1000.0)
+    for job_id, end in (("long-a", 20_000.0), ("long-b", 21_000.0), ("short", 1_500.0)):
+        hold(cluster, running, job_id, "slow", 1, end=end, request=JobRequest(job_id, 1, expected_runtime_s=end),
+             speed=1.0, checkpointable=True)
+    queue = PendingQueue(policy)
+    queue.add(pending("head", 8, 100.0, 0, gpu_models=("H100",)))
+    reply = schedule(ScheduleRequest(0.0, cluster, queue, running, policy))
+    assert reply.reservation is not None and reply.reservation.start == 1000 and not reply.started
+    # 60 s to restart and 1,500 s at 2.6x: done at t=637, before the head starts; the others would delay it.
+    assert [(m.job_id, m.placement.node) for m in reply.migrated] == [("short", "fast")]
+
+
+MODELS = {m: ModelFacts(m, {"llm-train": s, "small": s * 0.8})
+          for m, s in (("A100", 1.0), ("H100", 2.6), ("H200", 3.0), ("L4", 0.5))}
+
+
+def _fleet(rng: random.Random) -> list[NodeState]:
+    out = []
+    for i in range(rng.randint(3, 30)):
+        model = rng.choice(list(MODELS))
+        mem = 143_771 if model == "H200" else 24_000 if model == "L4" else 81_920
+        measured = rng.random() < 0.3  # telemetry: a foreign process may hold memory on its GPUs
+        gpus = tuple(GpuState(f"n{i}-g{g}", g, mem, mem * rng.choice([0.2, 1.0]) if measured else None,
+                              quarantined=rng.random() < 0.05) for g in range(rng.choice([2, 4, 8])))
+        out.append(NodeState(f"n{i}", rng.choice(["c", "c", "d"]), model, rng.choice(["nvlink", "pcie"]), gpus,
+                             pool=rng.choice(["a", "b"]), lease_expires_at=rng.choice([None, None, 5_000.0])))
+    return out
+
+
+def _job(rng: random.Random, i: int, t: float) -> PendingJob:
+    gpus = rng.choice([1, 1, 1, 2, 4, 8, 12])
+    req = JobRequest(
+        f"j{i}", gpus, min_memory_mib=rng.choice([0, 0, 40 * 1024, 100 * 1024]),
+        workload_class=rng.choice(["small", "llm-train"]), team=f"t{rng.randrange(3)}",
+        priority=rng.choice(["high", "normal", "low"]), preemptible=rng.random() < 0.5,
+        expected_runtime_s=rng.choice([None, rng.uniform(10, 3_000), rng.uniform(10, 300)]),
+        allow_multi_node=gpus > 8 or rng.random() < 0.1, pool=rng.choice([None, None, "a"]),
+        gpu_models=rng.choice([(), (), (), ("H100", "H200")]),
+    )
+    return PendingJob(req, t, i)
+
+
+def _run(seed: int) -> list[str]:
+    """Passes over a random fleet and workload (ends, arrivals, preemptions, moves); each reply's repr."""
+    rng = random.Random(seed)
+    policy = replace(WHALEFLUX, aging_s=rng.choice([None, 200.0]), min_run_before_preemption_s=20.0,
+                     migrate_min_gain_s=rng.choice([None, 60.0]), estimates_scale_with_speed=rng.random() < 0.8,
+                     spare_largest_memory_while_needed=rng.random() < 0.3)
+    teams = {"t0": TeamPolicy(quota_gpus=4), "t1": TeamPolicy(quota_gpus=2, weight=2.0)} if seed % 2 else {}
+    interconnects = rng.choice([Interconnects(), Interconnects(1.0, 0.5, 0.8)])
+    cluster, queue, running = ClusterState(_fleet(rng), MODELS, interconnects), PendingQueue(policy), RunningJobs()
+    seq, log = 0, []
+    for t in range(0, 600, 30):
+        now = float(t)
+        for job_id in [j for j, r in running.items() if (r.expected_end or r.assumed_end or 1e9) <= now]:
+            del running[job_id]
+            cluster.release(job_id)
+        for _ in range(rng.randint(0, 25)):
+            queue.add(_job(rng, seq, now))
+            seq += 1
+        reply = schedule(ScheduleRequest(now, cluster, queue, running, policy, teams))
+        log.append(repr(reply))
+        for p in reply.preempted:
+            running.pop(p.victim, None)
+        for m in reply.migrated:
+            running[m.job_id] = replace(running[m.job_id], expected_end=m.expected_end, speed=m.placement.speed,
+                                        migrations=running[m.job_id].migrations + 1)
+        for s in reply.started:
+            r = s.job.request
+            assumed = now + 400.0 if s.expected_end is None and rng.random() < 0.5 else None
+            running[r.job_id] = RunningJob(r.job_id, r.team, r.priority, r.preemptible, r.gpus, now, s.expected_end,
+                                           assumed_end=assumed, request=r, speed=s.placement.speed,
+                                           checkpointable=rng.random() < 0.7)
+    return log
+
+
+def test_the_shortcuts_keep_every_decision_and_reason_over_random_states(monkeypatch: pytest.MonkeyPatch):
+    seeds = range(16)
+    passes = sys.modules["whaleflux.scheduler.queueing.schedule"]._Pass
+    known, taken = passes._kept_by_reservation, []
+
+    def counted(*args: object) -> str | None:
+        why = known(*args)  # type: ignore[arg-type]
+        taken.append(why is not None)
+        return why
+
+    monkeypatch.setattr(passes, "_kept_by_reservation", counted)
+    with_shortcuts = [_run(seed) for seed in seeds]
+    assert sum(taken) > 100, "the shortcut is taken"
+    monkeypatch.setattr(passes, "_kept_by_reservation", lambda *_: None)  # always place the job to know
+    monkeypatch.setattr(Reservations, "ends_after_all", lambda *_: False)  # always try the move
+    for seed, log in zip(seeds, with_shortcuts, strict=True):
+        assert _run(seed) == log, f"seed {seed}"
+    text = "".join("".join(log) for log in with_shortcuts)
+    assert text.count("Started(") > 800 and text.count("would delay") > 1000 and text.count("Migration(") > 10, (
+        text.count("Started("), text.count("would delay"), text.count("Migration("))

@@ -129,6 +129,10 @@ class ClusterState:
             speed = self._speeds[key] = facts.speed_for(workload_class) if facts else 1.0
         return speed
 
+    def known_view(self, key: tuple[object, ...]) -> StaticView | None:
+        """The static eligibility for one job shape if computed already."""
+        return self._static.get(key)
+
     def static_view(self, key: tuple[object, ...], build: Callable[[], StaticView]) -> StaticView:
         """The cached static eligibility for one job shape; `build` computes it once."""
         view = self._static.get(key)

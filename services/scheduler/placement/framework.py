@@ -103,6 +103,9 @@ def place_on(
 def _static_view(cluster: ClusterState, req: JobRequest, profile: Profile) -> StaticView:
     key = (req.gpu_models, req.min_memory_mib, req.pool, req.labels, req.allow_multi_node or req.gpus, req.nvlink,
            profile.static_filters)
+    known = cluster.known_view(key)
+    if known is not None:
+        return known
 
     def build() -> StaticView:
         if req.gpu_models and "model_allowed" in profile.static_filters:

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from .jobs import PendingJob, PolicyConfig, TeamPolicy, rank
 
 _Key = tuple[float, float, int, str]
+_NO_POLICY = TeamPolicy()  # a team without one: no quota, weight 1
 _Entry = tuple[_Key, "PendingJob"]
 
 
@@ -138,7 +139,7 @@ class PendingQueue:
 
     @staticmethod
     def _team_key(team: str, usage: Mapping[str, int], teams: Mapping[str, TeamPolicy]) -> tuple[int, float]:
-        policy = teams.get(team) or TeamPolicy()
+        policy = teams.get(team) or _NO_POLICY
         used = usage.get(team, 0)
         within_quota = policy.quota_gpus is not None and used < policy.quota_gpus
         return (0 if within_quota else 1, used / policy.weight)

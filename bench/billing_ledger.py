@@ -6,14 +6,16 @@ Two figures, both on the pure core (no Redis, no NATS):
 1. ledger ingest: job events (placed, started, finished as CloudEvents JSON)
    decoded and validated (`events.decode`) and turned into ledger records
    by billing's decision module (`ledger.job_event`), per second;
-2. chargeback: `allocation.chargeback` + `showback` by team over 1,000,000
-   per-GPU allocation intervals on a 512-GPU fleet (owned, leased, cloud; two
-   months, so month boundaries and a price change split the rate segments),
-   from the ledger records a report reads (250,000 attempts of 4 GPUs), through
-   the columns built straight from them and the overlap cut on columns
-   (`costing.charged_intervals`), everything a report does after reading.
-   Printed beside one bare Python pass over the same intervals as objects, and
-   the object path reports took before (objects, overlap cut, columns).
+2. a report over 1,000,000 per-GPU allocation intervals on a 512-GPU fleet
+   (owned, leased, cloud; two months, so month boundaries and a price change
+   split the rate segments), from what the store holds for it (the report rows
+   of 250,000 attempts of 4 GPUs, `usage.row`, as Redis hands them over) to
+   the totals: the rows decoded into columns (`UsageColumns.decode`), the
+   intervals and the overlap cut on columns (`costing.charged_intervals`),
+   `allocation.chargeback` and `showback` by team, without and with idle
+   shared back. Printed beside the same run's references: one bare Python pass
+   over the records as objects, one `json.loads` of the rows, and the path
+   before (each stored record parsed by pydantic, then the same columns).
 
     python bench/billing_ledger.py [--jobs 20000] [--intervals 1000000] [--gpus 512] [--seed 1]
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import random
 import time
 from datetime import UTC, date, datetime, timedelta
@@ -29,11 +32,12 @@ from decimal import Decimal
 from typing import Any
 
 from whaleflux.billing import ledger
-from whaleflux.billing.allocation import IntervalTable, chargeback, showback
+from whaleflux.billing.allocation import chargeback, showback
 from whaleflux.billing.costing import charged_intervals
-from whaleflux.billing.metering import UsageRecord, intervals, without_overlaps
+from whaleflux.billing.metering import UsageRecord
 from whaleflux.billing.ownership import GpuTerms, gpu_cost, to_ms
 from whaleflux.billing.pricebook import parse_pricebook
+from whaleflux.billing.usage import UsageColumns, no_gc, row
 from whaleflux.shared.contracts import Holder, JobHolds, gpus_involved
 from whaleflux.shared.events import JobFinished, JobPlaced, JobStarted, decode, encode, make_envelope
 
@@ -145,35 +149,47 @@ def main() -> None:
 
     gpus = fleet(a.gpus)
     records = ledger_records(a.intervals, a.gpus, rng)
-    ivs, jobs = intervals(records, END)
-    t = time.perf_counter()
-    held = sum(iv.end_ms - iv.start_ms for iv in ivs)
-    ref_objects = time.perf_counter() - t
+    stored = [row(r) for r in records]  # what the store holds for reports (`usage:rows`), as HMGET returns it
+    jsons = [r.model_dump_json() for r in records]  # the records themselves (`usage`): what reports parsed before
+    lo, hi = to_ms(START), to_ms(END)
+    gc.collect()
     t = time.perf_counter()
     n_gpus = sum(len(r.gpu_uuids) for r in records if r.ended_at is not None and r.started_at < r.ended_at)
     ref = time.perf_counter() - t
     t = time.perf_counter()
-    charged, overlaps = without_overlaps(ivs)
-    IntervalTable.of(charged)
-    dt_objects = time.perf_counter() - t
-    print(f"reference, same run: one bare pass over the {len(records):,} ledger records reading their times and "
-          f"GPUs ({n_gpus:,}) in {ref:.2f} s; one over the {len(ivs):,} interval objects summing held ms ({held:,}) in "
-          f"{ref_objects:.2f} s; the object path of a report before (metering.intervals' objects, without_overlaps, "
-          f"IntervalTable.of) {dt_objects:.2f} s on top of the chargeback")
-    del ivs, charged, jobs  # the object path's million objects are not part of a report's process
+    n_rows = len(json.loads("[" + ",".join(stored) + "]"))
+    ref_json = time.perf_counter() - t
+    t = time.perf_counter()
+    with no_gc():
+        parsed = [UsageRecord.model_validate_json(v) for v in jsons]
+    dt_parse = time.perf_counter() - t
+    charged = charged_intervals(UsageColumns.of(parsed), END)
+    showback(chargeback(charged.table, charged.jobs, gpus, lo, hi), "team", share_idle=True)
+    dt_before = time.perf_counter() - t
+    print(f"reference, same run: one bare pass over the {len(records):,} ledger records (objects) reading their times "
+          f"and GPUs ({n_gpus:,}) in {ref:.2f} s; one json.loads of the {n_rows:,} stored report rows "
+          f"({sum(map(len, stored)) / 1e6:.1f} MB) in {ref_json:.2f} s; before (each stored record parsed by "
+          f"pydantic, as reports did) {dt_parse:.2f} s to parse, {dt_before:.2f} s in all with idle shared back")
+    del parsed, charged
     gc.collect()
     for share in (False, True):
         t = time.perf_counter()
-        table, jobs, overlaps = charged_intervals(records, END)
-        dt_cols = time.perf_counter() - t
-        cb = chargeback(table, jobs, gpus, to_ms(START), to_ms(END))
+        window = UsageColumns.decode(stored).overlapping(lo, hi)
+        dt_decode = time.perf_counter() - t
+        table, jobs, overlaps = charged_intervals(window, END)
+        dt_cols = time.perf_counter() - t - dt_decode
+        cb = chargeback(table, jobs, gpus, lo, hi)
         sb = showback(cb, "team", share_idle=share)
         dt = time.perf_counter() - t
-        print(f"report from {len(records):,} ledger records: columns and overlap cut (costing.charged_intervals) "
-              f"{dt_cols:.2f} s + chargeback + showback by team{' with idle shared back' if share else ''}: "
+        print(f"report from the {len(stored):,} stored report rows: decode (UsageColumns.decode) {dt_decode:.2f} s + "
+              f"columns and overlap cut (costing.charged_intervals) {dt_cols:.2f} s + chargeback + showback by team"
+              f"{' with idle shared back' if share else ''} {dt - dt_decode - dt_cols:.2f} s: "
               f"{len(table):,} intervals, {len(jobs):,} jobs, {a.gpus} GPUs, 2 months, {len(overlaps)} overlaps, "
               f"in {dt:.2f} s (fleet ${sb.fleet_usd:,}, allocated ${cb.allocated_usd.quantize(sb.fleet_usd):,}, "
-              f"idle ${sb.idle_usd:,}); {dt / ref:.2f}x the bare pass over the records")
+              f"idle ${sb.idle_usd:,}); "
+              f"{dt / ref:.2f}x the bare pass over the records")
+        del window, table, jobs, cb, sb
+        gc.collect()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The charged intervals built as columns straight from the ledger records (charged.py) are the object path's
-(`metering.intervals` + `without_overlaps`), row for row and overlap for overlap. No I/O."""
+"""The charged intervals built as columns straight from the ledger's columns (usage.py, charged.py) are the object
+path's (`metering.intervals` + `without_overlaps`), row for row and overlap for overlap, whether the columns come
+from records or from the store's report rows. No I/O."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from whaleflux.billing.allocation import IntervalTable
 from whaleflux.billing.charged import charged_table, record_table, without_overlaps_table
 from whaleflux.billing.metering import UsageRecord, intervals, without_overlaps
 from whaleflux.billing.ownership import to_ms
+from whaleflux.billing.usage import UsageColumns, row
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -46,13 +48,45 @@ def test_columns_from_records_equal_the_object_path_row_for_row(seed):
     records = _records(rng, rng.choice([1, 5, 40, 300]), fine=seed % 3 == 0)
     now = T0 + timedelta(days=rng.choice([0, 1, 4]))
     ivs, jobs = intervals(records, now)
-    assert _columns(record_table(records, to_ms(now))) == _columns(IntervalTable.of(ivs))
     kept, overlaps = without_overlaps(ivs)
-    for small in (0, 10**6):  # on columns; as objects
-        tab, jobs_c, overlaps_c = charged_table(records, to_ms(now), small)
-        assert _columns(tab) == _columns(IntervalTable.of(kept))
-        assert overlaps_c == overlaps
-        assert jobs_c == jobs
+    for usage in (UsageColumns.of(records), UsageColumns.decode(map(row, records))):  # from records; from rows
+        assert _columns(record_table(usage, to_ms(now))) == _columns(IntervalTable.of(ivs))
+        for small in (0, 10**6):  # on columns; as objects
+            tab, jobs_c, overlaps_c = charged_table(usage, to_ms(now), small)
+            assert _columns(tab) == _columns(IntervalTable.of(kept))
+            assert overlaps_c == overlaps
+            assert jobs_c == jobs
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_report_rows_decode_to_the_records_columns_and_a_window_keeps_the_records_overlapping_it(seed):
+    rng = random.Random(seed)
+    records = _records(rng, 80, fine=seed % 2 == 0)
+    usage = UsageColumns.decode(map(row, records))
+    for name in ("job_id", "attempt", "rank", "team", "project", "node", "cluster"):
+        assert getattr(usage, name) == [getattr(r, name) for r in records]
+    distinct, which = usage.gpu_lists
+    assert usage.model == [r.gpu_model for r in records]
+    assert [distinct[w] for w in which.tolist()] == [r.gpu_uuids for r in records]
+    assert usage.start.tolist() == [to_ms(r.started_at) for r in records]
+    assert usage.running.tolist() == [r.ended_at is None for r in records]
+    assert [e for e, r in zip(usage.end.tolist(), records, strict=True) if r.ended_at] == [
+        to_ms(r.ended_at) for r in records if r.ended_at]
+    lo = to_ms(T0 + timedelta(hours=rng.randrange(72)))
+    hi = lo + rng.choice([1, 3_600_000, 86_400_000])
+    window = usage.overlapping(lo, hi)
+    assert window.keys == [r.key for r in records if to_ms(r.started_at) < hi and (
+        r.ended_at is None or to_ms(r.ended_at) > lo)]
+    assert UsageColumns.decode([]).keys == [] and len(UsageColumns.of([])) == 0
+
+
+def test_the_first_holder_of_each_gpu_is_the_first_record_holding_it():
+    records = _records(random.Random(3), 50)
+    expected: dict[str, int] = {}
+    for i, r in enumerate(records):
+        for g in r.gpu_uuids:
+            expected.setdefault(g, i)
+    assert list(UsageColumns.of(records).first_holders()) == list(expected.items())
 
 
 def test_overlaps_are_cut_on_columns_and_each_one_reported():
@@ -69,7 +103,8 @@ def test_overlaps_are_cut_on_columns_and_each_one_reported():
 def test_sample_points_are_the_clipped_edges_of_the_charged_intervals():
     records = _records(random.Random(7), 60)
     start, end = T0 + timedelta(hours=20), T0 + timedelta(days=2)
-    points = costing.sample_points(records, {}, start, end, T0 + timedelta(days=3))
+    charged = costing.charged_intervals(UsageColumns.of(records), T0 + timedelta(days=3))
+    points = costing.sample_points(charged.table, {}, start, end)
     expected: dict[str, set[int]] = {}
     for iv in without_overlaps(intervals(records, T0 + timedelta(days=3))[0])[0]:
         a, b = max(iv.start_ms, to_ms(start)), min(iv.end_ms, to_ms(end))

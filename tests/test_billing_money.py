@@ -16,6 +16,7 @@ from whaleflux.billing.metering import Overlap, UsageRecord, without_overlaps
 from whaleflux.billing.ownership import GpuTerms
 from whaleflux.billing.pricebook import parse_pricebook
 from whaleflux.billing.report import costs_report
+from whaleflux.billing.usage import UsageColumns
 from whaleflux.shared.events import AlertRaised, AlertResolved
 
 MAR = datetime(2026, 3, 1, tzinfo=UTC)
@@ -44,8 +45,9 @@ def test_two_allocations_of_one_cloud_gpu_at_once_are_charged_once_and_idle_neve
                    in_fleet_since=MAR)
     t = MAR + timedelta(days=2)
     records = [_record("a", "G", t, 10), _record("b", "G", t + timedelta(hours=5), 10, team="cv")]
-    inp = Inputs(records, {"G": gpu}, Series({}), {})
-    c = costing.compute(inp, BOOK, MAR, APR, APR)
+    usage = UsageColumns.of(records)
+    inp = Inputs(usage, costing.charged_intervals(usage, APR), {"G": gpu}, Series({}), {})
+    c = costing.compute(inp, BOOK, MAR, APR)
     assert c.cb.jobs["a:1"].usd == Decimal("40.000000") and c.cb.jobs["b:1"].usd == Decimal("20.000000")
     assert c.cb.idle_usd == Decimal(4 * 744 - 60) and c.cb.idle_usd >= 0
     report = costs_report(c, "team", False)

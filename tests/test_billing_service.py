@@ -469,20 +469,21 @@ async def test_usage_is_read_by_time_window_through_its_index_and_an_old_ledger_
         view = LedgerView(usage={r.ledger_key: r for r in records}, dirty_usage={r.ledger_key for r in records})
         await svc.store.commit_view(view)
         day = T0 - timedelta(days=20)
-        got = await svc.store.usage_records(day, day + timedelta(days=1))
-        assert sorted(r.job_id for r in got) == ["d20", "live", "long"], await _index_state(env)
+        got = await svc.store.usage_columns(day, day + timedelta(days=1))
+        assert sorted(got.job_id) == ["d20", "live", "long"], await _index_state(env)
 
         # A ledger written before the index: indexed once (what on_ready does at start-up), then read alike.
         from redis.asyncio import Redis
 
         redis = Redis.from_url(env.redis_url, password=env.redis_password, decode_responses=True)
-        await redis.delete("wf:billing:usage:starts", "wf:billing:usage:running", "wf:billing:usage:longest")
+        await redis.delete("wf:billing:usage:starts", "wf:billing:usage:running", "wf:billing:usage:longest",
+                           "wf:billing:usage:rows")
         await redis.aclose()
-        assert await svc.store.usage_records(day, day + timedelta(days=1)) == []  # nothing indexed
+        assert len(await svc.store.usage_columns(day, day + timedelta(days=1))) == 0  # nothing indexed
         assert await svc.store.ensure_usage_index() == len(records)
         assert await svc.store.ensure_usage_index() == 0  # once
-        again = await svc.store.usage_records(day, day + timedelta(days=1))
-        assert sorted(r.job_id for r in again) == sorted(r.job_id for r in got)
+        again = await svc.store.usage_columns(day, day + timedelta(days=1))
+        assert sorted(again.job_id) == sorted(got.job_id) and sorted(again.keys) == sorted(got.keys)
         assert [r.job_id for r in await svc.store.job_usage("d7")] == ["d7"]
     finally:
         await svc.runtime.stop()

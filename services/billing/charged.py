@@ -1,123 +1,69 @@
-"""The charged intervals of a report as columns, straight from the ledger records. Pure, no I/O.
+"""The charged intervals of a report as columns, straight from the ledger's columns. Pure, no I/O.
 
 `metering.intervals` + `without_overlaps` make one object per GPU per attempt;
 a million-interval report spent more time making and sorting those objects
-than pricing them. Here the records become `IntervalTable` columns directly
-(one pass over the records, the GPUs as codes), and the overlap cut is array
-work: sort by (GPU, start, end, attempt), each interval starts no earlier than
-the latest end before it on its GPU, and one that ends by then is dropped. The
-result is the same intervals in the same order as the object path (so every
-sum is taken in the same order: identical amounts, identical floats); only
-GPUs with an overlap go through `metering`'s per-interval loop, to describe
-each overlap.
+than pricing them. Here the ledger's columns (`usage.UsageColumns`) become
+`IntervalTable` columns directly (the GPUs as codes), and the overlap cut is
+array work: sort by (GPU, start, end, attempt), each interval starts no
+earlier than the latest end before it on its GPU, and one that ends by then is
+dropped. The result is the same intervals in the same order as the object path
+(so every sum is taken in the same order: identical amounts, identical
+floats); only GPUs with an overlap go through `metering`'s per-interval loop,
+to describe each overlap.
 """
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
-from functools import cached_property
-from itertools import chain, compress, repeat
-from operator import attrgetter, is_
+from itertools import chain, compress
+from typing import NamedTuple
 
 import numpy as np
 
 from .allocation import Interval, IntervalTable, JobInfo
 from .allocation.chargeback import I64, codes
-from .metering import Overlap, UsageRecord, cut, intervals, job_infos, without_overlaps
-from .ownership import from_ms
+from .metering import Overlap, cut, without_overlaps
+from .usage import UsageColumns, no_gc
 
-__all__ = ["charged_table", "record_table", "without_overlaps_table"]
+__all__ = ["Charged", "charged_table", "record_table", "without_overlaps_table"]
 SMALL = 200  # records: below this a one-day report's handful of records costs less as objects
 
 
-@dataclass(frozen=True)
-class _Fields:
-    """The records' fields a report needs, as one tuple per field (each record read once, in order)."""
+class Charged(NamedTuple):
+    """A report's intervals with every GPU's time charged once, the attempts they charge, the overlaps cut."""
 
-    job_id: tuple[str, ...]
-    attempt: tuple[int, ...]
-    team: tuple[str, ...]
-    project: tuple[str, ...]
-    model: tuple[str, ...]
-    rank: tuple[int, ...]
-    started: tuple[datetime, ...]
-    ended: tuple[datetime | None, ...]
-    gpus: tuple[list[str], ...]
-
-    @classmethod
-    def of(cls, records: list[UsageRecord]) -> _Fields:
-        # One list per field: no new object per record for the cyclic collector to walk.
-        return cls(*(tuple(map(get, records)) for get in _FIELDS))
-
-    @cached_property
-    def keys(self) -> list[str]:
-        """Each record's attempt key (`UsageRecord.key`)."""
-        return list(map("{}:{}".format, self.job_id, self.attempt))
-
-    @cached_property
-    def running(self) -> list[bool]:
-        return list(map(is_, self.ended, repeat(None)))
+    table: IntervalTable
+    jobs: dict[str, JobInfo]
+    overlaps: list[Overlap]
 
 
-_FIELDS = tuple(map(attrgetter, ("job_id", "attempt", "team", "project", "gpu_model", "rank", "started_at", "ended_at",
-                                 "gpu_uuids")))
+def _ends(u: UsageColumns, now_ms: int) -> I64:
+    """Each record's end; a running one is held until `now_ms` (never before its start)."""
+    return np.where(u.running, np.maximum(now_ms, u.start), u.end)
 
 
-def _ms(times: Iterable[datetime], n: int) -> I64:
-    """`ownership.to_ms` of each time, without a Python call per time: the float timestamp (microseconds exact
-    below 2**53, until the year 2255) back to integer microseconds, floored to the ms."""
-    seconds = np.fromiter(map(datetime.timestamp, times), np.float64, n)
-    return np.rint(seconds * 1e6).astype(np.int64) // 1000
-
-
-def _table(f: _Fields, now_ms: int) -> IntervalTable:
-    n = np.fromiter(map(len, f.gpus), np.int64, len(f.gpus))
-    starts = _ms(f.started, len(n))
-    running = np.array(f.running, dtype=np.bool_)
-    ends = np.full(len(n), now_ms, dtype=np.int64)
-    ends[~running] = _ms(filter(None, f.ended), int((~running).sum()))
-    ends[running] = np.maximum(ends[running], starts[running])
-    gpus, gpu = _gpu_codes(f.gpus)
-    jobs, job = codes(list(compress(f.keys, n.tolist())))  # the attempts that held a GPU
+def record_table(u: UsageColumns, now_ms: int) -> IntervalTable:
+    """`metering.intervals(records, now)` as columns: one row per GPU per record, in the same order."""
+    distinct, which = u.gpu_lists
+    n = np.fromiter(map(len, distinct), np.int64, len(distinct))[which]
+    gpus, gpu = _gpu_codes(u)
     held = n > 0
-    return IntervalTable(gpus, jobs, gpu, np.repeat(starts[held], n[held]), np.repeat(ends[held], n[held]),
-                         np.repeat(job, n[held]))
+    if len(u.jobs) == len(u) and held.all():  # each record its own attempt, each holding a GPU: coded in order
+        jobs, job = u.keys, np.arange(len(u), dtype=np.int64)
+    else:
+        jobs, job = codes(list(compress(u.keys, n.tolist())))  # the attempts that held a GPU
+    return IntervalTable(gpus, jobs, gpu, np.repeat(u.start[held], n[held]),
+                         np.repeat(_ends(u, now_ms)[held], n[held]), np.repeat(job, n[held]))
 
 
-def _gpu_codes(lists: tuple[list[str], ...]) -> tuple[list[str], I64]:
-    """`codes` of every GPU of every record's list, in order, hashing each distinct list once: a fleet has far
-    fewer distinct GPU lists (a node's GPUs, a few of them) than a report has records."""
-    keys = list(map(tuple, lists))
-    index = dict.fromkeys(keys)
-    distinct = list(index)
-    for i, k in enumerate(distinct):
-        index[k] = i
-    which = np.fromiter(map(index.__getitem__, keys), np.int64, len(keys))
+def _gpu_codes(u: UsageColumns) -> tuple[list[str], I64]:
+    """`codes` of every GPU of every record's list, in order, each distinct list's GPUs coded once."""
+    distinct, which = u.gpu_lists
     gpus, flat = codes(list(chain.from_iterable(distinct)))  # first appearance in the lists' = in the records'
     lengths = np.fromiter(map(len, distinct), np.int64, len(distinct))
     offsets = np.cumsum(lengths) - lengths
     n = lengths[which]
     within = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
     return gpus, flat[np.repeat(offsets[which], n) + within]
-
-
-def record_table(records: list[UsageRecord], now_ms: int) -> IntervalTable:
-    """`metering.intervals(records, now)` as columns: one row per GPU per record, in the same order."""
-    return _table(_Fields.of(records), now_ms)
-
-
-def _job_infos(f: _Fields, records: list[UsageRecord]) -> dict[str, JobInfo]:
-    """`metering.job_infos`, from the fields when no record is a gang part and none came twice."""
-    if not any(f.rank):
-        jobs = dict(zip(f.keys, map(JobInfo, f.job_id, f.attempt, f.team, f.project, f.model, f.running),
-                        strict=True))
-        if len(jobs) == len(records):
-            return jobs
-    return job_infos(records)
 
 
 def _first_seen(values: I64) -> tuple[I64, I64]:
@@ -189,33 +135,19 @@ def without_overlaps_table(tab: IntervalTable) -> tuple[IntervalTable, list[Over
     gpu, new_start, end, job = gpu[keep], new_start[keep], end[keep], job[keep]
     gpu_codes, gpu = _first_seen(gpu)
     job_codes, job = _first_seen(job)
-    return IntervalTable([tab.gpus[c] for c in gpu_codes.tolist()], [tab.jobs[c] for c in job_codes.tolist()],
-                         gpu, new_start, end, job), overlaps
+    return IntervalTable(list(map(tab.gpus.__getitem__, gpu_codes.tolist())),
+                         list(map(tab.jobs.__getitem__, job_codes.tolist())), gpu, new_start, end, job), overlaps
 
 
-def charged_table(records: list[UsageRecord], now_ms: int, small: int = SMALL
-                  ) -> tuple[IntervalTable, dict[str, JobInfo], list[Overlap]]:
+def charged_table(u: UsageColumns, now_ms: int, small: int = SMALL) -> Charged:
     """The records' intervals with every GPU's time charged once (columns), the attempts, the overlaps cut.
     Fewer than `small` records go the object path (the same result; cheaper than the array calls there)."""
-    if len(records) < small:
-        ivs, jobs = intervals(records, from_ms(now_ms))
+    if len(u) < small:
+        distinct, which = u.gpu_lists
+        ivs = [Interval(g, s, e, key) for key, s, e, w in zip(u.keys, u.start.tolist(), _ends(u, now_ms).tolist(),
+                                                                 which.tolist(), strict=True) for g in distinct[w]]
         kept, overlaps = without_overlaps(ivs)
-        return IntervalTable.of(kept), jobs, overlaps
-    with _no_gc():
-        f = _Fields.of(records)
-        tab, overlaps = without_overlaps_table(_table(f, now_ms))
-        return tab, _job_infos(f, records), overlaps
-
-
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    """The cyclic collector paused while a report makes its hundreds of thousands of objects at once (no
-    cycles among them): each collection would walk every record of the window again, which took 4/5 of the
-    time. Plain code, no await inside: nothing else runs meanwhile on the event loop."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+        return Charged(IntervalTable.of(kept), u.jobs, overlaps)
+    with no_gc():
+        tab, overlaps = without_overlaps_table(record_table(u, now_ms))
+        return Charged(tab, u.jobs, overlaps)

@@ -1,8 +1,8 @@
 """Costs over a window from what the store holds: GPU cost timelines, power prices, the chargeback. Pure.
 
-The shell reads one `Inputs` per question (the ledger records in the window,
-inventory's terms, the GPUs' samples around the instants that matter:
-`sample_points`) and the price book in force; every figure is computed from
+The shell reads one `Inputs` per question (the ledger's columns in the window and
+their charged intervals, inventory's terms, the GPUs' samples around the
+instants that matter: `sample_points`) and the price book in force; every figure is computed from
 them here, so a replay that rebuilds the inputs gives identical totals. Energy
 is priced per owned GPU and UTC day piece of the window (price periods start on
 days), each piece's joules and each attempt's part of them from the samples
@@ -25,11 +25,12 @@ from whaleflux.shared.contracts import Asset
 from . import allocation as alloc
 from .allocation import Chargeback, EnergyUse, Interval, IntervalTable, JobInfo
 from .budgets import day_windows
-from .charged import charged_table
+from .charged import Charged, charged_table
 from .energy import Series
 from .metering import Overlap, UsageRecord
 from .ownership import GpuCost, GpuTerms, from_ms, gpu_cost, power_price, terms_from_assets, to_ms
 from .pricebook import PriceBook, day_start
+from .usage import UsageColumns
 
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
@@ -41,7 +42,8 @@ __all__ = ["Costed", "Inputs", "compute", "daily_spend", "day_start", "energy_us
 class Inputs:
     """Everything one report needs, read from the store once."""
 
-    records: list[UsageRecord]
+    usage: UsageColumns  # the ledger's records overlapping the window
+    charged: Charged  # their intervals with every GPU's time charged once (running ones held until now)
     terms: dict[str, GpuTerms]
     series: Series  # the GPUs' samples around `sample_points`
     pricing: dict[str, Any]  # where the ownership terms came from, for the report
@@ -82,13 +84,13 @@ def gpu_costs(inp: Inputs, book: PriceBook, start: datetime, end: datetime) -> t
     """Fixed-cost timelines of every GPU in the fleet and every GPU a job held."""
     notes = []
     terms = dict(inp.terms)
-    for r in inp.records:
-        for g in r.gpu_uuids:
-            if g not in terms:
-                if inp.terms:
-                    notes.append(f"GPU {g} (job {r.job_id}) is not in inventory; priced at the {r.gpu_model} default")
-                terms[g] = GpuTerms(uuid=g, model=r.gpu_model, ownership="unknown", pool=r.cluster or "unknown",
-                                    node=r.node, cluster=r.cluster)
+    u = inp.usage
+    for g, i in u.first_holders():
+        if g not in terms:
+            if inp.terms:
+                notes.append(f"GPU {g} (job {u.job_id[i]}) is not in inventory; priced at the {u.model[i]} default")
+            terms[g] = GpuTerms(uuid=g, model=u.model[i], ownership="unknown", pool=u.cluster[i] or "unknown",
+                                node=u.node[i], cluster=u.cluster[i])
     out = {}
     for uuid, t in terms.items():
         try:
@@ -105,16 +107,15 @@ def _day_edges(start_ms: int, end_ms: int) -> list[int]:
     return [start_ms, *range(first, end_ms, DAY_MS), end_ms]
 
 
-def sample_points(records: list[UsageRecord], terms: dict[str, GpuTerms], start: datetime, end: datetime,
-                  now: datetime) -> dict[str, set[int]]:
-    """The instants per GPU whose samples a window's figures need: the edges of every allocation interval
+def sample_points(tab: IntervalTable, terms: dict[str, GpuTerms], start: datetime,
+                  end: datetime) -> dict[str, set[int]]:
+    """The instants per GPU whose samples a window's figures need: the edges of every charged interval
     (clipped to the window) and, for owned GPUs (power billed as measured), the window's day pieces."""
     lo, hi = to_ms(start), to_ms(end)
     points: dict[str, set[int]] = defaultdict(set)
     for uuid, t in terms.items():
         if t.ownership == "owned":
             points[uuid].update(_day_edges(lo, hi))
-    tab = charged_intervals(records, now)[0]
     a, b = np.maximum(tab.start, lo), np.minimum(tab.end, hi)
     inside = a < b
     g, a, b = tab.gpu[inside], a[inside], b[inside]
@@ -182,10 +183,10 @@ def kwh_prices(energy: list[EnergyUse], gpus: dict[str, GpuCost], book: PriceBoo
     return prices
 
 
-def compute(inp: Inputs, book: PriceBook, start: datetime, end: datetime, now: datetime) -> Costed:
-    """Chargeback over [start, end); attempts still running are held until `now`."""
+def compute(inp: Inputs, book: PriceBook, start: datetime, end: datetime) -> Costed:
+    """Chargeback over [start, end) (attempts still running held until the `now` of `inp.charged`)."""
     gpus, notes = gpu_costs(inp, book, start, end)
-    table, jobs, overlaps = charged_intervals(inp.records, now)
+    table, jobs, overlaps = inp.charged
     lo, hi = to_ms(start), to_ms(end)
     energy = energy_uses(inp.series, table, gpus, lo, hi)
     cb = alloc.chargeback(table, jobs, gpus, lo, hi, energy, kwh_prices(energy, gpus, book),
@@ -194,10 +195,9 @@ def compute(inp: Inputs, book: PriceBook, start: datetime, end: datetime, now: d
     return Costed(cb, inp, gpus, table, jobs, book, energy, overlaps)
 
 
-def charged_intervals(records: list[UsageRecord], now: datetime) -> tuple[IntervalTable, dict[str, JobInfo],
-                                                                           list[Overlap]]:
+def charged_intervals(usage: UsageColumns, now: datetime) -> Charged:
     """The records' intervals with every GPU's time charged once (as columns), and the overlaps that were cut."""
-    return charged_table(records, to_ms(now))
+    return charged_table(usage, to_ms(now))
 
 
 def overlap_notes(overlaps: list[Overlap], start_ms: int, end_ms: int) -> list[str]:
@@ -223,7 +223,7 @@ def daily_spend(inp: Inputs, book: PriceBook, first: date, now: datetime) -> dic
     """Spend per UTC day from `first` to now, per (scope, name): cluster fleet cost, team and project allocated."""
     start = day_start(first)
     gpus, _ = gpu_costs(inp, book, start, now)
-    table, jobs, _ = charged_intervals(inp.records, now)  # columns once for every day's chargeback
+    table, jobs, _ = inp.charged  # columns once for every day's chargeback
     energy = energy_uses(inp.series, table, gpus, to_ms(start), to_ms(now))
     prices = kwh_prices(energy, gpus, book)
     daily: dict[tuple[str, str], dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))

@@ -157,18 +157,19 @@ class Billing:
 
     async def inputs(self, start: datetime, end: datetime, now: datetime) -> Inputs:
         store = self.store
-        records = await store.usage_records(start, end)
+        usage = await store.usage_columns(start, end)
+        charged = costing.charged_intervals(usage, now)
         cache = await store.assets()
         terms, info = costing.inventory_terms(self.settings.inventory_url, cache.fetched_at, cache.assets,
                                               cache.error, cache.error_at)
-        series = await store.series(costing.sample_points(records, terms, start, end, now))
-        return Inputs(records, terms, series, info)
+        series = await store.series(costing.sample_points(charged.table, terms, start, end))
+        return Inputs(usage, charged, terms, series, info)
 
     async def compute(self, start: datetime, end: datetime, now: datetime | None = None) -> Costed:
         """Chargeback over [start, end) with everything it was computed from."""
         now = now or self.now()
         book = await self.pricebook()
-        return costing.compute(await self.inputs(start, end, now), book, start, end, now)
+        return costing.compute(await self.inputs(start, end, now), book, start, end)
 
     async def job_records(self, job_id: str) -> list[dict[str, Any]]:
         """Every attempt of one job with its cost over its whole allocation."""

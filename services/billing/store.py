@@ -3,7 +3,8 @@
 Nothing else in billing talks to Redis. The keys (docs/services/billing.md):
 `alloc:<ledger>` (the `job.placed` data), `usage` (ledger -> usage record),
 `holds` and `gpu:holder` (the GPU-holder fold: job -> its holds, GPU -> the
-part holding it), `usage:starts`, `usage:running`, `usage:longest` (the ledger's time index),
+part holding it), `usage:rows` (ledger -> its report row), `usage:starts`, `usage:running`,
+`usage:longest` (the ledger's time index),
 `energy:last`, `energy:series:<gpu>`, `assets`, `assets:status`, `pricebook`,
 `pricebook:error`, `budgets`, `budget:fired`, `budget:alerts`.
 """
@@ -32,6 +33,7 @@ from .ledger import LedgerView
 from .metering import UsageRecord
 from .ownership import to_ms
 from .pricebook import PriceBook, parse_pricebook
+from .usage import UsageColumns, row
 
 HOUR_MS = 3_600_000
 _budgets = TypeAdapter(list[Budget])
@@ -130,8 +132,13 @@ class BillingStore:
             await pipe.execute()
 
     def _index_usage(self, pipe: Any, records: Sequence[UsageRecord]) -> None:
-        """Index records by time: `usage:starts` (ledger key by start ms), `usage:running` (not ended), and
-        `usage:longest` (the longest ended record's ms, only ever raised)."""
+        """Each record's report row (`usage:rows`, what reports read), and the time index: `usage:starts`
+        (ledger key by start ms), `usage:running` (not ended), `usage:longest` (the longest ended record's ms,
+        only ever raised)."""
+        pipe.hset(self._k("usage:rows"), mapping={r.ledger_key: row(r) for r in records})
+        self._index_times(pipe, records)
+
+    def _index_times(self, pipe: Any, records: Sequence[UsageRecord]) -> None:
         pipe.zadd(self._k("usage:starts"), {r.ledger_key: to_ms(r.started_at) for r in records})
         running = [r.ledger_key for r in records if r.ended_at is None]
         ended = [r for r in records if r.ended_at is not None]
@@ -143,19 +150,27 @@ class BillingStore:
             pipe.zadd(self._k("usage:longest"), {"ms": longest}, gt=True)
 
     async def ensure_usage_index(self) -> int:
-        """Index a ledger written before the time index (once, at start-up); how many records were indexed."""
-        count, indexed = await self.redis.hlen(self._k("usage")), await self.redis.zcard(self._k("usage:starts"))
-        if count <= indexed:
+        """Index a ledger written before the time index or the report rows (once, at start-up); how many
+        records were indexed. A row already there is newer than this read: kept (HSETNX)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hlen(self._k("usage"))
+            pipe.zcard(self._k("usage:starts"))
+            pipe.hlen(self._k("usage:rows"))
+            count, indexed, rows = await pipe.execute()
+        if count <= min(indexed, rows):
             return 0
         records = [UsageRecord.model_validate_json(v) for v in (await self.redis.hgetall(self._k("usage"))).values()]
         async with self.redis.pipeline(transaction=True) as pipe:
-            self._index_usage(pipe, records)
+            for r in records:
+                pipe.hsetnx(self._k("usage:rows"), r.ledger_key, row(r))
+            self._index_times(pipe, records)
             await pipe.execute()
         return len(records)
 
-    async def usage_records(self, start: datetime, end: datetime) -> list[UsageRecord]:
-        """The records (one per attempt, per part of a gang) whose allocation overlaps [start, end): read by
-        the time index, so a report costs what its window holds, not the whole history."""
+    async def usage_columns(self, start: datetime, end: datetime) -> UsageColumns:
+        """The records (one per attempt, per part of a gang) whose allocation overlaps [start, end), as columns
+        of their report rows: read by the time index, so a report costs what its window holds, not the whole
+        history."""
         lo, hi = to_ms(start), to_ms(end)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zscore(self._k("usage:longest"), "ms")
@@ -165,11 +180,8 @@ class BillingStore:
         found = await self.redis.zrangebyscore(self._k("usage:starts"), lo - back, f"({hi}")
         keys = {_s(k) for k in found if isinstance(k, (bytes, str))}
         keys.update(_s(k) for k in running)
-        if not keys:
-            return []
-        raw = await self.redis.hmget(self._k("usage"), sorted(keys))
-        records = [UsageRecord.model_validate_json(v) for v in raw if v is not None]
-        return [r for r in records if r.started_at < end and (r.ended_at is None or r.ended_at > start)]
+        rows = await self.redis.hmget(self._k("usage:rows"), sorted(keys)) if keys else []
+        return UsageColumns.decode(_s(r) for r in rows if r is not None).overlapping(lo, hi)
 
     async def all_usage_records(self) -> list[UsageRecord]:
         """Every record of the ledger (tests and tools; reports read by window)."""

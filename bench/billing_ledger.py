@@ -17,29 +17,42 @@ Two figures, both on the pure core (no Redis, no NATS):
    over the records as objects, one `json.loads` of the rows, and the path
    before (each stored record parsed by pydantic, then the same columns).
 
-    python bench/billing_ledger.py [--jobs 20000] [--intervals 1000000] [--gpus 512] [--seed 1]
+    python bench/billing_ledger.py [--jobs 20000] [--intervals 1000000] [--gpus 512] [--seed 1] [--redis 3]
+
+With `--redis N`, then N times the same report with its rows read from a local
+Redis through billing's store by the time index (the records written by
+`commit_view` first): what a report costs from Redis to the totals.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
+import os
 import random
+import secrets
+import tempfile
 import time
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from whaleflux.billing import ledger
 from whaleflux.billing.allocation import chargeback, showback
+from whaleflux.billing.app import BillingSettings, build
 from whaleflux.billing.costing import charged_intervals
+from whaleflux.billing.ledger import LedgerView
 from whaleflux.billing.metering import UsageRecord
 from whaleflux.billing.ownership import GpuTerms, gpu_cost, to_ms
 from whaleflux.billing.pricebook import parse_pricebook
 from whaleflux.billing.usage import UsageColumns, no_gc, row
+from whaleflux.servers import LocalServers
 from whaleflux.shared.contracts import Holder, JobHolds, gpus_involved
 from whaleflux.shared.events import JobFinished, JobPlaced, JobStarted, decode, encode, make_envelope
+from whaleflux.shared.logs import configure_logging
 
 START = datetime(2026, 3, 1, tzinfo=UTC)
 END = datetime(2026, 5, 1, tzinfo=UTC)
@@ -131,12 +144,54 @@ def ledger_records(n: int, gpus: int, rng: random.Random) -> list[UsageRecord]:
     return [UsageRecord.model_construct(**r) for r in out]
 
 
+async def through_redis(records: list[UsageRecord], gpus: dict[str, Any], repeat: int) -> None:
+    """The same report with its rows read from billing's Redis by the time index (`BillingStore.usage_columns`),
+    the records written by the store's own `commit_view`."""
+    _, svc = build(BillingSettings(inventory_url="http://127.0.0.1:9"), clock=lambda: END)
+    await svc.runtime.start()
+    try:
+        for i in range(0, len(records), 5000):
+            chunk = records[i:i + 5000]
+            await svc.store.commit_view(LedgerView(usage={r.ledger_key: r for r in chunk},
+                                                   dirty_usage={r.ledger_key for r in chunk}))
+        lo, hi = to_ms(START), to_ms(END)
+        for _ in range(repeat):
+            gc.collect()
+            t = time.perf_counter()
+            window = await svc.store.usage_columns(START, END)
+            dt_read = time.perf_counter() - t
+            charged = charged_intervals(window, END)
+            sb = showback(chargeback(charged.table, charged.jobs, gpus, lo, hi), "team", share_idle=True)
+            dt = time.perf_counter() - t
+            print(f"through Redis: the window's {len(window):,} rows read by the time index and decoded "
+                  f"(BillingStore.usage_columns) {dt_read:.2f} s + columns, chargeback, showback with idle shared "
+                  f"back {dt - dt_read:.2f} s = {dt:.2f} s (fleet ${sb.fleet_usd:,}, idle ${sb.idle_usd:,})")
+            del window, charged, sb
+    finally:
+        await svc.runtime.stop()
+
+
+def redis_run(records: list[UsageRecord], gpus: dict[str, Any], repeat: int) -> None:
+    servers = LocalServers(Path(tempfile.mkdtemp(prefix="wf-ledger-")), "bench", secrets.token_urlsafe(16),
+                           secrets.token_urlsafe(16)).start()
+    os.environ.update({"NATS_URL": servers.nats_url, "REDIS_URL": servers.redis_url, "WHALEFLUX_NATS_USER": "bench",
+                       "WHALEFLUX_NATS_PASSWORD": servers.nats_password,
+                       "WHALEFLUX_REDIS_PASSWORD": servers.redis_password})
+    configure_logging("billing", "warning")
+    try:
+        asyncio.run(through_redis(records, gpus, repeat))
+    finally:
+        servers.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=20000)
     ap.add_argument("--intervals", type=int, default=1_000_000)
     ap.add_argument("--gpus", type=int, default=512)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--redis", type=int, default=0, metavar="N",
+                    help="then N reports with the rows read from a local Redis (starts redis-server, nats-server)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
 
@@ -190,6 +245,8 @@ def main() -> None:
               f"{dt / ref:.2f}x the bare pass over the records")
         del window, table, jobs, cb, sb
         gc.collect()
+    if a.redis:
+        redis_run(records, gpus, a.redis)
 
 
 if __name__ == "__main__":

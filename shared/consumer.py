@@ -45,8 +45,8 @@ class Consumer:
         self.gate = gate
         self.batch_mode = is_batch_handler(handler)
         self.psub: Puller | None = None
-        # Batch mode handles one fetch while fetching the next; at most one batch is in
-        # flight, so batches are still handled one after another, in stream order.
+        # Batch mode handles one fetch while fetching and decoding the next; at most one batch
+        # is in flight, so batches are still handled one after another, in stream order.
         self.inflight: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
@@ -64,8 +64,10 @@ class Consumer:
                 if msgs is None:
                     continue
                 if self.batch_mode:
+                    valid = await self._decode_batch(msgs)  # while the batch in flight waits on its store
                     await self._settle_inflight()
-                    self.inflight = asyncio.create_task(self._dispatch_batch(msgs))
+                    if valid:
+                        self.inflight = asyncio.create_task(self._handle_batch(valid))
                     if self.spec.linger_s and len(msgs) < self.spec.batch // 4:
                         await asyncio.sleep(self.spec.linger_s)
                     continue
@@ -182,7 +184,8 @@ class Consumer:
 
     # ------------------------------------------------------------------ a fetch at a time
 
-    async def _dispatch_batch(self, msgs: list[Msg]) -> None:
+    async def _decode_batch(self, msgs: list[Msg]) -> list[tuple[Msg, Envelope, EventData]]:
+        """The valid events of a fetch; each invalid one dead-lettered."""
         valid: list[tuple[Msg, Envelope, EventData]] = []
         for msg in msgs:
             try:
@@ -192,8 +195,9 @@ class Consumer:
                 await self._settle_dead(msg, "validation", exc.reason)
                 continue
             valid.append((msg, env, data))
-        if not valid:
-            return
+        return valid
+
+    async def _handle_batch(self, valid: list[tuple[Msg, Envelope, EventData]]) -> None:
         started = time.perf_counter()
         outcomes = await self._outcomes([(env, data) for _, env, data in valid])
         handled: Counter[str] = Counter()  # per event type, counted once per batch

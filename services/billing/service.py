@@ -10,6 +10,7 @@ a replay gives identical totals.
 from __future__ import annotations
 
 import asyncio
+import gc
 from datetime import datetime
 from typing import Any
 
@@ -72,6 +73,9 @@ class Billing:
         if indexed:
             self.log.info("billing.usage_indexed", records=indexed)
         await self.reload_pricebook_file()
+        # As telemetry: what is loaded by now lives as long as the process; out of the cyclic GC's
+        # full collections it costs ingest nothing (about a tenth of its CPU per event otherwise).
+        gc.freeze()
 
     async def on_stop(self) -> None:
         if self._http is not None:

@@ -52,9 +52,9 @@ async def publish_job_events(bus: Bus, jobs: int, prefix: str) -> None:
         await bus.publish(subjects.job_placed("c1", node), JobPlaced(
             job_id=job, attempt=1, cluster="c1", node=node, gpu_model="H100", gpu_uuids=gpus,
             gpu_indices=list(range(len(gpus))), command=["x"], team=f"t{i % 8}", project="p"), time=start)
-        await bus.publish(subjects.JOB_STARTED, JobStarted(
+        await bus.publish(subjects.job_started("c1", node), JobStarted(
             job_id=job, attempt=1, cluster="c1", node=node, gpu_uuids=gpus, pid=1, started_at=start))
-        await bus.publish(subjects.JOB_FINISHED, JobFinished(
+        await bus.publish(subjects.job_finished("c1", node), JobFinished(
             job_id=job, attempt=1, cluster="c1", node=node, exit_code=0, started_at=start,
             finished_at=start + timedelta(minutes=30)))
 

@@ -132,7 +132,7 @@ async def stored(servers: Servers, stream: str, subject: str) -> int:
 async def started_per_job(servers: Servers) -> Counter[str]:
     bus = await Bus.connect(servers.nats_url, source="bench", user=servers.nats_user, password=servers.nats_password)
     bus.js = bus.nc.jetstream(timeout=30)
-    sub = await bus.js.pull_subscribe(subjects.JOB_STARTED, stream="WHALEFLUX_JOBS")
+    sub = await bus.js.pull_subscribe(f"{subjects.JOB_STARTED}.>", stream="WHALEFLUX_JOBS")
     got: Counter[str] = Counter()
     while True:
         try:

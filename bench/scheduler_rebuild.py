@@ -72,7 +72,7 @@ def history(jobs: int, first: int = 0, end: datetime | None = None):
         )
         yield subjects.job_placed("c", node), make_envelope(placed, source="bench", time=t)
         yield (
-            subjects.JOB_STARTED,
+            subjects.job_started("c", node),
             make_envelope(
                 JobStarted(
                     job_id=job_id, attempt=1, cluster="c", node=node, gpu_uuids=[gpu], pid=1000 + i, started_at=t
@@ -85,7 +85,7 @@ def history(jobs: int, first: int = 0, end: datetime | None = None):
             continue  # running
         done = t + timedelta(seconds=30)
         yield (
-            subjects.JOB_FINISHED,
+            subjects.job_finished("c", node),
             make_envelope(
                 JobFinished(
                     job_id=job_id, attempt=1, cluster="c", node=node, exit_code=0, started_at=t, finished_at=done

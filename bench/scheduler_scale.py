@@ -102,7 +102,7 @@ async def run_burst(servers, n: int, seconds: float, timeout: float, sched_pid: 
     nc = await nats.connect(servers.nats_url, user=servers.nats_user, password=servers.nats_password)
     watch = Watch()
     await nc.subscribe("job.placed.>", cb=watch.on_placed)
-    await nc.subscribe(subjects.JOB_FINISHED, cb=watch.on_finished)
+    await nc.subscribe(f"{subjects.JOB_FINISHED}.>", cb=watch.on_finished)
     bus = await connect_bus(servers)
     ids = [f"scale-{i:05d}" for i in range(n)]
     submitted: dict[str, float] = {}

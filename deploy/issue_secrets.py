@@ -5,8 +5,9 @@
 
 Writes nats.conf (JetStream, monitoring, one NATS user per component with its permissions), one `<user>.nats`
 password file per NATS user, redis.conf and redis.password; and the HTTP credentials: tokens.json (the hashes
-every WhaleFlux container reads), admin.token (the people's admin token: the CLI's and the console's login) and a
-`<service>.token` for each service that calls another (a viewer accepted only by those it calls). The agents'
+every WhaleFlux container reads), admin.token (the people's admin token: the CLI's), a `<name>.token` for each
+component that calls a service (a viewer accepted only by those it calls: the console's for its background reads)
+and console.admin (the console's own admin token, accepted by the console only). The agents'
 identities come from the agent containers of docker-compose.yml (their `--node` flags), so they cannot drift.
 Passwords and tokens already issued are kept: running it again after adding an agent changes nothing else.
 """
@@ -91,12 +92,13 @@ def issue(out: Path, compose: dict, fleet_root: Path) -> list[str]:
 
 
 def issue_http_tokens(out: Path) -> None:
-    """tokens.json, admin.token and each calling service's <name>.token; tokens already issued are kept (and the
-    entries `whaleflux tokens issue` added to tokens.json)."""
+    """tokens.json, admin.token, each calling component's <name>.token and console.admin; tokens already issued are
+    kept (and the entries `whaleflux tokens issue` added to tokens.json)."""
     tokens = {"admin": _password(out / "admin.token")} | {name: _password(out / f"{name}.token")
                                                            for name in SERVICE_LINKS}
     for name, token in tokens.items():
         _write(out / f"{name}.token", token, WHALEFLUX_UID)
+    _write(out / "console.admin", _password(out / "console.admin"), WHALEFLUX_UID)
     ours = [access.TokenEntry(name="admin", role="admin", sha256=access.hash_token(tokens["admin"]))]
     ours += [access.TokenEntry(name=name, role="viewer", services=list(peers), sha256=access.hash_token(tokens[name]))
              for name, peers in SERVICE_LINKS.items()]

@@ -17,7 +17,7 @@ from nats.js.errors import NotFoundError
 from redis.exceptions import DataError
 
 from .dedup_store import SeenStore
-from .events import Envelope, EventData, InvalidEvent, decode, decode_typed
+from .events import Envelope, EventData, InvalidEvent, decode, decode_typed, misaddressed
 from .handlers import BatchHandler, Handler, Reject, Retry, is_batch_handler
 from .pull import Puller
 from .streams import ConsumerSpec
@@ -149,6 +149,7 @@ class Consumer:
     async def _dispatch(self, msg: Msg) -> None:
         try:
             env, data = decode(msg.data)
+            misaddressed(msg.subject, data)
         except InvalidEvent as exc:
             await self._settle_dead(msg, "validation", exc.reason)
             return
@@ -191,6 +192,7 @@ class Consumer:
             try:
                 # env.data is the typed model here (see decode_typed): same as `data`.
                 env, data = decode_typed(msg.data)
+                misaddressed(msg.subject, data)
             except InvalidEvent as exc:
                 await self._settle_dead(msg, "validation", exc.reason)
                 continue

@@ -36,6 +36,7 @@ from .job_events import (
     JobSubmitted,
 )
 from .lease_alert_events import AlertRaised, AlertResolved, LeaseExpired, LeaseExpiring
+from .subjects import node_mismatch
 
 EVENT_MODELS: tuple[type[EventData], ...] = (
     GpuTelemetry,
@@ -111,6 +112,14 @@ def decode_typed(raw: bytes) -> tuple[Envelope, EventData]:
     typed._wire = raw
     data: EventData = getattr(typed, "data")  # noqa: B009 - a typed envelope's data is the model, not a dict
     return typed, data
+
+
+def misaddressed(subject: str, data: EventData) -> None:
+    """Raise InvalidEvent if the event names another node than its subject does: NATS lets a node's identity
+    publish only its own nodes' subjects, and this keeps it from reporting about other nodes in the data."""
+    why = node_mismatch(subject, getattr(data, "cluster", None), getattr(data, "node", None))
+    if why is not None:
+        raise InvalidEvent(why)
 
 
 def _decode_stepwise(raw: bytes) -> tuple[Envelope, EventData]:

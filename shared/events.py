@@ -12,7 +12,7 @@ service imports them from.
 from __future__ import annotations
 
 from .envelope import Envelope, InvalidEvent, encode, make_envelope, new_event_id, utcnow
-from .event_codec import EVENT_MODELS, REGISTRY, decode, decode_typed
+from .event_codec import EVENT_MODELS, REGISTRY, decode, decode_typed, misaddressed
 from .event_data import TYPE_PREFIX, EventData, JobId, Name, NonNeg, Percent, Token
 from .fleet_events import (
     AttemptReport,
@@ -51,5 +51,5 @@ __all__ = [
     "JobFinished", "JobId", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobStarted", "JobSubmitted",
     "LeaseExpired", "LeaseExpiring", "Name", "NodeDrainRequested", "NodeHeartbeat", "NodeRegistered",
     "NodeUndrained", "NonNeg", "Percent", "Token", "decode", "decode_typed", "encode", "make_envelope",
-    "new_event_id", "utcnow",
+    "misaddressed", "new_event_id", "utcnow",
 ]

@@ -149,10 +149,11 @@ def agent_identity(nodes: Sequence[tuple[str, str]], user: str | None = None) ->
         if len(nodes) != 1:
             raise ValueError("an agent of several nodes needs a user name")
         user = agent_user(*nodes[0])
-    publish = [s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, *stream_api(update=False)]
+    publish = stream_api(update=False)
     for cluster, node in nodes:
         publish += [s.gpu_telemetry(cluster, node), s.node_heartbeat(cluster, node), s.node_registered(cluster, node),
-                    s.gpu_validated(cluster, node)]  # its burn-in's report cards
+                    s.gpu_validated(cluster, node),  # its burn-in's report cards
+                    s.job_started(cluster, node), s.job_finished(cluster, node), s.job_failed(cluster, node)]
         publish += _consuming([agent_consumer(cluster, node)])
     return Identity(user, _unique(publish), (inbox(user),), f"the agent of {', '.join(f'{c}/{n}' for c, n in nodes)}")
 

@@ -167,6 +167,15 @@ class ConsumerSpec:
         )
 
 
+# The nodes' reports about attempts (job.started / finished / failed): on `<subject>.<cluster>.<node>`, so each
+# agent's identity may send only its own nodes' (shared/permissions.py); and bare, as history from before they
+# carried the node holds them, so a consumer that reads the history folds those too. No identity may publish a
+# bare one now.
+def reports(*bases: str) -> tuple[str, ...]:
+    """Filters for these reports (default all three) as sent now and as older history holds them."""
+    return tuple(x for base in bases or (s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED) for x in (f"{base}.>", base))
+
+
 def _c(durable: str, stream: str, *filters: str, **kw: Any) -> ConsumerSpec:
     return ConsumerSpec(durable=durable, stream=stream, filter_subjects=list(filters), **kw)
 
@@ -178,12 +187,10 @@ CONSUMERS: dict[str, ConsumerSpec] = {
            linger_s=0.005, partitioned=True),
         _c("telemetry-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>"),
         # Job names, teams and GPUs, so samples and /metrics carry job labels and per-job usage.
-        _c("telemetry-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED,
-           s.JOB_FINISHED, s.JOB_FAILED),
+        _c("telemetry-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", *reports()),
         # In batches (a burst of submissions is recorded in one MULTI) and without the per-event id dedup
         # marker: every scheduler job handler is idempotent by nature (SET NX, attempt and state guards).
-        _c("scheduler-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED,
-           batch=256, dedup=False),
+        _c("scheduler-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, *reports(), batch=256, dedup=False),
         _c("scheduler-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_DRAIN_REQUESTED}.>"),
         # Measured free memory per GPU, for placement: only the latest sample matters (no id dedup).
         _c("scheduler-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
@@ -204,19 +211,20 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("alerting-undrains", "WHALEFLUX_NODES", f"{s.NODE_UNDRAINED}.>", deliver_new=True),
         # Event rules: live only, so a replay never re-raises last month's failures. Submissions and ends:
         # each running job's workload class, for baselines per GPU model and workload class.
-        _c("alerting-jobs", "WHALEFLUX_JOBS", s.JOB_FAILED, s.JOB_REJECTED, s.JOB_SUBMITTED, s.JOB_FINISHED,
-           deliver_new=True),
+        # (Live only: the nodes' reports on their node subjects; bare ones are history from before those.)
+        _c("alerting-jobs", "WHALEFLUX_JOBS", f"{s.JOB_FAILED}.>", s.JOB_REJECTED, s.JOB_SUBMITTED,
+           f"{s.JOB_FINISHED}.>", deliver_new=True),
         _c("alerting-leases", "WHALEFLUX_LEASES", s.LEASE_EXPIRING, s.LEASE_EXPIRED, deliver_new=True),
         # In batches (read once, decided in stream order, one MULTI, acked after it), without the per-event
         # id dedup: every write is keyed by (job, attempt, part) and a redelivery rewrites the same values.
-        _c("billing-jobs", "WHALEFLUX_JOBS", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, s.JOB_REQUEUED,
-           f"{s.JOB_PLACED}.>", batch=256, dedup=False),
+        _c("billing-jobs", "WHALEFLUX_JOBS", *reports(), s.JOB_REQUEUED, f"{s.JOB_PLACED}.>", batch=256,
+           dedup=False),
         # Measured energy for power cost; counters are cumulative, so a redelivered sample adds nothing.
         _c("billing-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
            dedup=False, partitioned=True),
         _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
         _c("inventory-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_REJECTED, f"{s.JOB_PLACED}.>",
-           s.JOB_FINISHED, s.JOB_FAILED),
+           *reports(s.JOB_FINISHED, s.JOB_FAILED)),
         _c("inventory-validations", "WHALEFLUX_VALIDATIONS", f"{s.GPU_VALIDATED}.>"),
         # The scheduler's GPU cordons and quarantines: such a GPU is counted unhealthy, not active.
         _c("inventory-cordons", "WHALEFLUX_VALIDATIONS", f"{s.GPU_CORDONED}.>", f"{s.GPU_UNCORDONED}.>"),

@@ -76,6 +76,20 @@ def job_placed(cluster: str, node: str) -> str:
     return f"{JOB_PLACED}.{token(cluster)}.{token(node)}"
 
 
+def job_started(cluster: str, node: str) -> str:
+    """A node's reports about its attempts carry the node, so its agent's NATS identity may report only its own
+    (older history holds them bare, `job.started`: consumers of the history take both)."""
+    return f"{JOB_STARTED}.{token(cluster)}.{token(node)}"
+
+
+def job_finished(cluster: str, node: str) -> str:
+    return f"{JOB_FINISHED}.{token(cluster)}.{token(node)}"
+
+
+def job_failed(cluster: str, node: str) -> str:
+    return f"{JOB_FAILED}.{token(cluster)}.{token(node)}"
+
+
 def job_preempted(cluster: str, node: str) -> str:
     """Stop orders carry the node, like placements, so the node's agent consumes them in order with its placements."""
     return f"{JOB_PREEMPTED}.{token(cluster)}.{token(node)}"
@@ -87,6 +101,30 @@ def node_drain_requested(cluster: str, node: str) -> str:
 
 def node_undrained(cluster: str, node: str) -> str:
     return f"{NODE_UNDRAINED}.{token(cluster)}.{token(node)}"
+
+
+# Subjects `<base>.<cluster>.<node>` (the telemetry stream stores a partition token after them): the event's own
+# `cluster` and `node` must be the ones its subject names, since NATS permissions are granted by subject.
+NODE_SCOPED = (GPU_TELEMETRY, GPU_VALIDATED, GPU_CORDONED, GPU_UNCORDONED, NODE_REGISTERED, NODE_HEARTBEAT,
+               NODE_DRAIN_REQUESTED, NODE_UNDRAINED, JOB_PLACED, JOB_PREEMPTED, JOB_STARTED, JOB_FINISHED, JOB_FAILED)
+
+
+def subject_node(subject: str) -> tuple[str, str] | None:
+    """The (cluster, node) a node-scoped subject names; None for any other subject (a bare `job.finished` of older
+    history included)."""
+    parts = subject.split(".")
+    if len(parts) < 4 or f"{parts[0]}.{parts[1]}" not in NODE_SCOPED:
+        return None
+    return parts[2], parts[3]
+
+
+def node_mismatch(subject: str, cluster: object, node: object) -> str | None:
+    """Why an event about `cluster`/`node` may not travel on `subject` (its subject names another node), or None.
+    A node's identity may publish only its own nodes' subjects: the data must not name another node."""
+    named = subject_node(subject)
+    if named is None or named == (cluster, node):
+        return None
+    return f"subject names node {named[0]}/{named[1]} but data names {cluster}/{node}"
 
 
 def deadletter(subject: str) -> str:

@@ -34,22 +34,30 @@ def bearer(token: str) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def running(name: str, tokens: str, audit: Path, **extra: Any) -> AsyncIterator[httpx.AsyncClient]:
+async def serving(name: str, tokens: str, audit: Path, **extra: Any) -> AsyncIterator[httpx.ASGITransport]:
+    """Service `name` in this process with production's rule for reads, ready; its app as a transport."""
     module = importlib.import_module(f"whaleflux.{name}.app")
     settings_type = next(v for k, v in vars(module).items() if k.endswith("Settings") and isinstance(v, type))
     app, _ = module.build(settings_type(tokens_file=Path(tokens), audit_log=audit, **extra))
     app.state.access.reads_need_role = True  # production's rule for reads
     runtime = app.state.runtime
     await runtime.start()
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=f"http://{name}", timeout=30)
+    transport = httpx.ASGITransport(app=app)
     try:
-        async def ready() -> bool:
-            return (await client.get("/readyz")).status_code == 200
-        await until(ready, timeout=60, what=f"{name} ready")
-        yield client
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{name}") as client:
+            async def ready() -> bool:
+                return (await client.get("/readyz")).status_code == 200
+            await until(ready, timeout=60, what=f"{name} ready")
+        yield transport
     finally:
-        await client.aclose()
         await runtime.stop()
+
+
+@asynccontextmanager
+async def running(name: str, tokens: str, audit: Path, **extra: Any) -> AsyncIterator[httpx.AsyncClient]:
+    async with serving(name, tokens, audit, **extra) as transport:
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{name}", timeout=30) as client:
+            yield client
 
 
 def _audit(path: Path) -> list[dict[str, Any]]:
@@ -129,3 +137,45 @@ async def test_inventory_takes_a_components_token_and_telemetry_wants_a_viewer(e
         assert (await http.get("/v1/fleet", headers=bearer("wf_" + "x" * 43))).status_code == 401
         assert (await http.get("/v1/fleet", headers=bearer(people["viewer"]))).status_code == 200
         assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_the_consoles_background_reads_carry_a_viewer_token_that_may_change_nothing(env, people, tmp_path):
+    """The console's own reads (the fleet's node states, its GPUs: shared by every browser) carry its viewer token,
+    not an admin's and not the person's whose request set them off; that token is refused for any change."""
+    from pydantic import SecretStr
+
+    from whaleflux.console.app import create_app
+    from whaleflux.console.settings import ConsoleSettings
+    from whaleflux.console.upstream import UpstreamError, acting_as
+    from whaleflux.shared import access
+    from whaleflux.shared.localconfig import SERVICES
+
+    reader = access.issue(Path(people["path"]), "console", "viewer", services=list(SERVICES))
+    own_admin = access.new_token()  # the console's own: accepted by the console alone, as `up` issues it
+
+    def console(reads_with: str | None = None):
+        settings = ConsoleSettings(tokens_file=Path(people["path"]), scheduler_url="http://scheduler",
+                                   telemetry_url="http://telemetry", admin_token=SecretStr(own_admin),
+                                   api_token=SecretStr(reads_with) if reads_with else None)
+        state = create_app(settings).state.console
+        state.upstream.http = httpx.AsyncClient(mounts={f"http://{n}": t for n, t in services.items()}, timeout=30)
+        return state
+
+    async with (serving("scheduler", people["path"], tmp_path / "s.jsonl") as scheduler,
+                serving("telemetry", people["path"], tmp_path / "t.jsonl") as telemetry):
+        services = {"scheduler": scheduler, "telemetry": telemetry}
+        ours = console(reads_with=reader)
+        acting_as.set("wf_" + "n" * 43)  # a person's request set the read off: it is still the console's own
+        assert await ours.fleet.node_statuses() == [] and await ours.fleet.ready() == []
+        acting_as.set(None)
+        job = {"name": "x", "team": "vision", "gpus": 1, "command": ["true"]}
+        with pytest.raises(UpstreamError) as refused:
+            await ours.upstream.post("scheduler", "/v1/jobs", job)
+        assert refused.value.status == 403 and "submitter" in refused.value.detail
+        with pytest.raises(UpstreamError) as drain:
+            await ours.upstream.post("scheduler", "/v1/nodes/n1/drain", {})
+        assert drain.value.status == 403
+        # Without a reader token it falls back to its admin token, which no other service takes.
+        with pytest.raises(UpstreamError) as fallback:
+            await console().fleet.node_statuses()
+        assert fallback.value.detail.startswith("401: needs role viewer")

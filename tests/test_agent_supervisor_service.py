@@ -109,11 +109,11 @@ async def _place(bus, script: Path, marks: Path, job_id: str) -> None:
                        project="p")
     await bus.publish(subjects.job_placed(CLUSTER, NODE), placed, event_id=f"placed-{job_id}-1", correlation_id=job_id)
     await until(lambda: _mark(marks, "start"), timeout=30, what="job started")
-    await until(lambda: _count(bus, subjects.JOB_STARTED), timeout=30, what="job.started published")
+    await until(lambda: _count(bus, subjects.job_started(CLUSTER, NODE)), timeout=30, what="job.started published")
 
 
 async def _finished(bus) -> JobFinished:
-    return (await _last(bus, "WHALEFLUX_JOBS", subjects.JOB_FINISHED))[1]
+    return (await _last(bus, "WHALEFLUX_JOBS", subjects.job_finished(CLUSTER, NODE)))[1]
 
 
 async def test_a_job_that_ends_while_its_agent_is_dead_is_reported_once_with_its_real_end_after_restart(
@@ -132,14 +132,14 @@ async def test_a_job_that_ends_while_its_agent_is_dead_is_reported_once_with_its
         heartbeat = await until(lambda: _heartbeat_after(bus, restarted), timeout=30, what="heartbeat after restart")
         [listed] = heartbeat.attempts
         assert (listed.job_id, listed.attempt, listed.state, listed.exit_code) == ("outlives-1", 1, "exited", 7)
-        assert await _count(bus, subjects.JOB_FINISHED) == 1
+        assert await _count(bus, subjects.job_finished(CLUSTER, NODE)) == 1
         finished = await _finished(bus)
         assert (finished.job_id, finished.attempt, finished.exit_code, finished.interrupted) == (
             "outlives-1", 1, 7, None)
         assert abs((finished.finished_at - _at(end)).total_seconds()) < 1.0 and finished.finished_at < restarted
         assert abs((finished.started_at - _at(_must(marks, "start"))).total_seconds()) < 1.0
         assert listed.finished_at == finished.finished_at and heartbeat.running_jobs == []
-        assert await _count(bus, subjects.JOB_STARTED) == 1
+        assert await _count(bus, subjects.job_started(CLUSTER, NODE)) == 1
     finally:
         cluster.stop()
         await bus.close()
@@ -158,10 +158,10 @@ async def test_a_job_still_running_when_its_agent_restarts_is_re_adopted_and_rep
         [listed] = heartbeat.attempts
         assert (listed.job_id, listed.state, listed.exit_code) == ("adopted-1", "running", None)
         assert abs((listed.started_at - _at(_must(marks, "start"))).total_seconds()) < 1.0
-        assert heartbeat.running_jobs == ["adopted-1"] and await _count(bus, subjects.JOB_FINISHED) == 0
+        assert heartbeat.running_jobs == ["adopted-1"] and await _count(bus, subjects.job_finished(CLUSTER, NODE)) == 0
 
         (marks / "release").touch()
-        await until(lambda: _count(bus, subjects.JOB_FINISHED), timeout=30, what="job.finished")
+        await until(lambda: _count(bus, subjects.job_finished(CLUSTER, NODE)), timeout=30, what="job.finished")
         finished = await _finished(bus)
         assert (finished.job_id, finished.exit_code, finished.interrupted) == ("adopted-1", 7, None)
         assert abs((finished.finished_at - _at(_must(marks, "end"))).total_seconds()) < 1.0
@@ -178,7 +178,7 @@ async def test_a_planned_agent_stop_reports_the_job_interrupted_before_the_agent
         agent.popen.terminate()
         assert agent.popen.wait(timeout=30) == 0
 
-        assert await _count(bus, subjects.JOB_FINISHED) == 1
+        assert await _count(bus, subjects.job_finished(CLUSTER, NODE)) == 1
         finished = await _finished(bus)
         assert (finished.job_id, finished.exit_code, finished.interrupted) == ("planned-1", 143, PLANNED_STOP)
         sigterm = _mark(marks, "sigterm")
@@ -206,7 +206,7 @@ async def test_an_attempt_whose_supervisor_died_unrecorded_is_neither_reported_n
 
         heartbeat = await until(lambda: _heartbeat_after(bus, restarted), timeout=30, what="heartbeat after restart")
         assert heartbeat.attempts == [] and heartbeat.running_jobs == []
-        assert not attempt_dir.exists() and await _count(bus, subjects.JOB_FINISHED) == 0
+        assert not attempt_dir.exists() and await _count(bus, subjects.job_finished(CLUSTER, NODE)) == 0
     finally:
         cluster.stop()
         await bus.close()

@@ -63,14 +63,14 @@ async def test_a_virtual_job_reports_its_start_is_listed_while_it_runs_and_ends_
     try:
         cluster.agent(NODE, interval_s=0.3, WHALEFLUX_VIRTUAL_JOBS="1")
         await _place(bus, "virtual-1", ["sleep", "2"])
-        await until(lambda: _count(bus, subjects.JOB_STARTED), timeout=30, what="job.started")
+        await until(lambda: _count(bus, subjects.job_started(CLUSTER, NODE)), timeout=30, what="job.started")
         since = datetime.now(UTC)
         heartbeat = await until(lambda: _heartbeat_after(bus, since), timeout=30, what="a heartbeat while it runs")
         [listed] = heartbeat.attempts
         assert (listed.job_id, listed.attempt, listed.state) == ("virtual-1", 1, "running")
 
-        await until(lambda: _count(bus, subjects.JOB_FINISHED), timeout=30, what="job.finished")
-        finished: JobFinished = (await _last(bus, "WHALEFLUX_JOBS", subjects.JOB_FINISHED))[1]
+        await until(lambda: _count(bus, subjects.job_finished(CLUSTER, NODE)), timeout=30, what="job.finished")
+        finished: JobFinished = (await _last(bus, "WHALEFLUX_JOBS", subjects.job_finished(CLUSTER, NODE)))[1]
         assert (finished.job_id, finished.exit_code, finished.interrupted) == ("virtual-1", 0, None)
         assert 1.5 <= (finished.finished_at - finished.started_at).total_seconds()
         # No process ran: no log and no attempt folder were left.
@@ -91,12 +91,12 @@ async def test_a_virtual_job_obeys_a_stop_order_and_is_reported_interrupted(clea
     try:
         cluster.agent(NODE, interval_s=0.3, WHALEFLUX_VIRTUAL_JOBS="1")
         await _place(bus, "stopped-1", ["sleep", "3600"])
-        await until(lambda: _count(bus, subjects.JOB_STARTED), timeout=30, what="job.started")
+        await until(lambda: _count(bus, subjects.job_started(CLUSTER, NODE)), timeout=30, what="job.started")
         order = JobPreempted(job_id="stopped-1", attempt=1, cluster=CLUSTER, node=NODE, reason="make room", grace_s=5)
         await bus.publish(subjects.job_preempted(CLUSTER, NODE), order, event_id="preempted-stopped-1-1")
 
-        await until(lambda: _count(bus, subjects.JOB_FINISHED), timeout=30, what="job.finished")
-        finished: JobFinished = (await _last(bus, "WHALEFLUX_JOBS", subjects.JOB_FINISHED))[1]
+        await until(lambda: _count(bus, subjects.job_finished(CLUSTER, NODE)), timeout=30, what="job.finished")
+        finished: JobFinished = (await _last(bus, "WHALEFLUX_JOBS", subjects.job_finished(CLUSTER, NODE)))[1]
         assert finished.job_id == "stopped-1" and finished.exit_code == -15
         assert finished.interrupted == "stopped by the scheduler: make room"
     finally:
@@ -125,10 +125,11 @@ async def test_a_stopped_agent_takes_no_more_orders_and_the_next_one_on_the_same
         await _place(bus, "after-stop", ["sleep", "0"])  # waits in the durable consumer for the next agent
         second = agent()
         await second.start()  # on the same connection: refused while the first one's consumer still ran
-        await until(lambda: _count(bus, subjects.JOB_FINISHED), timeout=30, what="the placement run by the next agent")
-        finished: JobFinished = (await _last(bus, "WHALEFLUX_JOBS", subjects.JOB_FINISHED))[1]
+        await until(lambda: _count(bus, subjects.job_finished(CLUSTER, NODE)), timeout=30,
+                    what="the placement run by the next agent")
+        finished: JobFinished = (await _last(bus, "WHALEFLUX_JOBS", subjects.job_finished(CLUSTER, NODE)))[1]
         assert (finished.job_id, finished.exit_code, finished.interrupted) == ("after-stop", 0, None)
-        assert await _count(bus, subjects.JOB_STARTED) == 1
+        assert await _count(bus, subjects.job_started(CLUSTER, NODE)) == 1
         await second.stop()
     finally:
         await bus.close()

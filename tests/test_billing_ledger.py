@@ -102,7 +102,9 @@ def test_a_batch_is_decided_in_stream_order_and_a_start_before_its_placement_wai
     assert (jobs, gpus, ledgers) == (["j", "k"], ["G0", "G1", "G5"], ["j:2", "k:1"])
     view = LedgerView(usage=dict.fromkeys(ledgers), placements=dict.fromkeys(ledgers),
                       holders=dict.fromkeys(gpus))
-    assert job_events(batch, view) == [None, None, "no placement recorded for job k attempt 1", None]
+    outcomes = job_events(batch, view)
+    assert [o if o is None else (type(o).__name__, str(o)) for o in outcomes] == [
+        None, None, ("Retry", "no placement recorded for job k attempt 1"), None]
     record = view.usage["j:2"]
     assert record is not None and record.state == "finished" and record.ended_at == T0 + timedelta(hours=1)
     assert view.placements["j:2"] == PLACED and view.usage["k:1"] is None
@@ -114,3 +116,24 @@ def test_a_batch_is_decided_in_stream_order_and_a_start_before_its_placement_wai
                        placements=dict(view.placements))
     job_events(batch, again)
     assert again.usage["j:2"] == record
+
+
+def test_a_report_from_another_node_than_its_placement_changes_nothing_and_is_refused():
+    from whaleflux.billing.ledger import LedgerView, job_events
+
+    forged = JobFinished(job_id="j", attempt=2, cluster="c1", node="n9", exit_code=0, started_at=T0,
+                         finished_at=T0 + timedelta(hours=1))
+    holds = job_event(PLACED, T0, JobEventState(JobHolds(), {"G0": None, "G1": None})).holders
+    state = JobEventState(holds.job, holds.hold, {"j:2": _running()}, {"j:2": PLACED})
+    out = job_event(forged, T0, state)
+    assert out.refused == "job.finished from c1/n9 for job j attempt 2, placed on c1/n1"
+    assert out.records == () and not out.holders.changed and out.holders.job == holds.job
+    own = job_event(forged.model_copy(update={"node": "n1"}), T0, state)
+    assert own.refused is None and own.records[0].state == "finished" and own.holders.release
+    # A failure that never started has no span, but would release the GPUs: refused all the same.
+    never_ran = JobFailed(job_id="j", attempt=2, cluster="c1", node="n9", reason="x", failed_at=T0)
+    view = LedgerView(holds={"j": holds.job}, holders=dict(holds.hold), usage={"j:2": _running()},
+                      placements={"j:2": PLACED})
+    [refused] = job_events([(never_ran, T0)], view)
+    assert type(refused).__name__ == "Reject" and "placed on c1/n1" in str(refused)
+    assert not view.dirty_holders and not view.dirty_holds

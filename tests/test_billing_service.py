@@ -106,12 +106,12 @@ async def _run_job(bus, job_id, gpus, model, team, start, hours, node="n1", proj
     placed = JobPlaced(job_id=job_id, attempt=1, cluster="c1", node=node, gpu_model=model, gpu_uuids=gpus,
                        gpu_indices=list(range(len(gpus))), command=["x"], team=team, project=project)
     await bus.publish(subjects.job_placed("c1", node), placed, event_id=f"placed-{job_id}-1", time=start)
-    await bus.publish(subjects.JOB_STARTED, JobStarted(job_id=job_id, attempt=1, cluster="c1", node=node,
+    await bus.publish(subjects.job_started("c1", node), JobStarted(job_id=job_id, attempt=1, cluster="c1", node=node,
                       gpu_uuids=gpus, pid=1, started_at=start), event_id=f"started-{job_id}-1")
     if hours is not None:
-        await bus.publish(subjects.JOB_FINISHED, JobFinished(job_id=job_id, attempt=1, cluster="c1", node=node,
-                          exit_code=0, started_at=start, finished_at=start + timedelta(hours=hours)),
-                          event_id=f"finished-{job_id}-1")
+        await bus.publish(subjects.job_finished("c1", node), JobFinished(
+            job_id=job_id, attempt=1, cluster="c1", node=node, exit_code=0, started_at=start,
+            finished_at=start + timedelta(hours=hours)), event_id=f"finished-{job_id}-1")
 
 
 async def _started(clock) -> tuple[FastAPI, Billing]:

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import nats
 
 from whaleflux.shared import subjects
-from whaleflux.shared.bus import REASON_HEADER, Bus, Reject, Retry
-from whaleflux.shared.events import JobSubmitted
-from whaleflux.shared.streams import ConsumerSpec
+from whaleflux.shared.bus import REASON_HEADER, Bus, Reject, Retry, batch_handler
+from whaleflux.shared.events import JobFinished, JobSubmitted
+from whaleflux.shared.streams import ConsumerSpec, reports
 
 from .processes import fetch_at_least, until
 
@@ -104,6 +104,39 @@ async def test_an_event_a_handler_can_never_take_is_dead_lettered_at_its_first_d
     assert calls == {"empty-hash": 1, "nul-path": 1, "fine": 1}
     assert bus.metrics.deadlettered.labels("test-bus", "rejected")._value.get() == 2
     assert bus.metrics.deadlettered.labels("test-bus", "exhausted")._value.get() == 0
+
+
+async def test_an_event_naming_another_node_than_its_subject_is_dead_lettered_at_once(bus_and_redis):
+    """NATS permits a node's identity its own nodes' subjects only; the consumer holds the data to the subject, so
+    an agent cannot report about another node's job from its own subject. A bare report (older history) is taken."""
+    bus, redis = bus_and_redis
+    handled: dict[str, list[str]] = {"one": [], "batch": []}
+
+    async def one(env, data):
+        handled["one"].append(data.job_id)
+
+    @batch_handler
+    async def batch(events):
+        handled["batch"] += [data.job_id for _, data in events]
+
+    for name, handler in (("one", one), ("batch", batch)):
+        spec = ConsumerSpec(f"test-{name}", "WHALEFLUX_JOBS", list(reports(subjects.JOB_FINISHED)),
+                            dedup=name == "one")
+        bus.start_consumer(spec, handler, redis, "wf:test")
+
+    def finished(job_id: str, node: str) -> JobFinished:
+        now = datetime.now(UTC)
+        return JobFinished(job_id=job_id, attempt=1, cluster="c1", node=node, exit_code=0, started_at=now,
+                           finished_at=now)
+
+    await bus.publish(subjects.job_finished("c1", "n2"), finished("forged", "n1"))
+    await bus.publish(subjects.job_finished("c1", "n1"), finished("own", "n1"))
+    await bus.publish(subjects.JOB_FINISHED, finished("old-history", "n1"))
+    dead = await deadletters(bus, 2)
+    await until(lambda: all(sorted(got) == ["old-history", "own"] for got in handled.values()))
+    assert sorted(m.headers["WhaleFlux-Consumer"] for m in dead) == ["test-batch", "test-one"]
+    assert {(m.subject, m.headers["WhaleFlux-Stage"], m.headers[REASON_HEADER]) for m in dead} == {
+        ("deadletter.job.finished.c1.n2", "validation", "subject names node c1/n2 but data names c1/n1")}
 
 
 def test_the_bus_times_the_envelopes_it_makes_by_its_clock():

@@ -16,5 +16,7 @@ def test_compose_runs_the_console_against_every_service():
     for name in ("telemetry", "scheduler", "alerting", "billing", "inventory"):
         assert env[f"WHALEFLUX_{name.upper()}_URL"] == f"http://{name}:8000"
     assert env["WHALEFLUX_ENVIRONMENT"] == "production"
-    assert env["WHALEFLUX_ADMIN_TOKEN_FILE"] == "/run/secrets/admin_token"
+    # Its own admin token and a viewer's for its background reads, never the people's admin token.
+    assert env["WHALEFLUX_ADMIN_TOKEN_FILE"] == "/run/secrets/console_admin"
+    assert env["WHALEFLUX_API_TOKEN_FILE"] == "/run/secrets/token_console" and "admin_token" not in console["secrets"]
     assert "8706:8000" in console["ports"] and "healthcheck" in console

@@ -85,6 +85,17 @@ def test_subject_tokens_cannot_inject_wildcards():
             subjects.gpu_telemetry("onprem", bad)
 
 
+def test_a_node_subject_names_its_node_and_the_data_must_name_the_same():
+    assert subjects.job_finished("onprem", "h100-01") == "job.finished.onprem.h100-01"
+    assert subjects.subject_node("gpu.telemetry.onprem.h100-01.3") == ("onprem", "h100-01")  # stored, partitioned
+    assert subjects.subject_node(subjects.JOB_FINISHED) is None  # bare: history from before
+    assert subjects.subject_node("job.submitted.x.y") is None and subjects.subject_node("alert.raised") is None
+    assert subjects.node_mismatch("job.started.onprem.h100-01", "onprem", "h100-01") is None
+    assert subjects.node_mismatch("job.started.onprem.h100-01", "onprem", "a100-01") == (
+        "subject names node onprem/h100-01 but data names onprem/a100-01")
+    assert subjects.node_mismatch("node.heartbeat.onprem.h100-01", None, None) is not None  # data names no node
+
+
 def test_envelope_time_is_timezone_aware():
     env = make_envelope(JobSubmitted(job_id="j", name="n", command=["x"]), source="t")
     assert env.time.tzinfo is not None and env.time <= datetime.now(UTC)

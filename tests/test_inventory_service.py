@@ -186,7 +186,7 @@ async def test_rollup_over_a_simulated_day_matches_the_scheduler_allocations(env
             else:
                 job = await sched.get_job(job_id)
                 assert job is not None and job.cluster and job.node and job.placed_at
-                await bus.publish(subjects.JOB_FINISHED, JobFinished(
+                await bus.publish(subjects.job_finished(job.cluster, job.node), JobFinished(
                     job_id=job_id, attempt=1, cluster=job.cluster, node=job.node, exit_code=0,
                     started_at=job.placed_at, finished_at=at))
                 await until(lambda j=job_id: _state(sched, j, "succeeded"), what=f"{job_id} finished")

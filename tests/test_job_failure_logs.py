@@ -27,6 +27,7 @@ from .test_alerting_service import Receiver
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 CLUSTER, NODE = "onprem", "a100-01"
+REPORTED = subjects.job_finished(CLUSTER, NODE)
 SECRET = "hf_s3cr3t_token_value"
 
 
@@ -137,7 +138,7 @@ async def test_a_real_job_that_fails_pages_its_team_with_its_last_log_lines(clea
                   "echo 'RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2; exit 3")
         await _run_failing(bus, "train-oom", ["sh", "-c", script], {"HF_TOKEN": SECRET})
 
-        finished: JobFinished = (await until(lambda: _last(bus, "WHALEFLUX_JOBS", subjects.JOB_FINISHED),
+        finished: JobFinished = (await until(lambda: _last(bus, "WHALEFLUX_JOBS", REPORTED),
                                              timeout=60, what="job.finished"))[1]
         assert finished.exit_code == 3 and finished.log_tail is not None and len(finished.log_tail) == 20
         assert finished.log_tail[-2:] == [f"token={REDACTED}",
@@ -169,7 +170,7 @@ async def test_a_virtual_job_reports_the_log_its_job_states(clean_servers, tmp_p
         env = {"WHALEFLUX_VIRTUAL_EXIT": "1", "API_KEY": SECRET,
                "WHALEFLUX_VIRTUAL_LOG": f"loading\nkey {SECRET}\nSegmentation fault\n"}
         await _run_failing(bus, "virtual-fail", ["python", "train.py"], env)
-        finished: JobFinished = (await until(lambda: _last(bus, "WHALEFLUX_JOBS", subjects.JOB_FINISHED),
+        finished: JobFinished = (await until(lambda: _last(bus, "WHALEFLUX_JOBS", REPORTED),
                                              timeout=60, what="job.finished"))[1]
         assert finished.exit_code == 1
         assert finished.log_tail == ["loading", f"key {REDACTED}", "Segmentation fault"]

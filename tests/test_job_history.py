@@ -266,3 +266,26 @@ def test_the_other_part_of_a_failed_gang_gets_its_stop_order_s_grace_before_anot
     hb = heartbeat(running(rank=0))
     assert reconcile(hb, at(12), [], {"j1": failed}, at(12), 30, stopping_s=12).stop == []
     assert [a.rank for a in reconcile(hb, at(22), [], {"j1": failed}, at(22), 30, stopping_s=12).stop] == [0]
+
+
+# ----------------------------------------------------------------------------- reports from other nodes
+
+
+def test_a_report_from_another_node_than_the_attempts_changes_nothing():
+    from whaleflux.scheduler.history import from_attempt_node
+
+    job = record(node="n1")
+    assert from_attempt_node(job, finished(node="n1")) and not from_attempt_node(job, finished(node="n2"))
+    assert not from_attempt_node(job, finished(node="n1").model_copy(update={"cluster": "other"}))
+    assert from_attempt_node(job, finished(attempt=2, node="n2")), "another attempt's report: the other guards'"
+    gang = record(parts=[JobPart(rank=r, cluster="c", node=n, gpu_model="H100", gpu_uuids=[n], gpu_indices=[0])
+                         for r, n in enumerate(("n1", "n2"))])
+    assert from_attempt_node(gang, finished(node="n2", rank=1)) and not from_attempt_node(gang, finished(node="n3"))
+    # Folded: a forged end neither ends the running attempt nor releases the hold of a stopped one.
+    events = [ev(0, submitted()), ev(0.5, placed(node="n1")), ev(1, started(node="n1"))]
+    assert fold_(*events, ev(2, finished(node="n2", code=0)))["j1"].state == "running"
+    assert fold_(ev(0, submitted()), ev(0.5, placed(node="n1")), ev(1, started(node="n2")))["j1"].state == "placed"
+    lost = [*events, ev(20, requeued(cause="node_lost"))]
+    held = fold_(*lost, ev(22, finished(node="n2", code=0, t1=21)))["j1"]
+    assert held.state == "pending" and held.held_until == at(35)
+    assert fold_(*lost, ev(22, finished(node="n1", code=0, t1=21)))["j1"].state == "succeeded"

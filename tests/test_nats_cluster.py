@@ -181,7 +181,7 @@ def test_killing_one_server_under_load_loses_nothing_and_it_catches_up(nats_clus
             bus = await _cluster_bus(servers)
             try:
                 submitted = await _stored(bus, "WHALEFLUX_JOBS", subjects.JOB_SUBMITTED)
-                started = await _stored(bus, "WHALEFLUX_JOBS", subjects.JOB_STARTED)
+                started = await _stored(bus, "WHALEFLUX_JOBS", f"{subjects.JOB_STARTED}.>")
                 samples = await _stored(bus, "WHALEFLUX_TELEMETRY", f"{subjects.GPU_TELEMETRY}.>")
                 peers = {}
                 for stream in ("WHALEFLUX_JOBS", "WHALEFLUX_TELEMETRY"):
@@ -259,7 +259,7 @@ def test_killing_the_server_that_leads_an_agents_consumer_stops_no_job(nats_clus
         async def started() -> list:
             bus = await _cluster_bus(servers)
             try:
-                return await _stored(bus, "WHALEFLUX_JOBS", subjects.JOB_STARTED)
+                return await _stored(bus, "WHALEFLUX_JOBS", f"{subjects.JOB_STARTED}.>")
             finally:
                 await bus.close()
 

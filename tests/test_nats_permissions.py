@@ -76,10 +76,12 @@ def test_no_service_may_run_another_services_consumer():
 def test_an_agent_publishes_only_its_own_nodes_subjects_and_consumes_only_its_own_orders():
     agent = agent_identity([NODE])
     assert agent.user == AGENT
-    for subject in (s.gpu_telemetry(*NODE), s.node_heartbeat(*NODE), s.node_registered(*NODE), s.JOB_STARTED,
-                    s.JOB_FINISHED, s.JOB_FAILED):
+    for subject in (s.gpu_telemetry(*NODE), s.node_heartbeat(*NODE), s.node_registered(*NODE), s.job_started(*NODE),
+                    s.job_finished(*NODE), s.job_failed(*NODE)):
         assert agent.may_publish(subject), subject
     for subject in (s.gpu_telemetry(*OTHER), s.node_heartbeat(*OTHER), s.node_registered(*OTHER),
+                    s.job_started(*OTHER), s.job_finished(*OTHER), s.job_failed(*OTHER), s.JOB_STARTED,
+                    s.JOB_FINISHED, s.JOB_FAILED,
                     s.job_placed(*NODE), s.job_placed(*OTHER), s.job_preempted(*NODE), s.node_drain_requested(*NODE),
                     s.JOB_SUBMITTED, s.ALERT_RAISED, "$JS.API.STREAM.UPDATE.WHALEFLUX_JOBS",
                     "$JS.API.STREAM.DELETE.WHALEFLUX_JOBS", f"$JS.API.CONSUMER.MSG.NEXT.WHALEFLUX_JOBS.{OTHER_AGENT}"):
@@ -87,6 +89,21 @@ def test_an_agent_publishes_only_its_own_nodes_subjects_and_consumes_only_its_ow
     assert agent.may_publish("$JS.API.CONSUMER.MSG.NEXT.WHALEFLUX_JOBS.agent-onprem-a100-01")
     assert not agent.may_subscribe("job.>") and agent.subscribe == (f"_INBOX.{AGENT}.>",)
     assert not agent.may_subscribe("_INBOX.scheduler.x") and not agent.may_subscribe("_INBOX.>")
+
+
+def test_every_consumer_of_the_nodes_reports_takes_them_on_their_node_subjects():
+    """What agents send now (`job.finished.<cluster>.<node>`) reaches every consumer of reports; the consumers that
+    read history from its start (all but the live-only alerting-jobs) take the bare ones older history holds."""
+    for report in (s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED):
+        readers = {name for name, spec in CONSUMERS.items()
+                   if any(matches(f, report) or matches(f, f"{report}.c.n") for f in spec.filter_subjects)}
+        assert readers, report
+        for name in readers:
+            spec = CONSUMERS[name]
+            assert any(matches(f, f"{report}.{NODE[0]}.{NODE[1]}") for f in spec.filter_subjects), (name, report)
+            assert spec.deliver_new or report in spec.filter_subjects, (name, report)
+    assert {n for n, c in CONSUMERS.items() if any(matches(f, s.job_finished(*NODE)) for f in c.filter_subjects)} == {
+        "telemetry-jobs", "scheduler-jobs", "alerting-jobs", "billing-jobs", "inventory-jobs"}
 
 
 def test_submitter_console_and_operator_are_narrow():
@@ -204,7 +221,9 @@ def test_the_server_refuses_what_an_identity_may_not_publish(guarded):
         await Bus(nc, "test").ensure_streams()
         await nc.close()
         for user, subject in ((AGENT, s.job_placed(*OTHER)), (AGENT, s.job_placed(*NODE)),
-                              (AGENT, s.gpu_telemetry(*OTHER)), ("submitter", s.node_drain_requested(*NODE)),
+                              (AGENT, s.gpu_telemetry(*OTHER)), (AGENT, s.job_finished(*OTHER)),
+                              (AGENT, s.job_started(*OTHER)), (AGENT, s.JOB_FINISHED),
+                              ("submitter", s.node_drain_requested(*NODE)),
                               ("submitter", s.job_placed(*NODE)), ("console", s.JOB_SUBMITTED),
                               (AGENT, "$JS.API.STREAM.DELETE.WHALEFLUX_JOBS")):
             errors = await _refused(guarded, user, subject)
@@ -216,6 +235,11 @@ def test_the_server_refuses_what_an_identity_may_not_publish(guarded):
         ack = await nc.jetstream().publish(s.JOB_SUBMITTED, b"{}")
         await nc.close()
         assert ack.stream == "WHALEFLUX_JOBS" and await _jobs_messages(guarded) == 1
+        # The agent's report about a job on its own node is taken.
+        nc = await guarded.connect(AGENT)
+        ack = await nc.jetstream().publish(s.job_finished(*NODE), b"{}")
+        await nc.close()
+        assert ack.stream == "WHALEFLUX_JOBS" and await _jobs_messages(guarded) == 2
         # An agent cannot read another node's orders by subscribing to them.
         refused = Refusals()
         nc = await guarded.connect(AGENT, refused)

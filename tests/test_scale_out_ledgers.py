@@ -60,13 +60,15 @@ async def _place(bus, job_id: str, node: str, uuids: list[str], at: datetime) ->
     placed = JobPlaced(job_id=job_id, attempt=1, cluster="onprem", node=node, gpu_model="H100", gpu_uuids=uuids,
                        gpu_indices=list(range(len(uuids))), command=["x"], team="t", project="p")
     await bus.publish(subjects.job_placed("onprem", node), placed, event_id=f"placed-{job_id}-1", time=at)
-    await bus.publish(subjects.JOB_STARTED, JobStarted(job_id=job_id, attempt=1, cluster="onprem", node=node,
-                      gpu_uuids=uuids, pid=1, started_at=at), event_id=f"started-{job_id}-1", time=at)
+    await bus.publish(subjects.job_started("onprem", node), JobStarted(
+        job_id=job_id, attempt=1, cluster="onprem", node=node, gpu_uuids=uuids, pid=1, started_at=at),
+        event_id=f"started-{job_id}-1", time=at)
 
 
 async def _finish(bus, job_id: str, node: str, start: datetime, end: datetime) -> None:
-    await bus.publish(subjects.JOB_FINISHED, JobFinished(job_id=job_id, attempt=1, cluster="onprem", node=node,
-                      exit_code=0, started_at=start, finished_at=end), event_id=f"finished-{job_id}-1", time=end)
+    await bus.publish(subjects.job_finished("onprem", node), JobFinished(
+        job_id=job_id, attempt=1, cluster="onprem", node=node, exit_code=0, started_at=start, finished_at=end),
+        event_id=f"finished-{job_id}-1", time=end)
 
 
 def test_two_billing_replicas_charge_every_job_once_across_a_kill(clean_servers, tmp_path):

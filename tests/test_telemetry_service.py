@@ -45,8 +45,8 @@ async def test_history_rollups_job_usage_and_bad_sequences(env):
             job_id="llama", attempt=1, cluster="onprem", node="h100-01", gpu_model="H100", gpu_uuids=[busy],
             gpu_indices=[0], command=["x"], team="nlp", project="llm"))
         started = T0 + timedelta(seconds=10)
-        await bus.publish(subjects.JOB_STARTED, JobStarted(job_id="llama", attempt=1, cluster="onprem", node="h100-01",
-                                                          gpu_uuids=[busy], pid=1, started_at=started))
+        await bus.publish(subjects.job_started("onprem", "h100-01"), JobStarted(
+            job_id="llama", attempt=1, cluster="onprem", node="h100-01", gpu_uuids=[busy], pid=1, started_at=started))
 
         # 130 one-second batches; the job holds GPU 0 from t=10 to t=100.
         node.job_started([busy], "llama", pid=1)

@@ -66,9 +66,11 @@ class Child:
 
 # Who asks whom over HTTP (WHALEFLUX_<PEER>_URL; docker-compose.yml sets the same): billing asks inventory for
 # ownership terms, alerting for its findings (cost guardians), the scheduler for lease ends; inventory asks
-# billing for its price book (owned GPUs valued as billing charges them).
+# billing for its price book (owned GPUs valued as billing charges them); the console reads every service for
+# its own background reads (what a person does there carries that person's credential).
 SERVICE_LINKS: dict[str, tuple[str, ...]] = {
     "billing": ("inventory",), "alerting": ("inventory",), "scheduler": ("inventory",), "inventory": ("billing",),
+    "console": SERVICES,
 }
 
 
@@ -108,10 +110,10 @@ def issue_identities(secrets_dir: Path, identities: list[Identity],
     return issued
 
 
-# The HTTP credentials: the person's admin token (the CLI's and the console's, in config.json) in the tokens file
-# every process reads; each component's own admin token, accepted by itself only; and, for a component that calls
-# another, a viewer token accepted only by the services it calls (SERVICE_LINKS).
-COMPONENTS = (*SERVICES, "agent")
+# The HTTP credentials: the person's admin token (the CLI's, in config.json; a person logs in to the console with
+# it) in the tokens file every process reads; each component's own admin token, accepted by itself only; and, for
+# a component that calls another, a viewer token accepted only by the services it calls (SERVICE_LINKS).
+COMPONENTS = (*SERVICES, "console", "agent")
 
 
 def issue_http_tokens(secrets_dir: Path, admin_token: str) -> Path:
@@ -122,12 +124,12 @@ def issue_http_tokens(secrets_dir: Path, admin_token: str) -> Path:
     for name in COMPONENTS:
         for suffix in ("admin", "token") if name in SERVICE_LINKS else ("admin",):
             path = secrets_dir / f"{name}.{suffix}"
-            if not path.exists():
+            # (An older `up` gave the console the people's admin token: a component never keeps that one.)
+            if not path.exists() or path.read_text() == admin_token:
                 write_private(path, access.new_token())
         if name in SERVICE_LINKS:
             access.issue(tokens, name, "viewer", services=SERVICE_LINKS[name],
                          token=(secrets_dir / f"{name}.token").read_text())
-    write_private(secrets_dir / "console.admin", admin_token)  # its login, and what it sends
     return tokens
 
 
@@ -230,7 +232,7 @@ class Stack:
         self.children.append(
             Child("console", [sys.executable, "-m", "whaleflux", "service", "console"],
                   {**self.identity_env(env, "console"), "WHALEFLUX_HTTP_PORT": str(console_port),
-                   **{f"WHALEFLUX_{name.upper()}_URL": self.cfg.services[name] for name in SERVICES}},
+                   **linked_env("console", self.cfg.services)},
                   logs / "console.log", listener=console_listener)
         )
         # The agent's HTTP port serves fault injection (`whaleflux sim inject`).

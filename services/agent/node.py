@@ -52,11 +52,6 @@ def _base(placed: JobPlaced) -> dict:
                 rank=placed.rank)
 
 
-def _event_id(kind: str, placed: JobPlaced) -> str:
-    """Fixed per (job, attempt, part), so a redelivered report is one event; rank 0 keeps the plain id."""
-    return f"{kind}-{placed.job_id}-{placed.attempt}" + (f"-r{placed.part}" if placed.part else "")
-
-
 @dataclass(frozen=True)
 class EndedAttempt:
     """An attempt whose end was published: listed in heartbeats until LISTED_AFTER_END_S after `reported_at`."""
@@ -181,6 +176,11 @@ class NodeAgent:
             with attempt:
                 await self.bus.publish_envelope(subject, env)
         return env
+
+    async def _report(self, subject: str, data: JobStarted | JobFinished | JobFailed, placed: JobPlaced) -> None:
+        """An attempt's report on its node's subject, its id fixed per (job, attempt, part; rank 0 plain): one event."""
+        event_id = f"{data.event_name.removeprefix('job.')}-{placed.job_id}-{placed.attempt}"
+        await self._publish(subject, data, event_id + (f"-r{placed.part}" if placed.part else ""), placed.job_id)
 
     async def _publish_live(self, subject: str, env: Envelope) -> None:
         """Publish a sample or heartbeat, retrying for up to LIVE_RETRY_S: a NATS server lost from a cluster
@@ -332,7 +332,7 @@ class NodeAgent:
     async def _publish_started(self, placed: JobPlaced, running: attempts.Running) -> None:
         started = JobStarted(**_base(placed), gpu_uuids=placed.gpu_uuids, pid=running.job_pid,
                              started_at=running.started_at)
-        await self._publish(subjects.JOB_STARTED, started, _event_id("started", placed), placed.job_id)
+        await self._report(subjects.job_started(placed.cluster, placed.node), started, placed)
 
     async def _wait(self, job: runner.RunningJob | virtual.VirtualJob) -> None:
         ended = await job.ended
@@ -361,7 +361,7 @@ class NodeAgent:
             virtual.log_tail(placed) if attempt_dir is None else await runner.log_tail(placed, self.log_dir))
         finished = JobFinished(**_base(placed), exit_code=ended.exit_code, started_at=running.started_at,
                                finished_at=ended.finished_at, interrupted=ended.interrupted, log_tail=tail)
-        await self._publish(subjects.JOB_FINISHED, finished, _event_id("finished", placed), placed.job_id)
+        await self._report(subjects.job_finished(placed.cluster, placed.node), finished, placed)
         reported_at = self.clock()
         if attempt_dir is not None:  # a virtual attempt has no folder
             attempts.mark_reported(attempt_dir, reported_at)
@@ -373,7 +373,7 @@ class NodeAgent:
                              failed_at: datetime) -> None:
         """The command never ran: job.failed, and nothing to list (the scheduler never saw it start)."""
         failed = JobFailed(**_base(placed), reason=reason, failed_at=failed_at)
-        await self._publish(subjects.JOB_FAILED, failed, _event_id("failed", placed), placed.job_id)
+        await self._report(subjects.job_failed(placed.cluster, placed.node), failed, placed)
         if attempt_dir is not None:
             shutil.rmtree(attempt_dir, ignore_errors=True)
         log.warning("job.failed_to_start", job_id=placed.job_id, attempt=placed.attempt, reason=reason)

@@ -20,6 +20,7 @@ from functools import cached_property
 
 from whaleflux.shared.contracts import Holder, HolderChange, JobHolds, fold_holders, gpus_involved
 from whaleflux.shared.events import EventData, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
+from whaleflux.shared.handlers import Reject, Retry
 
 from .metering import UsageRecord, ledger_key
 from .pricing import gpu_seconds
@@ -56,6 +57,24 @@ def spans(data: EventData, at: datetime) -> list[Span]:
         return [Span(data.job_id, data.attempt, rank, "requeued", None, at)
                 for rank in range(len(data.gang_nodes or ()) or 1)]
     return []
+
+
+def report_ledger(data: EventData) -> str | None:
+    """The ledger key of the part a node's report (job.started / finished / failed) is about; None for others."""
+    if isinstance(data, (JobStarted, JobFinished, JobFailed)):
+        return ledger_key(data.job_id, data.attempt, data.rank or 0)
+    return None
+
+
+def from_placed_node(data: EventData, placed: JobPlaced | None) -> str | None:
+    """Why a node's report may not be applied (it names another node than its part was placed on: a node may
+    send only its own nodes' reports, so this is a forgery or a mix-up), or None."""
+    if placed is None or not isinstance(data, (JobStarted, JobFinished, JobFailed)):
+        return None
+    if (data.cluster, data.node) == (placed.cluster, placed.node):
+        return None
+    return (f"{data.event_name} from {data.cluster}/{data.node} for job {data.job_id} attempt {data.attempt}, "
+            f"placed on {placed.cluster}/{placed.node}")
 
 
 def interval_after(span: Span, current: UsageRecord | None) -> tuple[datetime, datetime | None] | None:
@@ -101,12 +120,17 @@ class JobEventOutcome:
     records: tuple[UsageRecord, ...] = ()
     placement: tuple[str, JobPlaced] | None = None  # (ledger key, placement) to keep
     missing: str | None = None
+    refused: str | None = None  # why it can never be applied (dead-lettered)
 
 
 def job_event(data: EventData, at: datetime, state: JobEventState,
               event_spans: list[Span] | None = None) -> JobEventOutcome:
     """The outcome of one job event (`at`: its envelope time) given what the store holds (`event_spans`:
     `spans(data, at)`, when the caller has them already)."""
+    key = report_ledger(data)
+    refused = from_placed_node(data, state.placements.get(key) if key is not None else None)
+    if refused is not None:
+        return JobEventOutcome(HolderChange(state.holds), refused=refused)
     change = fold_holders(state.holds, data, at, state.holders)
     if isinstance(data, JobPlaced):
         return JobEventOutcome(change, placement=(ledger_key(data.job_id, data.attempt, data.part), data))
@@ -142,6 +166,8 @@ class LedgerView:
         job_id = getattr(data, "job_id", "")
         holds = self.holds.get(job_id, JobHolds())
         ledgers = [span.ledger for span in (spans(data, at) if event_spans is None else event_spans)]
+        if (key := report_ledger(data)) is not None:
+            ledgers.append(key)
         return JobEventState(holds, {g: self.holders.get(g) for g in gpus_involved(holds, data)},
                              {k: self.usage.get(k) for k in ledgers}, {k: self.placements.get(k) for k in ledgers})
 
@@ -178,13 +204,15 @@ def reads_for(events: list[tuple[EventData, datetime]]) -> tuple[list[str], list
         if isinstance(data, JobPlaced):
             ledgers[ledger_key(data.job_id, data.attempt, data.part)] = None
         ledgers.update(dict.fromkeys(span.ledger for span in spans(data, at)))
+        if (key := report_ledger(data)) is not None:
+            ledgers[key] = None
     return list(jobs), list(gpus), list(ledgers)
 
 
-def job_events(events: list[tuple[EventData, datetime]], view: LedgerView) -> list[str | None]:
-    """Apply a batch of job events in stream order to `view`; per event None (applied, or not a job event)
-    or why it cannot be applied yet (its placement is missing: retried later, the others stand)."""
-    out: list[str | None] = []
+def job_events(events: list[tuple[EventData, datetime]], view: LedgerView) -> list[Exception | None]:
+    """Apply a batch of job events in stream order to `view`; per event None (applied, or not a job event),
+    Retry (its placement is missing: retried later, the others stand) or Reject (from another node)."""
+    out: list[Exception | None] = []
     for data, at in events:
         job_id = getattr(data, "job_id", None)
         if not isinstance(job_id, str):
@@ -192,7 +220,7 @@ def job_events(events: list[tuple[EventData, datetime]], view: LedgerView) -> li
             continue
         event_spans = spans(data, at)
         outcome = job_event(data, at, view.state_for(data, at, event_spans), event_spans)
-        if outcome.missing is None:
+        if outcome.missing is None and outcome.refused is None:
             view.apply(job_id, outcome)
-        out.append(outcome.missing)
+        out.append(Retry(outcome.missing) if outcome.missing else Reject(outcome.refused) if outcome.refused else None)
     return out

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from whaleflux.shared import subjects
-from whaleflux.shared.bus import Retry, batch_handler
+from whaleflux.shared.bus import batch_handler
 from whaleflux.shared.contracts import ASSETS
 from whaleflux.shared.errors import StateUnavailable
 from whaleflux.shared.events import AlertRaised, Envelope, EventData, GpuTelemetry, make_envelope
@@ -109,12 +109,13 @@ class Billing:
         """A fetch of job events: who holds which GPU (the shared fold), placements, usage records, read in
         one round trip, decided event by event in stream order (ledger.py), written in one MULTI; acked
         (by the consumer) only after the write. An event whose placement is missing is retried (its
-        job.placed comes on another subject; dead-lettered after 6), the others stand."""
+        job.placed comes on another subject; dead-lettered after 6), one from another node than its part's
+        placement is dead-lettered at once; the others stand."""
         timed = [(data, env.time) for env, data in events]
         view = await self.store.ledger_view(*ledger.reads_for(timed))
-        missing = ledger.job_events(timed, view)
+        outcomes = ledger.job_events(timed, view)
         await self.store.commit_view(view)  # logged once per batch by the consumer (`events.handled`)
-        return [None if m is None else Retry(m) for m in missing]
+        return outcomes
 
     async def on_telemetry(self, env: Envelope, data: EventData) -> None:
         """Each GPU's sample joins its time series (running energy and utilization totals, energy.py); who

@@ -7,6 +7,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 
+import structlog
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -27,12 +28,16 @@ from .upstream import Upstream, UpstreamError
 from .web import HERE, BadCsrf, Console, NotLoggedIn, login_url, page, templates
 
 templates.env.filters.update(FILTERS)
+log = structlog.get_logger("whaleflux.console")
 
 
 def create_app(settings: ConsoleSettings) -> FastAPI:
     """The console app: pages, static files, ops endpoints; the lifespan connects the live hub to the bus."""
     hub = LiveHub(settings.live_interval_s)
-    upstream = Upstream(settings.service_urls(), settings.secret("admin_token") or "", settings.upstream_timeout_s)
+    upstream = Upstream(settings.service_urls(), settings.reader_token(), settings.upstream_timeout_s)
+    if settings.secret("api_token") is None:
+        log.warning("console.reads_as_admin", reason="no WHALEFLUX_API_TOKEN: background reads carry the admin "
+                    "token; issue the console a viewer token (docs/security.md)")
     app = FastAPI(title="WhaleFlux console", version="0.1.0", lifespan=_lifespan(settings, hub, upstream),
                   docs_url=None, redoc_url=None)
     fleet_state = FleetState(upstream, stale_after_s=settings.stale_after_s)

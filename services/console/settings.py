@@ -32,6 +32,12 @@ class ConsoleSettings(CommonSettings):
     # A GPU with no newer sample is stale: the same setting (and default) as telemetry's.
     stale_after_s: float = Field(15.0, gt=0)
 
+    def reader_token(self) -> str:
+        """What the console's own background reads carry (the live views every browser shares, the fleet's node
+        states): its viewer token, `WHALEFLUX_API_TOKEN` (`up` and deploy/issue_secrets.py issue it), so that a
+        compromised console hands out no more than a viewer; without one, its admin token (logged at start)."""
+        return self.secret("api_token") or self.secret("admin_token") or ""
+
     def service_urls(self) -> dict[str, str]:
         return {
             "telemetry": self.telemetry_url, "scheduler": self.scheduler_url, "alerting": self.alerting_url,

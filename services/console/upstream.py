@@ -2,7 +2,7 @@
 docs/security.md). A request made while serving a person (`acting_as`, set from their session) carries that
 person's own credential, so the services apply that person's role and their audit log names them; only the
 console's own background reads (the live views shared by every browser, the fleet's node states) carry the
-console's token."""
+console's reader token, a viewer's (`ConsoleSettings.reader_token`)."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ class UpstreamError(Exception):
 
 
 class Upstream:
-    def __init__(self, urls: dict[str, str], admin_token: str, timeout_s: float = 5.0):
+    def __init__(self, urls: dict[str, str], reader_token: str, timeout_s: float = 5.0):
         self.urls = urls
-        self._token = admin_token
+        self._token = reader_token
         self.http = httpx.AsyncClient(timeout=timeout_s)
 
     async def close(self) -> None:

@@ -85,6 +85,21 @@ def late_end(job: JobRecord, report: EventData) -> bool:
     return job.state == "pending" and not job.parts and job.lost_attempt == report.attempt == job.attempt
 
 
+def from_attempt_node(job: JobRecord, report: JobStarted | JobFinished | JobFailed) -> bool:
+    """Whether a report about the job's current attempt names a node that attempt was placed on. NATS lets a node
+    report only on its own subject, and the consumer holds the data to it, so another node's report about this
+    attempt is a forgery or a mix-up: it must not start, end or release an attempt that runs elsewhere. Reports
+    about other attempts are the other guards' (they change nothing). A gang requeued keeps no parts: its other
+    ranks' ends (which release its hold) cannot be told apart by node and are taken."""
+    if report.attempt != job.attempt:
+        return True
+    if job.parts:
+        return any(p.cluster == report.cluster and p.node == report.node for p in job.parts)
+    if report.rank:
+        return True
+    return job.cluster == report.cluster and job.node == report.node
+
+
 def record_cancel(job: JobRecord, reason: str, at: datetime) -> bool:
     """The job cancelled (changed in place) unless it has ended already; whether it was. Its GPUs stay
     listed (where it ran), the allocation is released by the caller."""
@@ -156,6 +171,8 @@ class Fold:
             job.gpu_uuids, job.gpu_model = list(p.gpu_uuids), p.gpu_model
 
     def _report(self, job: JobRecord, r: JobStarted | JobFinished | JobFailed) -> None:
+        if not from_attempt_node(job, r):
+            return  # the live scheduler ignores it too (progress.py)
         if isinstance(r, (JobFinished, JobFailed)) and late_end(job, r):
             decision = after_end(job, r, self.max_restarts)
             job.held_until = job.lost_attempt = None

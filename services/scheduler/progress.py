@@ -10,7 +10,7 @@ from whaleflux.shared.bus import batch_handler
 from whaleflux.shared.events import Envelope, EventData, JobFailed, JobFinished, JobStarted, JobSubmitted
 
 from .gang import on_part_report
-from .history import after_end, late_end, record_end
+from .history import after_end, from_attempt_node, late_end, record_end
 from .records import ACTIVE, JobRecord
 from .service import Scheduler
 
@@ -49,6 +49,11 @@ class Progress:
     async def on_report(self, data: Report) -> None:
         """One report about an attempt (from the bus, or read off a node's heartbeat); the caller holds the lock."""
         job = await self.s.store.job(data.job_id)
+        if job is not None and not from_attempt_node(job, data):
+            self.s.log.warning("job.report_from_other_node", job_id=data.job_id, attempt=data.attempt,
+                               node=f"{data.cluster}/{data.node}", placed_on=job.nodes, event=data.event_name,
+                               reason="the attempt was not placed on the reporting node: ignored")
+            return
         if job is not None and isinstance(data, (JobFinished, JobFailed)) and late_end(job, data):
             await self._on_late_end(job, data)
             return

@@ -40,16 +40,16 @@ from whaleflux.shared.events import (
     NodeRegistered,
     NodeUndrained,
     decode_typed,
+    misaddressed,
 )
-from whaleflux.shared.streams import CONSUMERS
+from whaleflux.shared.streams import CONSUMERS, reports
 
 from .history import Fold
 from .records import ACTIVE, GpuQuarantine, NodeCondition
 from .store import SchedulerStore
 
 # What a job's history is made of (stop orders, job.preempted, change nothing in a record).
-JOB_HISTORY = [s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED, s.JOB_REQUEUED,
-               s.JOB_REJECTED, s.JOB_CANCELLED]
+JOB_HISTORY = [s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", *reports(), s.JOB_REQUEUED, s.JOB_REJECTED, s.JOB_CANCELLED]
 FETCH = 2000
 SNAPSHOT_BUCKET = "WHALEFLUX_SCHEDULER_SNAPSHOTS"
 SNAPSHOT_NAME = "jobs"
@@ -100,6 +100,7 @@ async def read_stream(bus: Bus, stream: str, filters: list[str], upto: int | Non
                     return
                 try:
                     env, data = decode_typed(msg.data)
+                    misaddressed(msg.subject, data)
                 except InvalidEvent:
                     continue  # dead-lettered when it first arrived
                 yield seq, env, data

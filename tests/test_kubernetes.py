@@ -218,6 +218,30 @@ def test_issued_secrets_are_valid_and_are_the_ones_the_pods_mount(overlay, args,
     assert out.read_text() == before
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_pod_holds_the_peoples_admin_token(overlay):
+    """Pods read only tokens.json (the hashes) of whaleflux-admin; the console runs with an admin token of its own
+    and a viewer's for its background reads; the GPU nodes' namespace holds no admin token at all."""
+    docs = rendered(overlay)
+    for workload in of_kind(docs, *WORKLOADS):
+        for volume in pod_spec(workload)["volumes"]:
+            if volume.get("secret", {}).get("secretName") == "whaleflux-admin":
+                assert volume["secret"]["items"] == [{"key": "tokens.json", "path": "tokens.json"}], workload
+        for container in pod_spec(workload)["containers"]:
+            own = {e["name"]: e.get("value") for e in container.get("env", [])}.get("WHALEFLUX_ADMIN_TOKEN_FILE")
+            assert own is None or own.startswith("/run/secrets/api/"), workload["metadata"]["name"]
+    for config in of_kind(docs, "ConfigMap"):
+        assert "WHALEFLUX_ADMIN_TOKEN_FILE" not in config.get("data", {}), config["metadata"]["name"]
+    [container] = pod_spec(named(docs, "Deployment", "console"))["containers"]
+    console = {e["name"]: e.get("value") for e in container["env"]}
+    assert (console["WHALEFLUX_ADMIN_TOKEN_FILE"], console["WHALEFLUX_API_TOKEN_FILE"]) == (
+        "/run/secrets/api/admin", "/run/secrets/api/token")
+    issued = {(d["metadata"]["namespace"], d["metadata"]["name"]): d["stringData"]
+              for d in issue_secrets_module().secrets_for([("onprem", "gpu-node-01")], {})}
+    assert set(issued[("whaleflux-agents", "whaleflux-admin")]) == {"tokens.json"}
+    assert set(issued[("whaleflux", "whaleflux-token-console")]) == {"token", "admin"}
+
+
 def test_the_nats_servers_config_with_the_issued_users_is_valid_for_nats_server(tmp_path):
     from whaleflux.servers import nats_server_binary
 

@@ -9,13 +9,14 @@ From the permission table of shared/permissions.py: one NATS user per component 
 key `password`), the nats-server `authorization` block with every user and its permissions
 (`whaleflux-nats-auth`, key `auth.conf`, included by the servers' config), the Redis password
 (`whaleflux-redis`), the people's admin token with the tokens file every pod reads (`whaleflux-admin`, keys
-`token` and `tokens.json`, in both namespaces; the file holds hashes only), each calling component's own token
-(`whaleflux-token-<name>`, key `token`, a viewer accepted only by the services it calls: the console's for its
-background reads, with the console's own admin token as key `admin`) and the agents' identity
-(`whaleflux-nats-agents` in whaleflux-agents), allowed the subjects of the GPU nodes named and no others.
-Every pod mounts only its own as files; no secret is in a manifest or an environment variable. Passwords
-already issued are kept: run it again after adding a GPU node, apply, then restart the NATS servers one at a
-time (`kubectl -n whaleflux rollout restart statefulset/nats`) so that they read the new user list.
+`token`, for people only, no pod mounts it, and `tokens.json`, the hashes, alone in the agents' namespace),
+each calling component's own token (`whaleflux-token-<name>`, key `token`, a viewer accepted only by the
+services it calls: the console's for its background reads, with the console's own admin token as key `admin`)
+and the agents' identity (`whaleflux-nats-agents` in whaleflux-agents), allowed the subjects of the GPU nodes
+named and no others. Every pod mounts only its own as files; no secret is in a manifest or an environment
+variable. Passwords already issued are kept: run it again after adding a GPU node, apply, then restart the NATS
+servers one at a time (`kubectl -n whaleflux rollout restart statefulset/nats`) so that they read the new user
+list.
 """
 
 from __future__ import annotations
@@ -79,8 +80,10 @@ def secrets_for(agent_nodes: list[tuple[str, str]], issued: dict[tuple[str, str]
         *(access.TokenEntry(name=name, role="viewer", services=list(SERVICE_LINKS[name]),
                             sha256=access.hash_token(token)) for name, token in callers.items())])
     hashes = tokens.model_dump_json(indent=2, exclude_none=True)
-    out += [_secret("whaleflux-admin", namespace, {"token": admin, "tokens.json": hashes})
-            for namespace in (NAMESPACE, AGENTS_NAMESPACE)]
+    # The people's admin token is for people (kubectl reads it here); pods mount only tokens.json, and the GPU
+    # nodes' namespace never holds the token.
+    out += [_secret("whaleflux-admin", NAMESPACE, {"token": admin, "tokens.json": hashes}),
+            _secret("whaleflux-admin", AGENTS_NAMESPACE, {"tokens.json": hashes})]
     # The console's own admin token beside its reader token (its pod mounts only tokens.json of whaleflux-admin).
     own = {"console": {"admin": value(NAMESPACE, "whaleflux-token-console", "admin")}}
     out += [_secret(f"whaleflux-token-{name}", NAMESPACE, {"token": token, **own.get(name, {})})

@@ -28,19 +28,19 @@ class StaticView:
     max_gpus_per_node: int
     total_gpus: int
     rejections: dict[str, list[str]] = field(default_factory=dict)
+    firsts: dict[str, str] = field(default_factory=dict)  # model -> its first node (fleet order)
 
     @classmethod
     def of(cls, nodes: Mapping[str, NodeState], names: list[str], rejections: dict[str, list[str]]) -> StaticView:
         """The view of these nodes (fleet order), with why the others were left out."""
-        models: list[str] = []
+        firsts: dict[str, str] = {}
         biggest = total = 0
         for name in names:
             node = nodes[name]
             biggest = max(biggest, len(node.gpus))
             total += len(node.gpus)
-            if node.model not in models:
-                models.append(node.model)
-        return cls(names, set(names), models, biggest, total, rejections)
+            firsts.setdefault(node.model, name)
+        return cls(names, set(names), list(firsts), biggest, total, rejections, firsts)
 
 
 class ClusterState:

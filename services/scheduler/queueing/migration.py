@@ -86,18 +86,17 @@ def _up_candidates(
     scored: list[tuple[float, str, _Movable]] = []
     best_by_class: dict[str, float] = {}
     for r in running.values():
-        if r.expected_end is None or r.expected_end - now < min_gain:
-            continue  # (movable's `left`, asked before building it: most running jobs stop here)
-        c = movable(r, now, config)
-        if c is None or c.left < min_gain:
-            continue
-        cls = c.request.workload_class
+        end, req, speed = r.expected_end, r.request, r.speed
+        if end is None or end - now < min_gain or req is None or speed is None or not may_move(r, config):
+            continue  # (movable's `left` and checks, asked before building it: most running jobs stop here)
+        left = end - now
+        cls = req.workload_class
         best = best_by_class.get(cls)
         if best is None:
             best = best_by_class[cls] = max(cluster.speed(m, cls) for m in free_models)
-        then = overhead + c.left * c.speed / best
-        if c.left - then >= min_gain and then <= ratio * c.left:
-            scored.append((c.left - then, r.job_id, c))
+        then = overhead + left * speed / best
+        if left - then >= min_gain and then <= ratio * left:
+            scored.append((left - then, r.job_id, _Movable(r, req, speed, left)))
     scored.sort(key=lambda x: (-x[0], x[1]))
     return [c for _, _, c in scored]
 
@@ -225,8 +224,7 @@ def make_room(
     req = job.request
     view = eligible(cluster, req, config.profile)
     if req.gpus > view.max_gpus_per_node:
-        by_node = {n: jobs for n in view.nodes if (jobs := _movable_on(cluster, n, running, now, config))}
-        picked = _room_for_gang(cluster, req, view, by_node, config, now)
+        picked = _room_for_gang(cluster, req, view, running, config, now)
         if picked is None:
             return None
         chosen = picked
@@ -247,32 +245,28 @@ def make_room(
 
 
 def _room_for_gang(
-    cluster: ClusterState, req: JobRequest, view: StaticView, by_node: dict[str, list[_Movable]],
+    cluster: ClusterState, req: JobRequest, view: StaticView, running: Mapping[str, RunningJob],
     config: PolicyConfig, now: float,
 ) -> list[_Movable] | None:
-    """The jobs to move off the gang's nodes so that enough of its GPUs are free (least work first)."""
+    """The jobs to move off the gang's nodes so that enough of its GPUs are free (least remaining work first,
+    of the jobs running on one of its nodes alone that may move)."""
     ok = [n for n in view.nodes if unavailable(cluster, req, cluster.nodes[n], config.profile, now) is None]
     have = sum(len(usable(cluster, req, n)) for n in ok)
-    in_way = sorted((c for n in ok for c in by_node.get(n, ())), key=lambda c: (c.left, c.job.job_id))
+    if have >= req.gpus:
+        return None  # it fits without moving anything
+    holdings, jobs_on = cluster.holdings, cluster.jobs_on
+    in_way = sorted((r.expected_end - now, job_id, r) for n in ok for job_id in jobs_on[n]
+                    if (r := running.get(job_id)) is not None and r.expected_end is not None
+                    and len(holdings[job_id]) == 1 and may_move(r, config))
     chosen: list[_Movable] = []
     freed = 0
-    for c in in_way:
+    for _, _, r in in_way:
         if have + freed >= req.gpus:
             break
-        chosen.append(c)
-        freed += c.job.gpus
-    return chosen if chosen and have + freed >= req.gpus else None
-
-
-def _movable_on(
-    cluster: ClusterState, node: str, running: Mapping[str, RunningJob], now: float, config: PolicyConfig
-) -> list[_Movable]:
-    """The jobs running on this node alone that may move, cheapest first (the least remaining work)."""
-    out = [c for job_id in cluster.jobs_on[node]
-           if (r := running.get(job_id)) is not None and len(cluster.holdings[job_id]) == 1
-           and (c := movable(r, now, config)) is not None]
-    out.sort(key=lambda c: (c.left, c.job.job_id))
-    return out
+        if (c := movable(r, now, config)) is not None:
+            chosen.append(c)
+            freed += r.gpus
+    return chosen if have + freed >= req.gpus else None
 
 
 def _most_free_first(cluster: ClusterState, view: StaticView) -> Iterator[tuple[str, int]]:
@@ -364,30 +358,21 @@ def undo(cluster: ClusterState, moves: Moves, running: Mapping[str, RunningJob])
 def off_largest(cluster: ClusterState, req: JobRequest, profile: Profile) -> JobRequest:
     """The request kept off the largest-memory model when the job fits a smaller one."""
     view = eligible(cluster, req, profile)
-    mem = {m: max(g.memory_total_mib for g in cluster.nodes[n].gpus) for m, n in _first_node_of(cluster, view)}
+    mem = {m: max(g.memory_total_mib for g in cluster.nodes[n].gpus) for m, n in view.firsts.items()}
     if len(set(mem.values())) <= 1:
         return req
     largest = max(mem.values())
     return replace(req, gpu_models=tuple(m for m, v in mem.items() if v < largest))
 
 
-def _first_node_of(cluster: ClusterState, view: StaticView) -> list[tuple[str, str]]:
-    """(model, one node of it) for each model of the view."""
-    seen: dict[str, str] = {}
-    for name in view.nodes:
-        seen.setdefault(cluster.nodes[name].model, name)
-    return list(seen.items())
-
-
 def _models(cluster: ClusterState, req: JobRequest, view: StaticView, spare_largest: bool) -> list[tuple[str, float]]:
     """The job's speed on each model of its view; without the largest-memory model when it fits a smaller one."""
     speeds: dict[str, float] = {}
     mem: dict[str, float] = {}
-    for name in view.nodes:
+    for model, name in view.firsts.items():
         node = cluster.nodes[name]
-        if node.model not in speeds:
-            speeds[node.model] = candidate_speed(cluster, req, node)
-            mem[node.model] = max(g.memory_total_mib for g in node.gpus)
+        speeds[model] = candidate_speed(cluster, req, node)
+        mem[model] = max(g.memory_total_mib for g in node.gpus)
     if spare_largest and len(set(mem.values())) > 1:
         del speeds[max(mem, key=lambda m: mem[m])]
     return [(m, s) for m, s in speeds.items() if s > 0]

@@ -67,7 +67,7 @@ class ClusterState:
         self.jobs_on: dict[str, dict[str, None]] = {}  # node -> the jobs holding GPUs on it
         self.services_on: dict[str, Counter[str]] = {}
         self._service_of: dict[str, str] = {}
-        self._static: dict[tuple[object, ...], StaticView] = {}
+        self.views: dict[tuple[object, ...], StaticView] = {}  # static views by shape (framework.eligible)
         # Shapes with the same eligible nodes share one view (and so one cache key in a pass).
         self._interned: dict[tuple[str, ...], StaticView] = {}
         # Facts derived from the nodes' states (not their free GPUs), kept until a node changes.
@@ -129,16 +129,12 @@ class ClusterState:
             speed = self._speeds[key] = facts.speed_for(workload_class) if facts else 1.0
         return speed
 
-    def known_view(self, key: tuple[object, ...]) -> StaticView | None:
-        """The static eligibility for one job shape if computed already."""
-        return self._static.get(key)
-
     def static_view(self, key: tuple[object, ...], build: Callable[[], StaticView]) -> StaticView:
         """The cached static eligibility for one job shape; `build` computes it once."""
-        view = self._static.get(key)
+        view = self.views.get(key)
         if view is None:
             built = build()
-            view = self._static[key] = self._interned.setdefault(tuple(built.nodes), built) if built.nodes else built
+            view = self.views[key] = self._interned.setdefault(tuple(built.nodes), built) if built.nodes else built
         return view
 
     def freeable(self, share: NodeShare) -> int:
@@ -173,7 +169,7 @@ class ClusterState:
         self._memory_of(node)
         self.has_leases = self.has_leases or node.lease_expires_at is not None
         self.has_memory_telemetry = self.has_memory_telemetry or any(g.memory_free_mib is not None for g in node.gpus)
-        self._static.clear()
+        self.views.clear()
         self._interned.clear()
         self._derived.clear()
 

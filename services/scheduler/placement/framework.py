@@ -67,7 +67,7 @@ def place_on(
     """Pick GPUs for one job; `caps` limits how many GPUs given nodes may give (0 = none)."""
     if not cluster.nodes:
         return Unschedulable("no GPU nodes registered yet")
-    view = _static_view(cluster, req, profile)
+    view = eligible(cluster, req, profile)
     if not view.nodes:
         return Infeasible(f"{F.needs(req, req.allow_multi_node)}; no node can ever fit: {F.summary(view.rejections)}")
     settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
@@ -100,10 +100,11 @@ def place_on(
     return Unschedulable(explain_wait(cluster, req, profile, now, caps))
 
 
-def _static_view(cluster: ClusterState, req: JobRequest, profile: Profile) -> StaticView:
+def eligible(cluster: ClusterState, req: JobRequest, profile: Profile) -> StaticView:
+    """Nodes that pass the static filters for this job (cached per shape)."""
     key = (req.gpu_models, req.min_memory_mib, req.pool, req.labels, req.allow_multi_node or req.gpus, req.nvlink,
            profile.static_filters)
-    known = cluster.known_view(key)
+    known = cluster.views.get(key)
     if known is not None:
         return known
 
@@ -112,7 +113,7 @@ def _static_view(cluster: ClusterState, req: JobRequest, profile: Profile) -> St
             # The view without the model list, narrowed to those models (moves and `off_largest` ask for
             # many model lists): the same nodes. An empty one is built in full, for its rejections.
             allowed = set(req.gpu_models)
-            wider = _static_view(cluster, replace(req, gpu_models=()), profile)
+            wider = eligible(cluster, replace(req, gpu_models=()), profile)
             narrowed = [n for n in wider.nodes if cluster.nodes[n].model in allowed]
             if narrowed:
                 return StaticView.of(cluster.nodes, narrowed, {})
@@ -128,11 +129,6 @@ def _static_view(cluster: ClusterState, req: JobRequest, profile: Profile) -> St
         return StaticView.of(cluster.nodes, names, rejections)
 
     return cluster.static_view(key, build)
-
-
-def eligible(cluster: ClusterState, req: JobRequest, profile: Profile) -> StaticView:
-    """Nodes that pass the static filters for this job (cached per shape)."""
-    return _static_view(cluster, req, profile)
 
 
 def unavailable(cluster: ClusterState, req: JobRequest, node: NodeState, profile: Profile, now: float) -> str | None:
@@ -350,7 +346,7 @@ def explain_wait(
     cluster: ClusterState, req: JobRequest, profile: Profile, now: float, caps: Mapping[str, int] | None = None
 ) -> str:
     """Why a feasible job cannot start now: its needs, the largest free block, what ruled nodes out."""
-    view = _static_view(cluster, req, profile)
+    view = eligible(cluster, req, profile)
     settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
     unhealthy: dict[str, list[str]] = {}
     flagged = _flagged(cluster, profile)

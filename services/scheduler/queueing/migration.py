@@ -287,6 +287,7 @@ def _room_on_one_node(
     Nodes come most free first: one with fewer GPUs free needs at least `req.gpus - free` moved, so the
     walk stops once that is more than the best found (on a full fleet it visits a few nodes, not all)."""
     best: tuple[tuple[int, float, int], str, list[RunningJob]] | None = None
+    holdings, jobs_on, most = cluster.holdings, cluster.jobs_on, config.max_migrations_per_job
     for n, free in _most_free_first(cluster, view):
         if best is not None and req.gpus - free > best[0][0]:
             break
@@ -295,10 +296,11 @@ def _room_on_one_node(
         need = req.gpus - len(usable(cluster, req, n))
         if need <= 0 or (best is not None and need > best[0][0]):
             continue
-        # (remaining time, job) of the jobs on this node alone that may move, cheapest first.
-        jobs = sorted((r.expected_end - now, job_id, r) for job_id in cluster.jobs_on[n]
+        # (remaining time, job) of the jobs on this node alone that may move (`may_move`), cheapest first.
+        jobs = sorted((r.expected_end - now, job_id, r) for job_id in jobs_on[n]
                       if (r := running.get(job_id)) is not None and r.expected_end is not None
-                      and len(cluster.holdings[job_id]) == 1 and may_move(r, config))
+                      and len(holdings[job_id]) == 1 and r.request is not None and r.checkpointable
+                      and r.speed and r.migrations < most)
         picked: list[RunningJob] = []
         freed = 0
         left = 0.0

@@ -100,7 +100,8 @@ class PendingQueue:
                 yield from (job for _, job in lane[pos[team]:])
                 continue
             lanes = {team: lane for team, lane in lanes.items() if pos[team] < len(lane)}
-            heap = [(self._team_key(team, usage, teams), lanes[team][pos[team]][0], team) for team in lanes]
+            policies = {team: teams.get(team) or _NO_POLICY for team in lanes}
+            heap = [(_team_key(policies[team], usage.get(team, 0)), lanes[team][pos[team]][0], team) for team in lanes]
             heapq.heapify(heap)
             while heap:
                 _, _, team = heapq.heappop(heap)
@@ -109,7 +110,7 @@ class PendingQueue:
                 yield lane[i][1]
                 pos[team] = i + 1
                 if i + 1 < len(lane):
-                    heapq.heappush(heap, (self._team_key(team, usage, teams), lane[i + 1][0], team))
+                    heapq.heappush(heap, (_team_key(policies[team], usage.get(team, 0)), lane[i + 1][0], team))
 
     def _split(
         self, now: float | None
@@ -137,9 +138,8 @@ class PendingQueue:
             rest[key] = [e for e in lane if e[0][1] > cutoff] if old else lane
         return aged, rest, start
 
-    @staticmethod
-    def _team_key(team: str, usage: Mapping[str, int], teams: Mapping[str, TeamPolicy]) -> tuple[int, float]:
-        policy = teams.get(team) or _NO_POLICY
-        used = usage.get(team, 0)
-        within_quota = policy.quota_gpus is not None and used < policy.quota_gpus
-        return (0 if within_quota else 1, used / policy.weight)
+
+def _team_key(policy: TeamPolicy, used: int) -> tuple[int, float]:
+    """Teams below their quota first, then the least use per unit of weight."""
+    within_quota = policy.quota_gpus is not None and used < policy.quota_gpus
+    return (0 if within_quota else 1, used / policy.weight)

@@ -139,6 +139,21 @@ async def test_an_event_naming_another_node_than_its_subject_is_dead_lettered_at
         ("deadletter.job.finished.c1.n2", "validation", "subject names node c1/n2 but data names c1/n1")}
 
 
+async def test_the_schedulers_rebuild_reads_bare_history_and_skips_a_report_naming_another_node(bus_and_redis):
+    """The rebuild reads the stream itself, not through a consumer: it holds the data to the subject the same way."""
+    from whaleflux.scheduler.rebuild import JOB_HISTORY, read_stream
+
+    bus, _ = bus_and_redis
+    now = datetime.now(UTC)
+    for job_id, subject, node in (("forged", subjects.job_finished("c1", "n2"), "n1"),
+                                  ("own", subjects.job_finished("c1", "n1"), "n1"),
+                                  ("old-history", subjects.JOB_FINISHED, "n1")):
+        await bus.publish(subject, JobFinished(job_id=job_id, attempt=1, cluster="c1", node=node, exit_code=0,
+                                               started_at=now, finished_at=now))
+    read = [getattr(data, "job_id", None) async for _, _, data in read_stream(bus, "WHALEFLUX_JOBS", JOB_HISTORY)]
+    assert read == ["own", "old-history"]
+
+
 def test_the_bus_times_the_envelopes_it_makes_by_its_clock():
     t0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     bus = Bus(nats.NATS(), "whaleflux/test/1", clock=lambda: t0)

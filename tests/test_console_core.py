@@ -253,7 +253,10 @@ def test_the_fleet_state_keeps_each_gpus_newest_sample_from_the_bus_and_flags_it
     state.on_telemetry(_telemetry("a", now, 10, xid_errors=[79]))
     state.on_telemetry(_telemetry("b", now.replace(year=now.year - 1), 5))  # older: ignored
     state.on_telemetry(b'{"not": "an event"}')
-    assert state.ignored == 1
+    # From node a's subject, data naming node c: the services dead-letter it, the console shows none of it.
+    state.on_telemetry(_telemetry("c", now, 99), "gpu.telemetry.c.a")
+    state.on_telemetry(_telemetry("a", now, 10, xid_errors=[79]), "gpu.telemetry.c.a")  # its own: taken
+    assert state.ignored == 2
 
     assert asyncio.run(state.ready()) == []
     rows = state.rows()

@@ -34,6 +34,7 @@ from whaleflux.shared.events import (
     JobRequeued,
     JobSubmitted,
     decode_typed,
+    misaddressed,
 )
 
 from .fleetfold import FleetNumbers, NodeEntry, fleet_numbers, gpu_entry
@@ -78,10 +79,13 @@ class FleetState:
 
     # ----------------------------------------------------------------- in
 
-    def on_telemetry(self, raw: bytes) -> None:
-        """One `gpu.telemetry` message from the bus: each GPU's sample kept if it is the newest."""
+    def on_telemetry(self, raw: bytes, subject: str | None = None) -> None:
+        """One `gpu.telemetry` message from the bus: each GPU's sample kept if it is the newest. One whose data
+        names another node than its `subject` is ignored, as the services dead-letter it."""
         try:
             _, event = decode_typed(raw)  # the model as it is; no dict of it is made
+            if subject is not None:
+                misaddressed(subject, event)
         except InvalidEvent:
             self.ignored += 1
             return
@@ -103,10 +107,13 @@ class FleetState:
             self._order = None
         return entry
 
-    def on_job(self, raw: bytes) -> None:
-        """One `job.*` message from the bus: the GPUs it holds or releases show it at the next build."""
+    def on_job(self, raw: bytes, subject: str | None = None) -> None:
+        """One `job.*` message from the bus: the GPUs it holds or releases show it at the next build (not one whose
+        data names another node than its `subject`)."""
         try:
             env, data = decode_typed(raw)
+            if subject is not None:
+                misaddressed(subject, data)
         except InvalidEvent:
             return
         if isinstance(data, JobSubmitted):

@@ -54,7 +54,7 @@ class LiveHub:
         self.renders = 0  # how many view builds ran: what the control plane paid (bench, tests)
         self.nc: nats.NATS | None = None
         # Subject prefix -> what else hears its messages' bytes (the fleet state folds gpu.telemetry).
-        self.taps: dict[str, Callable[[bytes], None]] = {}
+        self.taps: dict[str, Callable[[bytes, str], None]] = {}  # (the message, its subject)
 
     # ----------------------------------------------------------------- events in
 
@@ -70,7 +70,7 @@ class LiveHub:
         async def on_msg(msg) -> None:
             for prefix, tap in self.taps.items():
                 if msg.subject.startswith(prefix):
-                    tap(msg.data)
+                    tap(msg.data, msg.subject)
             for prefix, topic in TOPICS.items():
                 if msg.subject.startswith(prefix):
                     self.mark(topic)

@@ -66,13 +66,16 @@ def _gpu_codes(u: UsageColumns) -> tuple[list[str], I64]:
     return gpus, flat[np.repeat(offsets[which], n) + within]
 
 
-def _first_seen(values: I64) -> tuple[I64, I64]:
-    """The distinct values in order of first appearance, and each value's index among them."""
-    uniq, first, inverse = np.unique(values, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(len(uniq), dtype=np.int64)
-    rank[order] = np.arange(len(uniq))
-    return uniq[order], rank[inverse.reshape(-1)]
+def _first_seen(values: I64, n: int) -> tuple[I64, I64]:
+    """The distinct values (codes below `n`) in order of first appearance, and each value's index among them:
+    each code's first row by one unbuffered minimum, then a sort of the distinct codes only."""
+    first = np.full(n, len(values), dtype=np.int64)
+    np.minimum.at(first, values, np.arange(len(values), dtype=np.int64))
+    present = np.flatnonzero(first < len(values))
+    order = present[np.argsort(first[present], kind="stable")]
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    return order, rank[values]
 
 
 def _order(tab: IntervalTable) -> I64:
@@ -133,8 +136,8 @@ def without_overlaps_table(tab: IntervalTable) -> tuple[IntervalTable, list[Over
         overlaps.extend(cut(name, [Interval(name, s, e, tab.jobs[j]) for s, e, j in zip(
             start[rows].tolist(), end[rows].tolist(), job[rows].tolist(), strict=True)])[1])
     gpu, new_start, end, job = gpu[keep], new_start[keep], end[keep], job[keep]
-    gpu_codes, gpu = _first_seen(gpu)
-    job_codes, job = _first_seen(job)
+    gpu_codes, gpu = _first_seen(gpu, len(tab.gpus))
+    job_codes, job = _first_seen(job, len(tab.jobs))
     return IntervalTable(list(map(tab.gpus.__getitem__, gpu_codes.tolist())),
                          list(map(tab.jobs.__getitem__, job_codes.tolist())), gpu, new_start, end, job), overlaps
 

@@ -88,8 +88,11 @@ def _i64(values: Iterable[int] | I64) -> I64:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobInfo:
+    """An attempt's tags. Not frozen (never changed once made, though): a report makes one per attempt in its
+    window, and a frozen dataclass's `__init__` costs four times as much."""
+
     job_id: str
     attempt: int
     team: str

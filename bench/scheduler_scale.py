@@ -1,7 +1,8 @@
 """Live scheduler at scale: `python bench/scheduler_scale.py [--nodes 1000] [--jobs 10000] [--seconds 60]`.
 
-Own nats-server and redis-server; the scheduler as a real process; one agent
-process simulating `--nodes` nodes x 8 GPUs with virtual jobs
+Own nats-server and redis-server; the scheduler as a real process; `--agents`
+agent processes (4 by default: one event loop for 1,000 nodes fell behind) simulating
+`--nodes` nodes x 8 GPUs between them, with virtual jobs
 (`WHALEFLUX_VIRTUAL_JOBS=1`: a placed `sleep N` starts no process, it "runs"
 N s and reports job.started / job.finished, is listed in heartbeats and obeys
 stop orders). The agent samples its GPUs and sends heartbeats every
@@ -43,6 +44,7 @@ from tests.lifecycle import own_servers  # noqa: E402
 from tests.processes import connect_bus, make_cluster, wait_until  # noqa: E402
 from whaleflux.scheduler.simulator.metrics import percentile  # noqa: E402
 from whaleflux.shared import subjects  # noqa: E402
+from whaleflux.shared.catalog import load_fleet  # noqa: E402
 from whaleflux.shared.events import JobSubmitted  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -144,12 +146,13 @@ async def run_burst(servers, n: int, seconds: float, timeout: float, sched_pid: 
     )
 
 
-def report(r: dict, n: int, gpus: int, nodes: int, seconds: float, interval: float) -> None:
+def report(r: dict, n: int, gpus: int, nodes: int, seconds: float, interval: float, agents: int) -> None:
     t0, submitted, placed = r["t0"], r["submitted"], r["placed"]
     order = sorted(placed.items(), key=lambda kv: kv[1])
     free_first = min(n, gpus)
     print(
-        f"{nodes} nodes x {GPUS_PER_NODE} GPUs = {gpus} GPUs (virtual jobs, agent interval {interval:g} s); "
+        f"{nodes} nodes x {GPUS_PER_NODE} GPUs = {gpus} GPUs (virtual jobs, {agents} agent process(es), "
+        f"interval {interval:g} s); "
         f"{n} one-GPU jobs of {seconds:g} s published in {r['posted']:.1f} s"
     )
     print(f"placed {len(placed)} of {n} jobs")
@@ -197,6 +200,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="each job's duration (virtual)")
     ap.add_argument("--interval", type=float, default=10.0, help="the agent's telemetry and heartbeat interval")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--agents", type=int, default=4, help="agent processes the nodes are split over")
     ap.add_argument("--keep", type=Path, help="copy the processes' logs here")
     args = ap.parse_args()
     gpus = args.nodes * GPUS_PER_NODE
@@ -217,13 +221,18 @@ def main() -> int:
             scheduler.wait_ready(60)
             fleet = fleet_file(tmp_path / "fleet.yaml", args.nodes)
             t = time.monotonic()
-            cluster.agent(
-                fleet=fleet,
-                interval_s=hb,
-                WHALEFLUX_VIRTUAL_JOBS="1",
-                WHALEFLUX_FENCE_AFTER_S=str(5 * hb),
-                WHALEFLUX_LOG_LEVEL="warning",
-            )
+            names = [node.name for node in load_fleet(fleet).nodes()]
+            agents = min(args.agents, args.nodes)
+            for i in range(agents):
+                cluster.agent(
+                    *names[i::agents],
+                    name=f"agent-{i}",
+                    fleet=fleet,
+                    interval_s=hb,
+                    WHALEFLUX_VIRTUAL_JOBS="1",
+                    WHALEFLUX_FENCE_AFTER_S=str(5 * hb),
+                    WHALEFLUX_LOG_LEVEL="warning",
+                )
             wait_until(
                 lambda: len(httpx.get(scheduler.url + "/v1/nodes", timeout=30).json()) == args.nodes,
                 timeout=300,
@@ -233,7 +242,7 @@ def main() -> int:
             print(f"{args.nodes} nodes registered in {time.monotonic() - t:.1f} s")
             assert scheduler.popen is not None
             r = asyncio.run(run_burst(own.servers, args.jobs, args.seconds, args.timeout, scheduler.popen.pid))
-            report(r, args.jobs, gpus, args.nodes, args.seconds, hb)
+            report(r, args.jobs, gpus, args.nodes, args.seconds, hb, args.agents)
         finally:
             cluster.stop()
             own.local.stop()

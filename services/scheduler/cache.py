@@ -24,9 +24,16 @@ class Cache:
     regs: dict[str, NodeRegistered] | None = None
     conditions: dict[str, NodeCondition] | None = None
     alloc: dict[str, str] | None = None
-    # Bumped by every committed write: a read from Redis fills the cache only if nothing was written
-    # meanwhile (its answer might predate that write).
+    # Bumped by every committed write; `written` holds, for each part written ("regs", "conditions",
+    # "alloc", "job:<id>"), the write's number. A read from Redis fills a part of the cache only if that
+    # part was not written meanwhile (its answer might predate that write): writes elsewhere, which go
+    # on all the time under load, do not keep it from filling.
     gen: int = 0
+    written: dict[str, int] = field(default_factory=dict)
+
+    def fills(self, part: str, since: int) -> bool:
+        """Whether a read of `part` begun at write number `since` may fill the cache."""
+        return self.written.get(part, 0) <= since
 
 
 Effect = Callable[[Cache], None]
@@ -34,6 +41,7 @@ Effect = Callable[[Cache], None]
 
 def job_written(job_id: str, raw: str) -> Effect:
     def effect(c: Cache) -> None:
+        c.written[f"job:{job_id}"] = c.gen
         c.raw[job_id] = raw
         c.parsed.pop(job_id, None)  # parsed again when a pass needs it
     return effect
@@ -42,6 +50,7 @@ def job_written(job_id: str, raw: str) -> Effect:
 def job_unknown(job_id: str) -> Effect:
     """The job's record is known only after EXEC (SET NX): read again when asked."""
     def effect(c: Cache) -> None:
+        c.written[f"job:{job_id}"] = c.gen
         c.raw.pop(job_id, None)
         c.parsed.pop(job_id, None)
     return effect
@@ -50,6 +59,7 @@ def job_unknown(job_id: str) -> Effect:
 def alloc_set(gpus: list[str], job_id: str | None) -> Effect:
     """The GPUs now held by `job_id` (None: released)."""
     def effect(c: Cache) -> None:
+        c.written["alloc"] = c.gen
         if c.alloc is not None:
             for gpu in gpus:
                 if job_id is None:
@@ -61,6 +71,7 @@ def alloc_set(gpus: list[str], job_id: str | None) -> Effect:
 
 def condition_set(node_key: str, condition: NodeCondition | None) -> Effect:
     def effect(c: Cache) -> None:
+        c.written["conditions"] = c.gen
         if c.conditions is not None:
             if condition is None:
                 c.conditions.pop(node_key, None)
@@ -71,6 +82,7 @@ def condition_set(node_key: str, condition: NodeCondition | None) -> Effect:
 
 def registered(node_key: str, reg: NodeRegistered) -> Effect:
     def effect(c: Cache) -> None:
+        c.written["regs"] = c.gen
         if c.regs is not None:
             c.regs[node_key] = reg
     return effect

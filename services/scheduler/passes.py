@@ -12,10 +12,10 @@ from datetime import datetime
 
 from .failover import Failover
 from .feeds import Feeds
+from .pass_state import PassState
 from .placement import ClusterState, Profile, explain_wait
-from .queueing import PendingQueue, ScheduleReply, ScheduleRequest, schedule
-from .records import ACTIVE
-from .schedule_request import NodeView, held, node_state, pending_job, running_job
+from .queueing import ScheduleReply, ScheduleRequest, schedule
+from .schedule_request import NodeView
 from .service import TROUBLE, Scheduler
 
 # How many jobs a pass did not reach still get a full "why" each pass (it costs a scan of the nodes each).
@@ -52,18 +52,25 @@ class PlacementPass:
         self.feeds = feeds
         self.failover = failover
         self._waiting: dict[str, str] = {}  # the reasons last stored, so a pass writes only what changed
+        self.kept = PassState(scheduler.policy)  # the queue, running jobs and node states, kept across passes
 
     def forget_reasons(self) -> None:
-        """After a rebuild the stored reasons are gone: the next pass writes them all."""
+        """After a rebuild the stored reasons are gone: the next pass writes them all (and builds all afresh)."""
         self._waiting = {}
+        self.kept.reset()
 
     async def run(self) -> int:
         """One pass; returns how many jobs were placed."""
         async with self.s.lock:
             now = self.s.clock()
             given = await self._read(now)
-            # In a thread: a long pass must not starve the event loop (lease renewal, HTTP) of the GIL for its length.
-            reply = await asyncio.to_thread(schedule, given.request)
+            try:
+                # In a thread: a long pass must not starve the event loop (lease renewal, HTTP) of the GIL.
+                reply = await asyncio.to_thread(schedule, given.request)
+            except BaseException:
+                self.kept.reset()  # the queue it changed part-way is built afresh
+                raise
+            self.kept.passed(reply)
             await self._apply(reply, now)
             reasons = waiting_reasons(reply, given, self.s.policy.profile)
         # Outside the lock, and only what changed: a reason is not a decision, and rewriting every
@@ -92,14 +99,11 @@ class PlacementPass:
         out = frozenset(await self.feeds.health.quarantined()) if self.feeds.health is not None else frozenset()
         views = [NodeView(reg, conditions.get(key), key in suspects, free, leases.get(reg.node), out)
                  for key, reg in sorted(regs.items())]
-        cluster = ClusterState([node_state(v, alloc) for v in views], self.s.facts)
-        queue = PendingQueue(self.s.policy)
-        for seq, job_id in enumerate(pending_ids):
-            # A moved job waits out its old attempt's stop (never two copies): not in this pass.
-            if job_id not in stale and not held(records[job_id], now):
-                queue.add(pending_job(records[job_id], seq))
-        running = {j: running_job(records[j], cluster, now.timestamp())
-                   for j in active_ids if j in records and records[j].state in ACTIVE}
+        kept = self.kept
+        cluster = ClusterState(kept.node_states(views, alloc), self.s.facts)
+        # A moved job waits out its old attempt's stop (never two copies): not in this pass.
+        queue = kept.sync_queue(records, pending_ids, now)
+        running = kept.sync_running(records, active_ids, cluster, now.timestamp())
         request = ScheduleRequest(now.timestamp(), cluster, queue, running, self.s.policy, self.s.teams)
         return PassInput(request, pending_ids)
 

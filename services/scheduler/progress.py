@@ -13,8 +13,31 @@ from .gang import on_part_report
 from .history import after_end, from_attempt_node, late_end, record_end
 from .records import ACTIVE, JobRecord
 from .service import Scheduler
+from .store import SchedulerStore
 
 Report = JobStarted | JobFinished | JobFailed
+
+
+class Writes:
+    """Starts and ends of a run of reports, written in one MULTI (`SchedulerStore.record_progress`)."""
+
+    def __init__(self) -> None:
+        self.saved: list[JobRecord] = []
+        self.ended: list[JobRecord] = []
+        self.jobs: set[str] = set()
+
+    async def save(self, job: JobRecord) -> None:
+        self.saved.append(job)
+        self.jobs.add(job.job_id)
+
+    async def end(self, job: JobRecord) -> None:
+        self.ended.append(job)
+        self.jobs.add(job.job_id)
+
+    async def flush(self, store: SchedulerStore) -> None:
+        saved, ended = self.saved, self.ended
+        self.saved, self.ended, self.jobs = [], [], set()
+        await store.record_progress(saved, ended)
 
 
 class Progress:
@@ -25,29 +48,45 @@ class Progress:
 
     @batch_handler
     async def on_job_events(self, events: list[tuple[Envelope, EventData]]) -> None:
-        """A fetch of job events, in stream order: each run of submissions recorded in one MULTI,
-        progress reports one by one. Every handler is idempotent by nature (SET NX, attempt and state
-        guards), so a batch handled again after a failure changes nothing twice."""
+        """A fetch of job events, in stream order: each run of submissions recorded in one MULTI, each run
+        of progress reports under one hold of the lock, their starts and ends written in one MULTI. Every
+        handler is idempotent by nature (SET NX, attempt and state guards), so a batch handled again after
+        a failure changes nothing twice."""
         store = self.s.store
         submitted: list[JobRecord] = []
-        progressed = False
-        for env, data in events:
+        reports: list[Report] = []
+        for _env, data in events:
             if isinstance(data, JobSubmitted):
-                submitted.append(JobRecord(job_id=data.job_id, spec=data, submitted_at=env.time))
-                continue
-            if isinstance(data, (JobStarted, JobFinished, JobFailed)):
+                await self._on_reports(reports)
+                reports = []
+                submitted.append(JobRecord(job_id=data.job_id, spec=data, submitted_at=_env.time))
+            elif isinstance(data, (JobStarted, JobFinished, JobFailed)):
                 await store.submit(submitted)
                 submitted = []
-                async with self.s.lock:
-                    await self.on_report(data)
-                progressed = True
+                reports.append(data)
         await store.submit(submitted)
+        progressed = bool(reports)
+        await self._on_reports(reports)
         self.s.dirty.set()
         if progressed:
             await self.s.publish_staged()
 
-    async def on_report(self, data: Report) -> None:
-        """One report about an attempt (from the bus, or read off a node's heartbeat); the caller holds the lock."""
+    async def _on_reports(self, reports: list[Report]) -> None:
+        """Reports in order under one hold of the lock; the plain starts and ends among them are written
+        together (a job's next report waits until its last one is written)."""
+        if not reports:
+            return
+        writes = Writes()
+        async with self.s.lock:
+            for data in reports:
+                if data.job_id in writes.jobs:
+                    await writes.flush(self.s.store)
+                await self.on_report(data, writes)
+            await writes.flush(self.s.store)
+
+    async def on_report(self, data: Report, writes: Writes | None = None) -> None:
+        """One report about an attempt (from the bus, or read off a node's heartbeat); the caller holds the lock.
+        With `writes`, a plain start or end is left there for the caller to write (with others)."""
         job = await self.s.store.job(data.job_id)
         if job is not None and not from_attempt_node(job, data):
             self.s.log.warning("job.report_from_other_node", job_id=data.job_id, attempt=data.attempt,
@@ -77,9 +116,9 @@ class Progress:
         if isinstance(data, JobStarted):
             if job.state == "placed":
                 job.state, job.started_at = "running", data.started_at
-                await self.s.store.save(job)
+                await (writes.save(job) if writes is not None else self.s.store.save(job))
             return
-        await self._end_attempt(job, data)
+        await self._end_attempt(job, data, writes)
 
     async def _on_late_end(self, job: JobRecord, data: JobFinished | JobFailed) -> None:
         """The attempt we gave up on (its node went silent) ended on its own after all, before another was placed:
@@ -95,7 +134,7 @@ class Progress:
                            exit_code=getattr(data, "exit_code", None))
         self.s.dirty.set()
 
-    async def _end_attempt(self, job: JobRecord, data: JobFinished | JobFailed) -> None:
+    async def _end_attempt(self, job: JobRecord, data: JobFinished | JobFailed, writes: Writes | None) -> None:
         """The current attempt of a job on one node ended."""
         decision = after_end(job, data, self.s.settings.max_restarts)
         if decision.requeue:
@@ -104,7 +143,7 @@ class Progress:
             self.s.dirty.set()
             return
         record_end(job, data)
-        await self.s.store.finish(job)
+        await (writes.end(job) if writes is not None else self.s.store.finish(job))
         self.s.dirty.set()
 
     async def _on_gang_progress(self, job: JobRecord, data: Report) -> None:

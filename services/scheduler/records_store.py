@@ -120,9 +120,10 @@ class RecordStore:
         """Forget everything cached (after a rebuild, or writes whose effects are unknown)."""
         self._cache = None
 
-    def _fills(self, cache: Cache | None, gen: int) -> bool:
-        """Whether a read begun at `gen` may fill the cache (nothing was written, nor the cache replaced, meanwhile)."""
-        return cache is not None and cache is self._cache and cache.gen == gen
+    def _fills(self, cache: Cache | None, gen: int, part: str) -> bool:
+        """Whether a read of `part` begun at `gen` may fill the cache (the part was not written, nor the cache
+        replaced, meanwhile)."""
+        return cache is not None and cache is self._cache and cache.fills(part, gen)
 
     def _apply(self, effects: list[Effect]) -> None:
         cache = self._live()
@@ -214,8 +215,8 @@ class RecordStore:
             raws = await self.redis.mget([self.job_key(j) for j in missing])
             found = {j: _str(r) for j, r in zip(missing, raws, strict=True) if r}
             out.update(found)
-            if cache is not None and self._fills(cache, gen):
-                cache.raw.update(found)
+            if cache is not None and cache is self._cache:
+                cache.raw.update({j: raw for j, raw in found.items() if cache.fills(f"job:{j}", gen)})
         return out
 
     async def pending_ids(self) -> list[str]:
@@ -250,12 +251,19 @@ class RecordStore:
         gen = cache.gen if cache is not None else 0
         raw = _map(await self.redis.hgetall(self.nodes_key))
         regs = {k: NodeRegistered.model_validate_json(v) for k, v in raw.items()}
-        if cache is not None and self._fills(cache, gen):
+        if cache is not None and self._fills(cache, gen, "regs"):
             cache.regs = dict(regs)
         return regs
 
+    async def registration(self, node_key: str) -> NodeRegistered | None:
+        """One node's registration (read only: shared with the cache; no copy of them all, per heartbeat)."""
+        cache = self._live()
+        if cache is not None and cache.regs is not None:
+            return cache.regs.get(node_key)
+        return (await self.registrations()).get(node_key)
+
     async def registered(self, node_key: str) -> bool:
-        return node_key in await self.registrations()
+        return await self.registration(node_key) is not None
 
     async def node_keys(self) -> list[str]:
         """Every registered node's `cluster/node`."""
@@ -268,7 +276,7 @@ class RecordStore:
         gen = cache.gen if cache is not None else 0
         raw = _map(await self.redis.hgetall(self.conditions_key))
         conditions = {k: NodeCondition.model_validate_json(v) for k, v in raw.items()}
-        if cache is not None and self._fills(cache, gen):
+        if cache is not None and self._fills(cache, gen, "conditions"):
             cache.conditions = dict(conditions)
         return conditions
 
@@ -282,13 +290,13 @@ class RecordStore:
             return dict(cache.alloc)
         gen = cache.gen if cache is not None else 0
         alloc = _map(await self.redis.hgetall(self.alloc_key))
-        if cache is not None and self._fills(cache, gen):
+        if cache is not None and self._fills(cache, gen, "alloc"):
             cache.alloc = dict(alloc)
         return dict(alloc)
 
     async def jobs_on(self, node_key: str) -> list[JobRecord]:
         """Jobs holding GPUs of the node (`cluster/node`)."""
-        reg = (await self.registrations()).get(node_key)
+        reg = await self.registration(node_key)
         if reg is None:
             return []
         cache = self._live()

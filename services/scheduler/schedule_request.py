@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -136,6 +137,15 @@ def assumed_end(job: JobRecord, now: float | None) -> float | None:
         return None
     started = (job.started_at or job.placed_at or job.submitted_at).timestamp()
     return max(started + runtime, (now or started) + OVERDUE_S)
+
+
+def assumed_until(job: JobRecord) -> float:
+    """Until when `running_job`'s view of the job holds (epoch s): its assumed end moves with the clock once
+    the job is within OVERDUE_S of it (infinity: it never moves)."""
+    runtime = ASSUMED_RUNTIME_S.get(job.spec.workload_class)
+    if job.expected_end is not None or runtime is None:
+        return math.inf
+    return (job.started_at or job.placed_at or job.submitted_at).timestamp() + runtime - OVERDUE_S
 
 
 def running_job(job: JobRecord, cluster: ClusterState | None = None, now: float | None = None) -> RunningJob:

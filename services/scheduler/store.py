@@ -47,9 +47,22 @@ class SchedulerStore(RecordStore):
         effects.append(fx.alloc_set(gpus, None))
 
     async def save(self, job: JobRecord) -> None:
+        await self.record_progress([job], [])
+
+    async def record_progress(self, saved: list[JobRecord], ended: list[JobRecord], unqueue: bool = False) -> None:
+        """Reports of a batch in one MULTI: records saved (started), and jobs ended with their GPUs released
+        (`unqueue`: and taken out of the queue)."""
+        if not saved and not ended:
+            return
         effects: list[Effect] = []
         async with self._transaction(effects) as pipe:
-            self._set_job(pipe, job, effects)
+            for job in saved:
+                self._set_job(pipe, job, effects)
+            for job in ended:
+                self._release(pipe, list(job.gpu_uuids), effects)
+                self._set_job(pipe, job, effects)
+                if unqueue:
+                    pipe.zrem(self.pending_key, job.job_id)
             await pipe.execute()
 
     async def submit(self, jobs: list[JobRecord]) -> None:
@@ -81,13 +94,7 @@ class SchedulerStore(RecordStore):
 
     async def finish(self, job: JobRecord, unqueue: bool = False) -> None:
         """The job's record as it ends (or goes back to the queue), its GPUs released."""
-        effects: list[Effect] = []
-        async with self._transaction(effects) as pipe:
-            self._release(pipe, list(job.gpu_uuids), effects)
-            self._set_job(pipe, job, effects)
-            if unqueue:
-                pipe.zrem(self.pending_key, job.job_id)
-            await pipe.execute()
+        await self.record_progress([], [job], unqueue)
 
     async def commit_placements(self, placements: list[tuple[JobRecord, Placement, float | None]],
                                 now: datetime) -> None:

@@ -64,15 +64,18 @@ class PlacementPass:
         async with self.s.lock:
             now = self.s.clock()
             given = await self._read(now)
-            try:
-                # In a thread: a long pass must not starve the event loop (lease renewal, HTTP) of the GIL.
-                reply = await asyncio.to_thread(schedule, given.request)
-            except BaseException:
-                self.kept.reset()  # the queue it changed part-way is built afresh
-                raise
-            self.kept.passed(reply)
-            await self._apply(reply, now)
-            reasons = waiting_reasons(reply, given, self.s.policy.profile)
+            if given is None:  # nothing queued, nothing running: nothing to decide (nodes registering, say)
+                reply, reasons = ScheduleReply(), {}
+            else:
+                try:
+                    # In a thread: a long pass must not starve the event loop (lease renewal, HTTP) of the GIL.
+                    reply = await asyncio.to_thread(schedule, given.request)
+                except BaseException:
+                    self.kept.reset()  # the queue it changed part-way is built afresh
+                    raise
+                self.kept.passed(reply)
+                await self._apply(reply, now)
+                reasons = waiting_reasons(reply, given, self.s.policy.profile)
         # Outside the lock, and only what changed: a reason is not a decision, and rewriting every
         # pending job each pass made the pass cost the queue's length in round trips.
         changed = {j: why for j, why in reasons.items() if self._waiting.get(j) != why}
@@ -83,12 +86,14 @@ class PlacementPass:
             await self.s.publish_staged()
         return len(reply.started)
 
-    async def _read(self, now: datetime) -> PassInput:
+    async def _read(self, now: datetime) -> PassInput | None:
         store = self.s.store
-        regs = await store.registrations()
-        conditions = await store.conditions()
         alloc = await store.alloc()
         pending_ids = await store.pending_ids()
+        if not pending_ids and not alloc:
+            return None
+        regs = await store.registrations()
+        conditions = await store.conditions()
         active_ids = sorted(set(alloc.values()))
         # Read only (the cache's own objects while leading): a job the pass changes is re-read as a copy.
         records = await store.jobs_shared(pending_ids + active_ids)

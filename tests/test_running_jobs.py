@@ -44,6 +44,17 @@ def test_usage_and_ends_follow_each_start_change_and_end():
     assert copied == running and copied.usage == running.usage and copied.by_end == running.by_end
 
 
+def test_the_preemptible_jobs_are_kept_as_jobs_start_change_and_end():
+    running = RunningJobs([RunningJob("a", "t", "normal", True, 1, 0.0, 50.0),
+                           RunningJob("b", "t", "low", False, 1, 0.0)])
+    assert list(running.preemptible) == ["a"]
+    running["a"] = replace(running["a"], preemptible=False)
+    running["b"] = replace(running["b"], preemptible=True)
+    assert list(running.preemptible) == ["b"] and running.preemptible["b"] is running["b"]
+    del running["b"]
+    assert not running.preemptible and copy.deepcopy(running).preemptible == {}
+
+
 MODELS = {m: ModelFacts(m, {"llm-train": s, "small": s}) for m, s in (("A100", 1.0), ("H100", 2.6), ("H200", 3.0))}
 
 

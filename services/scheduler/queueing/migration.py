@@ -26,8 +26,10 @@ down and up again without end. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from itertools import islice
 
 from ..placement import ClusterState, JobRequest, NodeShare, Placement, Profile, place_on
 from ..placement.cluster import StaticView
@@ -35,6 +37,7 @@ from ..placement.framework import eligible, unavailable, usable
 from ..placement.scorers import candidate_speed
 from .jobs import PendingJob, PolicyConfig, RunningJob
 from .reservation import Reservations
+from .running import RunningJobs
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def _up_candidates(
         return []
     scored: list[tuple[float, str, _Movable]] = []
     best_by_class: dict[str, float] = {}
-    for r in running.values():
+    for r in _ending_after(running, now, min_gain):
         end, req, speed = r.expected_end, r.request, r.speed
         if end is None or end - now < min_gain or req is None or speed is None or not may_move(r, config):
             continue  # (movable's `left` and checks, asked before building it: most running jobs stop here)
@@ -99,6 +102,16 @@ def _up_candidates(
             scored.append((left - then, r.job_id, _Movable(r, req, speed, left)))
     scored.sort(key=lambda x: (-x[0], x[1]))
     return [c for _, _, c in scored]
+
+
+def _ending_after(running: Mapping[str, RunningJob], now: float, min_gain: float) -> Iterable[RunningJob]:
+    """The running jobs, or with `RunningJobs` those whose end is not before `now + min_gain` (less a rounding
+    margin: the caller asks `end - now < min_gain` itself), from its kept order. Any order: the caller sorts."""
+    if not isinstance(running, RunningJobs):
+        return running.values()
+    by_end = running.by_end
+    i = bisect_left(by_end, (False, now + min_gain - 1e-6 * (abs(now) + abs(min_gain) + 1.0), ""))
+    return (running[key[2]] for key in islice(by_end, i, None) if not key[0])
 
 
 def plan_migrations(

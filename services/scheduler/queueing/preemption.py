@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..placement import ClusterState
 from ..placement.framework import eligible, unavailable, usable
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
+from .running import RunningJobs
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ def choose_victims(
     if req.gpus > view.max_gpus_per_node:
         return None  # gang jobs do not preempt (whole-node sets of victims are not searched)
     by_node: dict[str, list[tuple[RunningJob, str, int]]] = {}
-    for r in running.values():
+    # (in any order: the best node is the least cost, ties by fleet order, and its victims are sorted)
+    for r in (running.preemptible if isinstance(running, RunningJobs) else running).values():
         if not r.preemptible:
             continue  # never a victim (victim_reason), and most running jobs are not preemptible
         shares = cluster.holdings.get(r.job_id, ())

@@ -1,10 +1,11 @@
 """The running jobs, with what every pass needs from them kept as they start and end.
 
 A pass needs each team's GPUs in use (fair share, quotas) and, for the first
-blocked job's reservation, the running jobs in the order they are expected to
-end. Recomputed from ~3,600 running jobs that is most of a steady pass's cost;
-`RunningJobs` keeps both up to date on each start and end, so a pass costs
-what changed. It is a dict (jobs by id) and may be given as
+blocked job's reservation and for moves up, the running jobs in the order they
+are expected to end; preemption looks only at the preemptible ones. Recomputed
+from ~3,600 running jobs that is most of a steady pass's cost; `RunningJobs`
+keeps all three up to date on each start and end, so a pass costs what
+changed. It is a dict (jobs by id) and may be given as
 `ScheduleRequest.running` wherever a plain mapping is: the decisions are the
 same, only cheaper. Pure data structure, no I/O.
 """
@@ -35,6 +36,7 @@ class RunningJobs(dict[str, RunningJob]):
         super().__init__()
         self.usage: Counter[str] = Counter()
         self.by_end: list[EndKey] = []
+        self.preemptible: dict[str, RunningJob] = {}  # the jobs that may be preempted (few of them, often none)
         for r in jobs:
             self[r.job_id] = r
 
@@ -46,6 +48,8 @@ class RunningJobs(dict[str, RunningJob]):
         super().__setitem__(job_id, job)
         self.usage[job.team] += job.gpus
         insort(self.by_end, end_key(job))
+        if job.preemptible:
+            self.preemptible[job_id] = job
 
     def __delitem__(self, job_id: str) -> None:
         self._forget(super().__getitem__(job_id))
@@ -66,6 +70,7 @@ class RunningJobs(dict[str, RunningJob]):
             del self.usage[job.team]
         key = end_key(job)
         del self.by_end[bisect_left(self.by_end, key)]
+        self.preemptible.pop(job.job_id, None)
 
     def __reduce__(self) -> tuple[type[RunningJobs], tuple[list[RunningJob]]]:
         return (RunningJobs, (list(self.values()),))  # copies and pickles rebuild the kept order and usage

@@ -126,7 +126,7 @@ class _Pass:
     def _consider(self, job: PendingJob, may_preempt: bool) -> bool:
         """Start the job, or say why it waits (reserving for it if it is the head or aged); True: stop the pass."""
         cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
-        req = self._request_for(job)
+        req = self._request_for(job) if self.largest_needed else job.request
         shape = _shape(cluster, req, cfg)
         why = self.blocked.get(shape)
         if why is None:

@@ -211,10 +211,10 @@ def test_a_page_of_a_long_list_is_clamped_to_the_pages_there_are():
 
 def test_the_fleets_node_table_shows_one_page_of_a_large_fleet_with_links_to_the_others():
     import whaleflux.console.app  # noqa: F401 - registers the templates' filters
-    from whaleflux.console.models import NodeTelemetry
+    from whaleflux.console.fleetfold import NodeLine
     from whaleflux.console.pages.fleet import NODES_PER_PAGE, FleetView, fleet_frames
 
-    nodes = [NodeTelemetry(cluster="c", node=f"n-{i:04d}", gpus=8) for i in range(1000)]
+    nodes = [NodeLine(cluster="c", node=f"n-{i:04d}", gpus=8) for i in range(1000)]
     frames = dict(fleet_frames(FleetView(None, nodes, {}, []), page=3))
     table = frames["fleet"]
     shown = re.findall(r'href="/fleet/nodes/(n-\d+)"', table)
@@ -355,3 +355,32 @@ def test_the_sizing_table_shows_each_configurations_memory_against_the_serving_b
     html = fragment("_sizing_options.html", report=SizingReport.model_validate(trained.model_dump(mode="json")),
                     asked=asked)
     assert 'data-testid="fit">' in html and "% of" not in html
+
+
+def test_static_files_are_linked_by_their_content_and_kept_by_the_browser_until_that_changes(monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from whaleflux.console.app import create_app
+    from whaleflux.console.settings import ConsoleSettings
+
+    monkeypatch.setenv("WHALEFLUX_ENVIRONMENT", "development")
+    monkeypatch.setenv("WHALEFLUX_ADMIN_TOKEN", "console-test-admin-token-0123")
+    client = TestClient(create_app(ConsoleSettings()))  # no lifespan: the bus is not needed for these
+    html = client.get("/login").text
+    links = dict(re.findall(r'(?:src|href)="/static/([^"?]+)\?v=([0-9a-f]+)"', html))
+    assert {"console.css", "vendor/htmx-2.0.11.min.js", "vendor/htmx-ext-sse-2.2.4.js"} <= set(links)
+    static = ROOT / "services" / "console" / "static"
+    for name, version in links.items():
+        got = client.get(f"/static/{name}?v={version}")
+        assert got.status_code == 200 and got.content == (static / name).read_bytes()
+        assert "immutable" in got.headers["cache-control"]
+        assert got.headers["content-type"].startswith(("text/css", "text/javascript", "application/javascript"))
+        again = client.get(f"/static/{name}?v={version}", headers={"If-None-Match": got.headers["etag"]})
+        assert again.status_code == 304 and not again.content
+    # Another version (an old page's link) or none: served, but to be asked again next time.
+    css = (static / "console.css").read_bytes()
+    for url in ("/static/console.css", "/static/console.css?v=0123456789abcdef"):
+        got = client.get(url)
+        assert got.content == css and got.headers["cache-control"] == "no-cache"
+    for missing in ("/static/nothing.js", "/static/../settings.py", "/static/vendor"):
+        assert client.get(missing).status_code == 404

@@ -11,7 +11,6 @@ import structlog
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from fastapi.staticfiles import StaticFiles
 
 from whaleflux.shared.access_http import Access
 from whaleflux.shared.apidocs import mount_api_docs
@@ -25,7 +24,7 @@ from .live import LiveHub
 from .pages import alerts, costs, fleet, inventory, jobs, login, sizing
 from .settings import ConsoleSettings
 from .upstream import Upstream, UpstreamError
-from .web import HERE, BadCsrf, Console, NotLoggedIn, login_url, page, templates
+from .web import BadCsrf, Console, NotLoggedIn, assets, login_url, page, templates
 
 templates.env.filters.update(FILTERS)
 log = structlog.get_logger("whaleflux.console")
@@ -46,7 +45,11 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                                 Access("console", settings), Sessions())
     mount_api_docs(app)
     guard_input(app)  # body limit, NaN/Infinity refused, 422s that render any bytes (no 500), as on every service
-    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    @app.get("/static/{path:path}", include_in_schema=False)
+    async def static(path: str, request: Request) -> Response:
+        return assets.response(path, request)
+
     for module in (login, fleet, jobs, alerts, costs, inventory, sizing):
         app.include_router(module.router)
     _add_ops_routes(app, hub)

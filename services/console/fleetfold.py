@@ -23,7 +23,7 @@ from whaleflux.shared.events import GpuSample
 from whaleflux.shared.gpu_flags import flags
 
 from .heatmap import BUSY, STALE, cell_bits, cells_text, layout_text
-from .models import FleetSummary, GpuJob, GpuRow, NodeTelemetry
+from .models import FleetSummary, GpuJob, GpuRow
 
 ERRORING = frozenset({"xid", "ecc", "nvlink"})
 
@@ -39,7 +39,7 @@ class GpuEntry:
     gpu: GpuSample
     last_xid: int | None
     flags: tuple[str, ...]
-    cell: tuple[int, int, int]
+    cell: bytes  # its heat-map cell: utilization %, temperature % of the slowdown limit, flag bits (one byte each)
 
     def stale(self, now: float, stale_after_s: float) -> bool:
         return now - self.ts > stale_after_s
@@ -59,8 +59,25 @@ def gpu_entry(cluster: str, node: str, sample_time: datetime, ts: float, gpu: Gp
     found = tuple(flags(gpu, last_xid, stale=False))
     limit = gpu.slowdown_temperature_c
     temp_pct = round(100 * gpu.temperature_c / limit) if limit else 0
-    cell = (round(gpu.utilization_gpu_pct), temp_pct, cell_bits(found, stale=False, busy=False))
+    cell = bytes((min(round(gpu.utilization_gpu_pct), 255), min(max(temp_pct, 0), 255),
+                  cell_bits(found, stale=False, busy=False)))
     return GpuEntry(cluster, node, sample_time, ts, gpu, last_xid, found, cell)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLine:
+    """A node as the fleet page's node table shows it (a plain record: 1,000 are made a second at 1,000 nodes)."""
+
+    cluster: str
+    node: str
+    gpus: int
+    model: str | None = None
+    util_mean_pct: float | None = None
+    power_w: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    stale: bool = False
+    flagged_gpus: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +85,25 @@ class NodeNumbers:
     """One node at one build: its table line, its heat-map text and its share of the fleet's totals."""
 
     key: tuple[object, ...]  # what it was built from, besides the samples (see NodeEntry.numbers)
-    line: NodeTelemetry
+    line: NodeLine
     layout: str  # its part of the heat map's layout: `[name, state, GPUs]`
     cells: bytes  # its heat-map cells, three bytes a GPU in index order
     stale: int
     with_job: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSums:
+    """What a node's samples add up to, worked out once per new sample (not per build)."""
+
+    util: float
+    power: float | None  # None: no GPU reports its power
+    used: float
+    total: float
+    flagged: int
+    hot: int
+    throttled: int
+    erroring: int
 
 
 class NodeEntry:
@@ -83,7 +114,7 @@ class NodeEntry:
         self.gpus: dict[str, GpuEntry] = {}
         self.version = 0  # bumped by every sample that changed something
         self._ordered: list[GpuEntry] = []
-        self._sums: tuple[float, float | None, float, float, int, int, int, int] | None = None
+        self._sums: NodeSums | None = None
         self._oldest = 0.0
         self._built: NodeNumbers | None = None
         self._name = _js(node)
@@ -105,31 +136,40 @@ class NodeEntry:
         self._summed()
         return self._ordered
 
-    def _summed(self) -> tuple[float, float | None, float, float, int, int, int, int]:
-        if self._sums is None:
-            gs = self._ordered = sorted(self.gpus.values(), key=lambda g: g.gpu.index)
-            powers = [g.gpu.power_w for g in gs if g.gpu.power_w is not None]
-            self._oldest = min(g.ts for g in gs)
-            self._sums = (
-                round(sum(g.gpu.utilization_gpu_pct for g in gs) / len(gs), 1),
-                round(sum(powers), 1) if powers else None,
-                round(sum(g.gpu.memory_used_mib for g in gs), 1),
-                round(sum(g.gpu.memory_total_mib for g in gs), 1),
-                sum(1 for g in gs if g.flags),
-                sum(1 for g in gs if "hot" in g.flags),
-                sum(1 for g in gs if "throttled" in g.flags),
-                sum(1 for g in gs if ERRORING.intersection(g.flags)),
-            )
+    def _summed(self) -> NodeSums:
+        if self._sums is None:  # one pass over the GPUs: this runs for every node that sent a sample since
+            gs = self._ordered = sorted(self.gpus.values(), key=_index)
+            util = used = total = power = 0.0
+            powered = flagged = hot = throttled = erroring = 0
+            oldest = gs[0].ts
+            for g in gs:
+                s = g.gpu
+                util += s.utilization_gpu_pct
+                used += s.memory_used_mib
+                total += s.memory_total_mib
+                if s.power_w is not None:
+                    power += s.power_w
+                    powered += 1
+                if g.ts < oldest:
+                    oldest = g.ts
+                if g.flags:
+                    flagged += 1
+                    hot += "hot" in g.flags
+                    throttled += "throttled" in g.flags
+                    erroring += not ERRORING.isdisjoint(g.flags)
+            self._oldest = oldest
+            self._sums = NodeSums(round(util / len(gs), 1), round(power, 1) if powered else None, round(used, 1),
+                                  round(total, 1), flagged, hot, throttled, erroring)
         return self._sums
 
     def counts(self) -> tuple[float, int, int, int]:
         """Power (W, 0 where unknown), hot, throttled and erroring GPUs: what the fleet's totals add up."""
         sums = self._summed()
-        return sums[1] or 0.0, sums[5], sums[6], sums[7]
+        return sums.power or 0.0, sums.hot, sums.throttled, sums.erroring
 
     def numbers(self, now: float, stale_after_s: float, held: Mapping[str, object], status: str) -> NodeNumbers:
         """This node's line and heat-map text at `now`, the same objects as last time if nothing they show changed."""
-        util, power, used, total, flagged, _, _, _ = self._summed()
+        sums = self._summed()
         gs = self._ordered
         stale_mask = busy_mask = 0
         if now - self._oldest > stale_after_s:
@@ -143,25 +183,30 @@ class NodeEntry:
         if self._built is not None and self._built.key == key:
             return self._built
         stale = stale_mask.bit_count()
+        flagged = sums.flagged
         if stale:
             flagged = sum(1 for i, g in enumerate(gs) if g.flags or stale_mask >> i & 1)
-        line = NodeTelemetry.model_construct(
-            cluster=self.cluster, node=self.node, gpus=len(gs), model=gs[0].gpu.model, util_mean_pct=util,
-            power_w=power, memory_used_mib=used, memory_total_mib=total, stale=stale == len(gs), flagged_gpus=flagged)
-        cells = bytearray()
-        for i, g in enumerate(gs):
-            u, t, b = g.cell
-            cells += bytes((min(u, 255), min(max(t, 0), 255),
-                            b | (STALE if stale_mask >> i & 1 else 0) | (BUSY if busy_mask >> i & 1 else 0)))
+        line = NodeLine(self.cluster, self.node, len(gs), gs[0].gpu.model, sums.util, sums.power, sums.used,
+                        sums.total, stale == len(gs), flagged)
+        cells = b"".join(g.cell for g in gs)
+        if stale_mask or busy_mask:  # the bits a build adds to what the samples said
+            marked = bytearray(cells)
+            for i in range(len(gs)):
+                marked[3 * i + 2] |= (STALE if stale_mask >> i & 1 else 0) | (BUSY if busy_mask >> i & 1 else 0)
+            cells = bytes(marked)
         layout = f"[{self._name},{_js(status)},{len(gs)}]"
-        self._built = NodeNumbers(key, line, layout, bytes(cells), stale, busy_mask.bit_count())
+        self._built = NodeNumbers(key, line, layout, cells, stale, busy_mask.bit_count())
         return self._built
+
+
+def _index(g: GpuEntry) -> int:
+    return g.gpu.index
 
 
 @dataclass(frozen=True)
 class FleetNumbers:
     summary: FleetSummary
-    nodes: list[NodeTelemetry]  # sorted by cluster and node
+    nodes: list[NodeLine]  # sorted by cluster and node
     heat: str  # the heat map's layout, JSON: {"v": version, "gpus": N, "nodes": [[name, state, GPUs], ...]}
     cells: str  # its cells: "<version>:<base64 of 3 bytes a GPU, in layout order>"
 
@@ -170,7 +215,7 @@ def fleet_numbers(nodes: Iterable[NodeEntry], now: float, stale_after_s: float, 
                   statuses: Mapping[str, str]) -> FleetNumbers:
     """Every node's numbers and the fleet's totals; `nodes` in name order, `held`: GPUs a job holds,
     `statuses`: the scheduler's state per node ("unknown" for a node it does not list)."""
-    lines: list[NodeTelemetry] = []
+    lines: list[NodeLine] = []
     layout: list[str] = []
     cells: list[bytes] = []
     gpus = stale = with_job = hot = throttled = erroring = 0

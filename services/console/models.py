@@ -63,19 +63,6 @@ class FleetSummary(Read):
     with_job: int = 0
 
 
-class NodeTelemetry(Read):
-    cluster: str
-    node: str
-    gpus: int
-    model: str | None = None
-    util_mean_pct: float | None = None
-    power_w: float | None = None
-    memory_used_mib: float | None = None
-    memory_total_mib: float | None = None
-    stale: bool = False
-    flagged_gpus: int = 0
-
-
 class HistoryPoint(Read):
     t: float
     util: float | None = None

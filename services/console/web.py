@@ -14,6 +14,7 @@ from fastapi.templating import Jinja2Templates
 
 from whaleflux.shared.access_http import Access
 
+from .assets import Assets
 from .auth import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, Person, Session, Sessions, Signer
 from .fleetstate import FleetState
 from .live import LiveHub
@@ -22,6 +23,8 @@ from .upstream import Upstream, acting_as
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
+assets = Assets(HERE / "static")
+templates.env.globals["asset"] = assets.url
 
 NAV = [("fleet", "/fleet", "Fleet"), ("jobs", "/jobs", "Jobs"), ("alerts", "/alerts", "Alerts"),
        ("costs", "/costs", "Costs"), ("inventory", "/inventory", "Inventory"), ("sizing", "/sizing", "Sizing")]

@@ -10,9 +10,10 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from ..charts import WINDOWS_S, series
+from ..fleetfold import NodeLine
 from ..heatmap import QUARANTINED
 from ..live import Frames
-from ..models import FleetSummary, GpuHistory, GpuRow, NodeStatus, NodeTelemetry
+from ..models import FleetSummary, GpuHistory, GpuRow, NodeStatus
 from ..paging import page_of
 from ..upstream import fetch_all
 from ..web import Console, ConsoleDep, SessionDep, fragment, page, sse
@@ -27,7 +28,7 @@ NODES_PER_PAGE = 100
 @dataclass
 class FleetView:
     summary: FleetSummary | None  # None: nothing could be read
-    nodes: list[NodeTelemetry]
+    nodes: list[NodeLine]
     statuses: dict[str, NodeStatus]
     gpus: list[GpuRow]  # the GPU table's rows: a node's, or the fleet's up to GPU_TABLE_MAX
     errors: list[str] = field(default_factory=list)

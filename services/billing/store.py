@@ -36,6 +36,28 @@ from .pricebook import PriceBook, parse_pricebook
 from .usage import UsageColumns, row
 
 HOUR_MS = 3_600_000
+# The report rows of a window, joined by commas into one reply (one string for the client to parse, not one
+# reply per record): the records starting in [lo - the longest ended record, hi) by start (ties by key), then
+# the running ones not among them, sorted. KEYS: usage:starts, usage:running, usage:longest, usage:rows.
+_WINDOW = """
+local back = tonumber(redis.call('ZSCORE', KEYS[3], 'ms') or 0)
+local keys = redis.call('ZRANGEBYSCORE', KEYS[1], tonumber(ARGV[1]) - back, '(' .. ARGV[2])
+local seen = {}
+for _, k in ipairs(keys) do seen[k] = true end
+local running = redis.call('SMEMBERS', KEYS[2])
+table.sort(running)
+for _, k in ipairs(running) do
+  if not seen[k] then keys[#keys + 1] = k end
+end
+local out = {}
+for i = 1, #keys, 1000 do
+  local rows = redis.call('HMGET', KEYS[4], unpack(keys, i, math.min(i + 999, #keys)))
+  for _, r in ipairs(rows) do
+    if r then out[#out + 1] = r end
+  end
+end
+return table.concat(out, ',')
+"""
 _budgets = TypeAdapter(list[Budget])
 Raw = bytes | str  # what redis-py's types say a reply holds; with decode_responses=True it is always str
 
@@ -172,16 +194,9 @@ class BillingStore:
         of their report rows: read by the time index, so a report costs what its window holds, not the whole
         history."""
         lo, hi = to_ms(start), to_ms(end)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zscore(self._k("usage:longest"), "ms")
-            pipe.smembers(self._k("usage:running"))
-            longest, running = await pipe.execute()
-        back = int(longest or 0)
-        found = await self.redis.zrangebyscore(self._k("usage:starts"), lo - back, f"({hi}")
-        keys = {_s(k) for k in found if isinstance(k, (bytes, str))}
-        keys.update(_s(k) for k in running)
-        rows = await self.redis.hmget(self._k("usage:rows"), sorted(keys)) if keys else []
-        return UsageColumns.decode(_s(r) for r in rows if r is not None).overlapping(lo, hi)
+        joined = await self.redis.eval(_WINDOW, 4, self._k("usage:starts"), self._k("usage:running"),
+                                       self._k("usage:longest"), self._k("usage:rows"), lo, hi)
+        return UsageColumns.decode_joined(_s(joined)).overlapping(lo, hi)
 
     async def all_usage_records(self) -> list[UsageRecord]:
         """Every record of the ledger (tests and tools; reports read by window)."""

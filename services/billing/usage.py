@@ -83,8 +83,13 @@ class UsageColumns:
     @classmethod
     def decode(cls, rows: Iterable[str]) -> UsageColumns:
         """The columns of report rows (`row`), all decoded at once."""
+        return cls.decode_joined(",".join(rows))
+
+    @classmethod
+    def decode_joined(cls, rows: str) -> UsageColumns:
+        """The columns of report rows joined by commas (what the store's window script returns)."""
         with no_gc():
-            parsed = json.loads("[" + ",".join(rows) + "]")
+            parsed = json.loads("[" + rows + "]")
             if not parsed:
                 return cls.of([])
             columns = list(map(list, zip(*parsed, strict=True)))

@@ -125,6 +125,10 @@ def _client(app: FastAPI) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://billing")
 
 
+async def _fetched(svc: Billing) -> bool:
+    return (await svc.store.assets()).fetched_at is not None
+
+
 async def _usage_count(svc: Billing, n: int) -> bool:
     return sum(r.ended_at is not None for r in await svc.store.all_usage_records()) >= n
 
@@ -410,6 +414,8 @@ async def test_a_renamed_field_in_inventorys_answer_is_a_failed_fetch_and_the_la
     monkeypatch.setenv("WHALEFLUX_INVENTORY_URL", server.url)
     app, svc = await _started(Clock(datetime(2026, 3, 20, tzinfo=UTC)))
     try:
+        # The service loop's first fetch done (its next is an hour away): it cannot land after the failed one.
+        await until(lambda: _fetched(svc), what="the inventory loop's first fetch")
         assert await svc.refresh_assets()
         # Inventory renames `ownership`: typed at the boundary, so no GPU is silently priced as unknown.
         server.assets = [{("owner" if k == "ownership" else k): v for k, v in a.items()} for a in ASSETS]

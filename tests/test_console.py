@@ -207,6 +207,25 @@ def test_every_page_renders_and_api_docs_work_without_internet(stack, browser):
                         "Break-even"), ("/fleet/nodes/h100-01", "Scheduler")):
         page.goto(console.url + path)
         expect(page.locator("main")).to_contain_text(text)
+    # The keyboard alone: the first Tab is the skip link, which moves focus to the content; the sections are
+    # links reached by Tab and followed with Enter.
+    page.goto(console.url + "/fleet")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "main"
+    page.focus("nav >> text=Fleet")
+    for _ in range(2):
+        page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Alerts"
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/alerts")
+    # A phone's width: the page fits it (wide tables scroll inside their card, not the page sideways).
+    page.set_viewport_size({"width": 390, "height": 844})
+    for path in ("/fleet", "/jobs", "/costs"):
+        page.goto(console.url + path)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390, path
+    page.set_viewport_size({"width": 1280, "height": 900})
     # Swagger UI and ReDoc of a service, from its own vendored files.
     page.goto(procs["telemetry"].url + "/docs")
     expect(page.locator(".swagger-ui .title")).to_contain_text("WhaleFlux telemetry", timeout=15_000)

@@ -3,6 +3,8 @@
 Pages link each as `/static/<path>?v=<its hash>` (`url`, the templates' `asset()`), and that answer may be kept
 for a year: a browser fetches a file once per version, and a page load after the first asks for none. Without
 the current `v` a file is served with `no-cache` and its ETag (revalidated each time, 304 when unchanged).
+What the first paint needs is put in the page itself (`inline`): the style sheet on every page, the fleet
+page's two scripts; htmx and its SSE extension are deferred, so no page waits for a file before it is drawn.
 
 Why from memory: starlette's StaticFiles stats and reads every file in a worker thread, and on a busy 2-core
 machine each hand-over to a thread and back waits for a core: the fleet page's five files took 0.2-0.7 s
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from fastapi import Request
 from fastapi.responses import PlainTextResponse, Response
+from markupsafe import Markup
 
 FOREVER = "public, max-age=31536000, immutable"
 TEXT = ("text/", "application/javascript", "application/json")
@@ -45,6 +48,14 @@ class Assets:
     def url(self, path: str) -> str:
         """The link to a file, versioned by its content (KeyError for a file there is not: a template's typo)."""
         return f"/static/{path}?v={self.files[path].version}"
+
+    def inline(self, path: str) -> Markup:
+        """A file's text for a `<style>` or `<script>` element of the page itself: what the first paint needs
+        comes with the page, not one round trip later (the templates' `inline()`)."""
+        text = self.files[path].body.decode()
+        if "</" in text:  # would end its element early
+            raise ValueError(f"{path} cannot be inlined: it contains '</'")
+        return Markup(text)  # noqa: S704 - the console's own file, checked above
 
     def response(self, path: str, request: Request) -> Response:
         asset = self.files.get(path)

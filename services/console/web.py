@@ -24,7 +24,7 @@ from .upstream import Upstream, acting_as
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
 assets = Assets(HERE / "static")
-templates.env.globals["asset"] = assets.url
+templates.env.globals.update(asset=assets.url, inline=assets.inline)
 
 NAV = [("fleet", "/fleet", "Fleet"), ("jobs", "/jobs", "Jobs"), ("alerts", "/alerts", "Alerts"),
        ("costs", "/costs", "Costs"), ("inventory", "/inventory", "Inventory"), ("sizing", "/sizing", "Sizing")]

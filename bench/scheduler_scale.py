@@ -80,6 +80,20 @@ def fleet_file(path: Path, nodes: int) -> Path:
     return path
 
 
+class Registered:
+    """How many nodes the scheduler lists, printed every 15 s while they register (a slow start shows where)."""
+
+    def __init__(self, url: str, t0: float):
+        self.url, self.t0, self.next_at = url, t0, t0 + 15
+
+    def count(self) -> int:
+        n = len(httpx.get(self.url + "/v1/nodes", timeout=30).json())
+        if time.monotonic() >= self.next_at:
+            self.next_at += 15
+            print(f"  {n} nodes registered after {time.monotonic() - self.t0:.0f} s", flush=True)
+        return n
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -200,6 +214,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="each job's duration (virtual)")
     ap.add_argument("--interval", type=float, default=10.0, help="the agent's telemetry and heartbeat interval")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--register-timeout", type=float, default=600.0)
     ap.add_argument("--agents", type=int, default=4, help="agent processes the nodes are split over")
     ap.add_argument("--keep", type=Path, help="copy the processes' logs here")
     args = ap.parse_args()
@@ -233,12 +248,9 @@ def main() -> int:
                     WHALEFLUX_FENCE_AFTER_S=str(5 * hb),
                     WHALEFLUX_LOG_LEVEL="warning",
                 )
-            wait_until(
-                lambda: len(httpx.get(scheduler.url + "/v1/nodes", timeout=30).json()) == args.nodes,
-                timeout=300,
-                interval=1.0,
-                what="nodes registered",
-            )
+            seen = Registered(scheduler.url, t)
+            wait_until(lambda: seen.count() == args.nodes, timeout=args.register_timeout, interval=1.0,
+                       what="nodes registered")
             print(f"{args.nodes} nodes registered in {time.monotonic() - t:.1f} s")
             assert scheduler.popen is not None
             r = asyncio.run(run_burst(own.servers, args.jobs, args.seconds, args.timeout, scheduler.popen.pid))

@@ -99,6 +99,7 @@ class PlacementPass:
         records = await store.jobs_shared(pending_ids + active_ids)
         stale = [j for j in pending_ids if j not in records or records[j].state != "pending"]
         await store.unqueue(stale)
+        await asyncio.sleep(0)  # what follows is seconds of a loaded core at 1,000 nodes: lease renewal first
 
         free, leases, suspects = self.feeds.measured_free(), self.feeds.leases, self.failover.suspects
         out = frozenset(await self.feeds.health.quarantined()) if self.feeds.health is not None else frozenset()

@@ -7,6 +7,7 @@ the events they cause: `store.py`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import cast
@@ -22,6 +23,9 @@ from whaleflux.shared.runtime import StateUnavailable
 from .cache import Cache, Effect
 from .leadership import Leadership, NotLeader
 from .records import JobRecord, NodeCondition
+
+# Records parsed by one read before it lets the event loop run others.
+PARSES_PER_YIELD = 256
 
 # redis-py types a reply as bytes or str; the runtime's client decodes every reply (str only).
 Raw = bytes | str
@@ -190,7 +194,7 @@ class RecordStore:
         cache = self._live()
         if cache is None:
             return {j: JobRecord.model_validate_json(raws[j]) for j in job_ids if j in raws}
-        out = {}
+        out, parses = {}, 0
         for j in job_ids:
             if j not in raws:
                 continue
@@ -199,6 +203,10 @@ class RecordStore:
                 parsed = JobRecord.model_validate_json(raws[j])
                 if cache.raw.get(j) == raws[j]:
                     cache.parsed[j] = parsed
+                parses += 1
+                if parses % PARSES_PER_YIELD == 0:
+                    # 10,000 new records are seconds of a loaded core: let the lease renewal and HTTP in.
+                    await asyncio.sleep(0)
             out[j] = parsed
         return out
 

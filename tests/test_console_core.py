@@ -385,3 +385,19 @@ def test_static_files_are_linked_by_their_content_and_kept_by_the_browser_until_
         assert got.content == css and got.headers["cache-control"] == "no-cache"
     for missing in ("/static/nothing.js", "/static/../settings.py", "/static/vendor"):
         assert client.get(missing).status_code == 404
+
+
+def test_empty_pages_say_what_to_do_next_and_a_service_that_did_not_answer_is_not_called_empty():
+    import whaleflux.console.app  # noqa: F401 - registers the templates' filters
+    from whaleflux.console.models import FleetSummary
+    from whaleflux.console.pages.fleet import FleetView, fleet_frames
+    from whaleflux.console.web import fragment
+
+    nothing = FleetSummary(gpus=0, nodes=0, power_w=0, stale=0, hot=0, throttled=0, erroring=0)
+    fleet = dict(fleet_frames(FleetView(nothing, [], {}, [])))["fleet"]
+    assert "No GPUs yet — start an agent" in fleet and "whaleflux agent --simulate" in fleet
+    down = dict(fleet_frames(FleetView(None, [], {}, [], errors=["telemetry: did not answer"])))["fleet"]
+    assert "No GPUs yet" not in down and "telemetry: did not answer" in down
+    jobs = fragment("_jobs_table.html", jobs=[], error=None)
+    assert 'href="/jobs/new">submit one</a>' in jobs and "whaleflux submit" in jobs
+    assert "No jobs here yet" not in fragment("_jobs_table.html", jobs=[], error="scheduler: did not answer")

@@ -57,7 +57,7 @@ async def fleet_view(c: Console, node: str | None = None) -> FleetView:
 def fleet_frames(view: FleetView, page: int = 1) -> Frames:
     """The node table, the heat map's layout and its cells (the live hub sends each only when it changed)."""
     nodes = page_of(view.nodes, page, NODES_PER_PAGE)
-    return [("fleet", fragment("_fleet_live.html", v=view, nodes=nodes)),
+    return [("fleet", fragment("_fleet_live.html", v=view, nodes=nodes, errors=view.errors)),
             ("heat-layout", view.heat), ("heat", view.cells)]
 
 
@@ -91,13 +91,15 @@ async def node_page(request: Request, node: str, c: ConsoleDep, _: SessionDep) -
     view = await fleet_view(c, node)
     if not view.gpus and not view.errors:
         raise HTTPException(404, f"no node {node!r} in telemetry")
-    return page(request, "node.html", "fleet", node=node, live=fragment("_node_live.html", v=view, node=node))
+    return page(request, "node.html", "fleet", node=node,
+                live=fragment("_node_live.html", v=view, node=node, errors=view.errors))
 
 
 @router.get("/live/nodes/{node}")
 async def node_live(node: str, c: ConsoleDep, _: SessionDep) -> Response:
     async def render() -> Frames:
-        return [("node", fragment("_node_live.html", v=await fleet_view(c, node), node=node))]
+        view = await fleet_view(c, node)
+        return [("node", fragment("_node_live.html", v=view, node=node, errors=view.errors))]
 
     return sse(c.hub.stream(f"node:{node}", {"gpu", "node", "job"}, render))
 

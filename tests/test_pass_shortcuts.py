@@ -3,7 +3,8 @@
 A job of a shape the head's reservation just refused, in the same state of the cluster, is not placed again
 to be refused again unless it could end by the reserved start; a move to faster GPUs that the reservations
 refused is not tried again for a job that cannot end by every reserved start either (queueing/schedule.py
-`_kept_by_reservation`, queueing/migration.py `plan_migrations`).
+`_kept_by_reservation`, queueing/migration.py `plan_migrations`); the blocked head gets no room made by moves
+(nodes walked, moves tried and undone) when fewer GPUs are free than it needs (`room_possible`).
 """
 
 from __future__ import annotations
@@ -174,3 +175,23 @@ def test_the_shortcuts_keep_every_decision_and_reason_over_random_states(monkeyp
     text = "".join("".join(log) for log in with_shortcuts)
     assert text.count("Started(") > 800 and text.count("would delay") > 1000 and text.count("Migration(") > 10, (
         text.count("Started("), text.count("would delay"), text.count("Migration("))
+
+
+def test_no_room_is_made_when_fewer_gpus_are_free_than_the_head_needs(monkeypatch: pytest.MonkeyPatch):
+    seeds = range(16)
+    migration = sys.modules["whaleflux.scheduler.queueing.migration"]
+    known, said = migration.room_possible, []
+
+    def counted(cluster: ClusterState, req: JobRequest) -> bool:
+        possible = known(cluster, req)
+        said.append(possible)
+        return possible
+
+    monkeypatch.setattr(migration, "room_possible", counted)
+    with_bound = [_run(seed) for seed in seeds]
+    assert said.count(False) > 50 and said.count(True) > 50, (said.count(False), said.count(True))
+    monkeypatch.setattr(migration, "room_possible", lambda *_: True)  # always walk the nodes and try the moves
+    for seed, log in zip(seeds, with_bound, strict=True):
+        assert _run(seed) == log, f"seed {seed}"
+    text = "".join("".join(log) for log in with_bound)
+    assert text.count("to make room for") >= 3, text.count("to make room for")  # rooms are still made

@@ -232,9 +232,9 @@ def make_room(
     to `cluster` (and undoes them when not all fit); each move comes with the
     GPUs the job held, for `undo`. The caller places `job`.
     """
-    if cluster.total_free == 0:
-        return None  # every move needs free GPUs elsewhere, and there are none
     req = job.request
+    if not room_possible(cluster, req):
+        return None
     view = eligible(cluster, req, config.profile)
     if req.gpus > view.max_gpus_per_node:
         picked = _room_for_gang(cluster, req, view, running, config, now)
@@ -255,6 +255,13 @@ def make_room(
         # Not all of them could move (or it costs more than the wait): nothing changes.
         return None
     return moves
+
+
+def room_possible(cluster: ClusterState, req: JobRequest) -> bool:
+    """Whether moves could make room for the job: each GPU a move frees on the job's node (a gang's nodes)
+    takes one free elsewhere, so the job gets at most the GPUs free now. Fewer than it needs: none can, and
+    `make_room` need not walk the nodes and try the moves only to undo them."""
+    return cluster.total_free >= req.gpus
 
 
 def _room_for_gang(

@@ -53,6 +53,9 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--disable-component-update", "--disable-sync"]
 TOKEN = "bench-admin-token-0123456789"
 ALL_SERVICES = ("telemetry", "scheduler", "alerting", "billing", "inventory")
+# Run as root (as here), the agent runs a job as `nobody`, which may not enter this run's folders: its jobs run as
+# root, said explicitly (as the test suite's agents do).
+ROOT_JOBS = {"WHALEFLUX_JOB_USER": "root", "WHALEFLUX_ALLOW_ROOT_JOBS": "true"} if os.geteuid() == 0 else {}
 
 
 @dataclass
@@ -85,7 +88,7 @@ class Stack:
         self.logs = home / "logs"
         self.logs.mkdir()
         env = {**server_env(self.servers), "WHALEFLUX_ADMIN_TOKEN": TOKEN, "WHALEFLUX_HOME": str(home / "home"),
-               "WHALEFLUX_ENVIRONMENT": "development"}
+               "WHALEFLUX_ENVIRONMENT": "development", **ROOT_JOBS}
         # Heartbeats come every agent interval: with a long one, the scheduler must not call the nodes lost.
         lax = {"WHALEFLUX_HEARTBEAT_SUSPECT_S": str(max(5.0, 4 * self.interval_s)),
                "WHALEFLUX_HEARTBEAT_LOST_S": str(max(10.0, 8 * self.interval_s)),

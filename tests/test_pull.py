@@ -77,3 +77,26 @@ async def test_a_consumer_that_is_gone_is_said_to_be_unavailable(bus_and_redis):
     with pytest.raises(ServiceUnavailableError):
         await puller.fetch(8, timeout=5.0)
     await puller.unsubscribe()
+
+
+async def test_a_bus_consumer_whose_durable_is_deleted_declares_it_again_and_goes_on(bus_and_redis):
+    from whaleflux.shared.streams import ConsumerSpec
+
+    from .processes import until
+
+    bus, redis = bus_and_redis
+    spec = ConsumerSpec("test-pull-bus", STREAM, [subjects.JOB_SUBMITTED], batch=8)
+    handled: list[str] = []
+
+    async def handler(env, data):
+        handled.append(data.job_id)
+
+    bus.start_consumer(spec, handler, redis, "wf:test")
+    await _publish(bus, "before")
+    await until(lambda: handled == ["before"], what="the first event handled")
+    await bus.js.delete_consumer(STREAM, spec.durable)
+    await _publish(bus, "after")
+    # Declared again from the stream's start: "before" comes again and is acked as a duplicate (id dedup).
+    await until(lambda: "after" in handled, timeout=30.0, what="the event published after the deletion")
+    assert handled == ["before", "after"]
+    assert bus.metrics.duplicates.labels(spec.durable)._value.get() == 1

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 
-from whaleflux.shared.contracts import Holder, HolderChange, JobHolds, fold_holders, gpus_involved
+from whaleflux.shared.contracts import Holder, HolderChange, JobHolds, fold_holders
 from whaleflux.shared.events import EventData, JobFailed, JobFinished, JobPlaced, JobRequeued, JobStarted
 from whaleflux.shared.handlers import Reject, Retry
 
@@ -107,9 +107,9 @@ class JobEventState:
     """What the store holds that one job event's outcome depends on."""
 
     holds: JobHolds
-    holders: Mapping[str, Holder | None]  # of `gpus_involved(holds, event)`
-    usage: Mapping[str, UsageRecord | None] = field(default_factory=dict)  # per span's ledger key
-    placements: Mapping[str, JobPlaced | None] = field(default_factory=dict)  # per span's ledger key
+    holders: Mapping[str, Holder | None]  # of `gpus_involved(holds, event)` at least
+    usage: Mapping[str, UsageRecord | None] = field(default_factory=dict)  # per span's ledger key at least
+    placements: Mapping[str, JobPlaced | None] = field(default_factory=dict)  # the same
 
 
 @dataclass(frozen=True)
@@ -123,10 +123,8 @@ class JobEventOutcome:
     refused: str | None = None  # why it can never be applied (dead-lettered)
 
 
-def job_event(data: EventData, at: datetime, state: JobEventState,
-              event_spans: list[Span] | None = None) -> JobEventOutcome:
-    """The outcome of one job event (`at`: its envelope time) given what the store holds (`event_spans`:
-    `spans(data, at)`, when the caller has them already)."""
+def job_event(data: EventData, at: datetime, state: JobEventState) -> JobEventOutcome:
+    """The outcome of one job event (`at`: its envelope time) given what the store holds."""
     key = report_ledger(data)
     refused = from_placed_node(data, state.placements.get(key) if key is not None else None)
     if refused is not None:
@@ -135,7 +133,7 @@ def job_event(data: EventData, at: datetime, state: JobEventState,
     if isinstance(data, JobPlaced):
         return JobEventOutcome(change, placement=(ledger_key(data.job_id, data.attempt, data.part), data))
     records = []
-    for span in spans(data, at) if event_spans is None else event_spans:
+    for span in spans(data, at):
         interval = interval_after(span, state.usage.get(span.ledger))
         if interval is None:
             continue
@@ -162,14 +160,11 @@ class LedgerView:
     dirty_usage: set[str] = field(default_factory=set)
     dirty_placements: set[str] = field(default_factory=set)
 
-    def state_for(self, data: EventData, at: datetime, event_spans: list[Span] | None = None) -> JobEventState:
-        job_id = getattr(data, "job_id", "")
-        holds = self.holds.get(job_id, JobHolds())
-        ledgers = [span.ledger for span in (spans(data, at) if event_spans is None else event_spans)]
-        if (key := report_ledger(data)) is not None:
-            ledgers.append(key)
-        return JobEventState(holds, {g: self.holders.get(g) for g in gpus_involved(holds, data)},
-                             {k: self.usage.get(k) for k in ledgers}, {k: self.placements.get(k) for k in ledgers})
+    def state_for(self, data: EventData) -> JobEventState:
+        """The view itself, seen from one event: `job_event` looks up only what the event involves (a key the
+        view lacks reads as None, as it would in the store)."""
+        return JobEventState(self.holds.get(getattr(data, "job_id", ""), JobHolds()), self.holders, self.usage,
+                             self.placements)
 
     def apply(self, job_id: str, outcome: JobEventOutcome) -> None:
         change = outcome.holders
@@ -218,8 +213,7 @@ def job_events(events: list[tuple[EventData, datetime]], view: LedgerView) -> li
         if not isinstance(job_id, str):
             out.append(None)
             continue
-        event_spans = spans(data, at)
-        outcome = job_event(data, at, view.state_for(data, at, event_spans), event_spans)
+        outcome = job_event(data, at, view.state_for(data))
         if outcome.missing is None and outcome.refused is None:
             view.apply(job_id, outcome)
         out.append(Retry(outcome.missing) if outcome.missing else Reject(outcome.refused) if outcome.refused else None)

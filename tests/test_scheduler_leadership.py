@@ -45,6 +45,27 @@ async def test_one_holder_at_a_time_and_each_takeover_gets_a_higher_token(clean_
         await redis.aclose()
 
 
+async def test_a_lease_that_lapsed_while_nobody_took_it_is_taken_back_with_its_token(clean_servers):
+    redis = _redis(clean_servers)
+    a, b = Leadership(redis, PREFIX, "a", 0.3), Leadership(redis, PREFIX, "b", 0.3)
+    store = SchedulerStore(redis, PREFIX, Outbox(redis, PREFIX), "test", a, lambda: "epoch-1")
+    await redis.set(store.epoch_key, "epoch-1")
+    try:
+        assert await a.try_acquire() and a.token == 1
+        await asyncio.sleep(0.4)  # a stalled past its lease; nobody took it
+        assert not await a.renew()
+        assert await a.try_acquire() and a.token == 1, "no one else held a token: the same one, the cache kept"
+        async with store.transaction() as pipe:
+            pipe.hset(store.alloc_key, "GPU-1", "job-a")
+            await pipe.execute()
+        await asyncio.sleep(0.4)
+        assert await b.try_acquire() and b.token == 2
+        await b.release()
+        assert await a.try_acquire() and a.token == 3, "another held one meanwhile: a new token"
+    finally:
+        await redis.aclose()
+
+
 async def test_a_paused_ex_leader_cannot_commit_after_a_takeover(clean_servers):
     redis = _redis(clean_servers)
     old, new = Leadership(redis, PREFIX, "old", 5), Leadership(redis, PREFIX, "new", 5)

@@ -44,7 +44,8 @@ class Leadership:
         return f"{self.holder} {self.token}"
 
     async def try_acquire(self) -> bool:
-        token = await self.lease.take(self.holder, self.lease_ms)
+        """Take the lease if it is free (back with the same token if ours lapsed and nobody took one since)."""
+        token = await self.lease.take(self.holder, self.lease_ms, self.token)
         if token:
             self.token = token
         return bool(token)
@@ -75,9 +76,9 @@ class Leadership:
             self.token = None
 
     async def keep(self, on_lost: Callable[[], Awaitable[None]]) -> None:
-        """Renew every third of the lease. If it lapsed but nobody took it, take it again
-        (a new token: transactions under the old one fail, which is safe); if another
-        replica holds it, call `on_lost` once and stop."""
+        """Renew every third of the lease. If it lapsed but nobody took it, take it again (with the
+        same token when no other replica took one meanwhile, else a new one: transactions under the
+        old one fail, which is safe); if another replica holds it, call `on_lost` once and stop."""
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
             try:

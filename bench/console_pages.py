@@ -598,6 +598,9 @@ def cpu(args) -> None:
             cookie = session_cookie(browser, con)["value"]
             browser.close()
         watched = ("console", "telemetry", "scheduler")
+        # An idle simulated GPU reports the same numbers every second, and the console sends only frames that
+        # change: busy GPUs (jobs holding them) make every second's frame new, so the pages get every update.
+        busy = busy_jobs(stack, args.busy) if "agent" in stack.urls else []
         rows = []
         for n in (0, 1, args.streams):
             streams = Streams(con, cookie, n) if n else None
@@ -629,8 +632,22 @@ def cpu(args) -> None:
         print(f"\n{args.streams} pages vs 1: {many:.1f} % vs {one:.1f} % of one core "
               f"({many - one:+.1f} points; no pages: {sum(rows[0][1].values()):.1f} %)   "
               "(reference: 50 open browsers cost almost nothing more than one)")
+        print(f"({len(busy)} one-GPU jobs ran through the windows, so each second's fleet frame changed)")
     finally:
         stack.stop()
+
+
+def busy_jobs(stack: Stack, n: int) -> list[str]:
+    """Submit `n` one-GPU `sleep` jobs and wait until every one runs (they end with the stack)."""
+    scheduler, auth = stack.urls["scheduler"], {"Authorization": f"Bearer {TOKEN}"}
+    body = {"name": "bench-busy", "command": ["sleep", "3600"], "gpus": 1}
+    ids = [httpx.post(scheduler + "/v1/jobs", json=body, headers=auth, timeout=30).json()["job_id"] for _ in range(n)]
+
+    def running() -> bool:
+        return all(httpx.get(f"{scheduler}/v1/jobs/{j}", timeout=30).json().get("state") == "running" for j in ids)
+
+    stack._until(running, 120, f"{n} busy jobs running")
+    return ids
 
 
 def shots(args) -> None:
@@ -696,6 +713,7 @@ def main() -> None:
     a.add_argument("--fleet", choices=sorted(FLEETS), default="demo")
     a.add_argument("--interval", type=float, default=1.0)
     a.add_argument("--streams", type=int, default=50)
+    a.add_argument("--busy", type=int, default=8, help="one-GPU jobs kept running (demo fleet), so frames change")
     a.add_argument("--upstream-timeout", type=float, default=30.0, help="the console's WHALEFLUX_UPSTREAM_TIMEOUT_S")
     a.add_argument("--seconds", type=float, default=30)
     a = sub.add_parser("shots", help="the screenshots under docs/console/")

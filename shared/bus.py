@@ -23,6 +23,7 @@ its own (a one-event batch), so one bad event cannot hold up the others.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import nats
@@ -146,8 +147,9 @@ class Bus:
                 await self.js.update_stream(config)
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:
-        """Create the durable consumer if missing; one that exists keeps its position unless its
-        filters or delivery limits changed (then it is replaced: a new config cannot keep a position)."""
+        """Create the durable consumer if missing. One that exists keeps its position: when its filters or
+        delivery limits changed (an upgrade), it is updated in place (nats-server 2.10 and later), so it
+        does not deliver its stream's history again; only a server that refuses the update has it replaced."""
         try:
             info = await self.js.consumer_info(spec.stream, spec.durable)
         except NotFoundError:
@@ -157,6 +159,15 @@ class Bus:
             if (sorted(have.filter_subjects or [have.filter_subject]) == sorted(spec.filter_subjects)
                     and have.max_deliver == want.max_deliver and have.max_ack_pending == want.max_ack_pending):
                 return
+            # Its own config with only these changed: where it delivers from (a repositioned start) stays.
+            update = replace(have, filter_subject=want.filter_subject, filter_subjects=want.filter_subjects,
+                             max_deliver=want.max_deliver, max_ack_pending=want.max_ack_pending)
+            try:
+                await self.js.add_consumer(spec.stream, update)
+                log.info("bus.consumer_updated", consumer=spec.durable, filters=spec.filter_subjects)
+                return
+            except BadRequestError as exc:
+                log.warning("bus.consumer_replaced", consumer=spec.durable, reason=exc.description)
             await self.js.delete_consumer(spec.stream, spec.durable)
         try:
             await self.js.add_consumer(spec.stream, spec.config())

@@ -159,3 +159,33 @@ def test_the_bus_times_the_envelopes_it_makes_by_its_clock():
     bus = Bus(nats.NATS(), "whaleflux/test/1", clock=lambda: t0)
     env = bus.envelope(job("j"), subject="j")
     assert env.time == t0 and env.source == "whaleflux/test/1" and env.subject == "j"
+
+
+async def test_a_consumer_whose_filters_change_keeps_its_position(bus_and_redis):
+    """An upgrade that widens a consumer's filters (bare job reports -> node-scoped ones too) updates it in
+    place: what it handled before is not delivered again, and the new subjects arrive."""
+    bus, redis = bus_and_redis
+    handled: list[str] = []
+
+    async def handler(env, data):
+        handled.append(data.job_id)
+
+    old = ConsumerSpec("test-widened", "WHALEFLUX_JOBS", [subjects.JOB_SUBMITTED], batch=8)
+    bus.start_consumer(old, handler, redis, "wf:test")
+    for job_id in ("a", "b"):
+        await bus.publish(subjects.JOB_SUBMITTED, job(job_id))
+    await until(lambda: handled == ["a", "b"])
+    await bus.stop_consumer("test-widened")
+    before = await bus.js.consumer_info("WHALEFLUX_JOBS", "test-widened")
+
+    new = ConsumerSpec("test-widened", "WHALEFLUX_JOBS", [subjects.JOB_SUBMITTED, f"{subjects.JOB_CANCELLED}.>"],
+                       batch=8, max_ack_pending=before.config.max_ack_pending + 1)
+    await bus.ensure_consumer(new)
+    after = await bus.js.consumer_info("WHALEFLUX_JOBS", "test-widened")
+    assert sorted(after.config.filter_subjects) == sorted(new.filter_subjects)
+    assert after.config.max_ack_pending == new.max_ack_pending
+    assert after.delivered.stream_seq == before.delivered.stream_seq, "the position is kept"
+    bus.start_consumer(new, handler, redis, "wf:test")
+    await bus.publish(subjects.JOB_SUBMITTED, job("c"))
+    await until(lambda: "c" in handled)
+    assert handled == ["a", "b", "c"], "nothing handled before came again"

@@ -4,7 +4,8 @@ A job of a shape the head's reservation just refused, in the same state of the c
 to be refused again unless it could end by the reserved start; a move to faster GPUs that the reservations
 refused is not tried again for a job that cannot end by every reserved start either (queueing/schedule.py
 `_kept_by_reservation`, queueing/migration.py `plan_migrations`); the blocked head gets no room made by moves
-(nodes walked, moves tried and undone) when fewer GPUs are free than it needs (`room_possible`).
+(nodes walked, moves tried and undone) when fewer GPUs are free than it needs (`room_possible`); a move up
+is not weighed for a job none of whose models has as many GPUs free as it holds (`free_targets`).
 """
 
 from __future__ import annotations
@@ -130,3 +131,24 @@ def test_no_room_is_made_when_fewer_gpus_are_free_than_the_head_needs(monkeypatc
         assert run_passes(seed) == log, f"seed {seed}"
     text = "".join("".join(log) for log in with_bound)
     assert text.count("to make room for") >= 3, text.count("to make room for")  # rooms are still made
+
+
+def test_moves_up_skip_jobs_whose_models_have_too_few_gpus_free(monkeypatch: pytest.MonkeyPatch):
+    seeds = range(16)
+    migration = sys.modules["whaleflux.scheduler.queueing.migration"]
+    known, found = migration.free_targets, []
+
+    def counted(cluster: ClusterState, models: list[tuple[str, float]], gpus: int) -> tuple[tuple[str, float], ...]:
+        free = known(cluster, models, gpus)
+        found.append(bool(free))
+        return free
+
+    monkeypatch.setattr(migration, "free_targets", counted)
+    with_skip = [run_passes(seed) for seed in seeds]
+    assert found.count(False) > 20 and found.count(True) > 20, (found.count(False), found.count(True))
+    # Every model of the job's view, free or not (each candidate then checks every one, as before the skip).
+    monkeypatch.setattr(migration, "free_targets", lambda _cluster, models, _gpus: tuple(models))
+    for seed, log in zip(seeds, with_skip, strict=True):
+        assert run_passes(seed) == log, f"seed {seed}"
+    text = "".join("".join(log) for log in with_skip)
+    assert text.count("migrate to faster GPUs") >= 5, text.count("migrate to faster GPUs")  # moves are still made

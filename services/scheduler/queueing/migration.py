@@ -1,27 +1,22 @@
 """Migration: move running jobs (checkpoint, stop, resume at once elsewhere) instead of waiting.
 
-Two moves, both a checkpoint-restart that keeps the work done and pays
-`migration_overhead_s`, and only for jobs that resume from a checkpoint and
-have an estimate:
+Two moves, both a checkpoint-restart that keeps the work done and pays `migration_overhead_s`, and only for
+jobs that resume from a checkpoint and have an estimate:
 
-- up (`plan_migrations`): waiting for a faster model would leave the slower
-  GPUs idle while work waits, so every job starts at once on the best free
-  placement; when GPUs of a faster model are still free after the queue had
-  its turn (and the first blocked job's reservation spares them), a job on a
-  slower model moves there if its remaining time drops by at least
-  `migrate_min_gain_s` and to at most `migrate_max_ratio` of what it is. It
-  only ever moves to a model faster by that ratio, so never sideways or back.
-- out of the way (`make_room`): the first blocked job (say >80 GB, which only
-  the H200s hold, or a whole node) gets room by moving jobs that fit
-  elsewhere off the GPUs it needs, when the time they lose is within
+- up (`plan_migrations`): waiting for a faster model would leave the slower GPUs idle while work waits, so
+  every job starts at once on the best free placement; when GPUs of a faster model are still free after the
+  queue had its turn (and the first blocked job's reservation spares them), a job on a slower model moves
+  there if its remaining time drops by at least `migrate_min_gain_s` and to at most `migrate_max_ratio` of
+  what it is. It only ever moves to a model faster by that ratio, so never sideways or back.
+- out of the way (`make_room`): the first blocked job (say >80 GB, which only the H200s hold, or a whole
+  node) gets room by moving jobs that fit elsewhere off the GPUs it needs, when the time they lose is within
   `make_room_budget` x its wait.
 
-With `migrate_spares_largest_memory` neither kind of move puts a job that
-fits a smaller GPU on the largest-memory model: those GPUs are the only ones
-the largest jobs can use.
+With `migrate_spares_largest_memory` neither kind of move puts a job that fits a smaller GPU on the
+largest-memory model: those GPUs are the only ones the largest jobs can use.
 
-Every move counts towards `max_migrations_per_job`, so a job cannot be moved
-down and up again without end. Pure: no I/O, no clock.
+Every move counts towards `max_migrations_per_job`, so a job cannot be moved down and up again without end.
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -72,26 +67,29 @@ def movable(r: RunningJob, now: float, config: PolicyConfig) -> _Movable | None:
 
 
 def may_move(r: RunningJob, config: PolicyConfig) -> bool:
-    """Whether the policy may move the job: it has a request, an estimate and a checkpoint, and was not
-    moved too often."""
+    """Whether the policy may move the job: a request, an estimate, a checkpoint, and not moved too often."""
     return (r.request is not None and r.expected_end is not None and r.checkpointable and bool(r.speed)
             and r.migrations < config.max_migrations_per_job)
 
 
 def _up_candidates(
     cluster: ClusterState, running: Mapping[str, RunningJob], config: PolicyConfig, now: float, min_gain: float
-) -> list[_Movable]:
-    """Jobs whose gain, were they to run at the fastest free model's speed for their class, is enough."""
-    overhead, ratio = config.migration_overhead_s, config.migrate_max_ratio
+) -> list[tuple[RunningJob, JobRequest, float, float]]:
+    """Jobs whose gain, were they to run at the fastest free model's speed for their class, is enough, most
+    gain first: (job, request, speed, time left). Not those with more GPUs than are free (moves keep that total)."""
+    overhead, ratio, most = config.migration_overhead_s, config.migrate_max_ratio, config.max_migrations_per_job
     free_models = [m for m, n in cluster.free_by_model.items() if n > 0]
     if not free_models:
         return []
-    scored: list[tuple[float, str, _Movable]] = []
+    total_free = cluster.total_free
+    scored: list[tuple[float, str, int, RunningJob, JobRequest, float, float]] = []
     best_by_class: dict[str, float] = {}
     for r in _ending_after(running, now, min_gain):
         end, req, speed = r.expected_end, r.request, r.speed
-        if end is None or end - now < min_gain or req is None or speed is None or not may_move(r, config):
-            continue  # (movable's `left` and checks, asked before building it: most running jobs stop here)
+        # `may_move` and movable's `left` asked before building anything: most running jobs stop here.
+        if (end is None or end - now < min_gain or req is None or not speed or not r.checkpointable
+                or r.migrations >= most or r.gpus > total_free):
+            continue
         left = end - now
         cls = req.workload_class
         best = best_by_class.get(cls)
@@ -99,9 +97,9 @@ def _up_candidates(
             best = best_by_class[cls] = max(cluster.speed(m, cls) for m in free_models)
         then = overhead + left * speed / best
         if left - then >= min_gain and then <= ratio * left:
-            scored.append((left - then, r.job_id, _Movable(r, req, speed, left)))
-    scored.sort(key=lambda x: (-x[0], x[1]))
-    return [c for _, _, c in scored]
+            scored.append((-(left - then), r.job_id, len(scored), r, req, speed, left))
+    scored.sort()  # most gain, then by id (ties in kept order; the job itself is never compared)
+    return [(r, req, speed, left) for *_, r, req, speed, left in scored]
 
 
 def _ending_after(running: Mapping[str, RunningJob], now: float, min_gain: float) -> Iterable[RunningJob]:
@@ -131,28 +129,33 @@ def plan_migrations(
     # Targets with no placement within the reservations, at `cluster.freed` then: until a move frees GPUs, a
     # job of that target that cannot end by every reserved start cannot move (`_move_up` would place it twice).
     no_room: dict[tuple[object, ...], int] = {}
-    for c in _up_candidates(cluster, running, config, now, min_gain):
-        if cluster.total_free < c.job.gpus:
+    # Per view, class and GPUs: the models with that many GPUs free, at `cluster.changes` then. Most candidates
+    # have none (on a full fleet the GPUs left free are often of the largest-memory model their moves spare).
+    targets: dict[tuple[object, ...], tuple[int, tuple[tuple[str, float], ...]]] = {}
+    for r, req, speed, left in _up_candidates(cluster, running, config, now, min_gain):
+        if cluster.total_free < r.gpus:
             continue
-        req = c.request
         view = eligible(cluster, req, config.profile)
         key = (id(view), req.workload_class, req.gpus > 1)
         if key not in models_of:
             models_of[key] = _models(cluster, req, view, config.migrate_spares_largest_memory)
+        known = targets.get((key, r.gpus))
+        if known is None or known[0] != cluster.changes:
+            known = targets[(key, r.gpus)] = (cluster.changes, free_targets(cluster, models_of[key], r.gpus))
+        if not known[1]:
+            continue
         # Only models fast enough for the ratio with the overhead: a job never moves sideways or back.
-        faster = tuple(
-            m for m, speed in models_of[key]
-            if cluster.free_by_model[m] >= c.job.gpus
-            and c.left * c.speed / speed + config.migration_overhead_s <= config.migrate_max_ratio * c.left
-        )
+        faster = tuple(m for m, m_speed in known[1] if cluster.free_by_model[m] >= r.gpus
+                       and left * speed / m_speed + config.migration_overhead_s <= config.migrate_max_ratio * left)
         if not faster or (id(view), req.gpus, faster) in failed:
             continue
         room = (id(view), req.gpus, faster, req.min_memory_mib, req.workload_class, req.allow_multi_node,
                 req.expected_runtime_s if cluster.has_leases else None)
         if reservation and no_room.get(room) == cluster.freed and reservation.ends_after_all(
-                now + config.migration_overhead_s + c.left * c.speed / _fastest(cluster, req, faster)):
+                now + config.migration_overhead_s + left * speed / _fastest(cluster, req, faster)):
             continue
-        move = _move_up(cluster, c, replace(req, gpu_models=faster), config, now, min_gain, reservation)
+        move = _move_up(cluster, _Movable(r, req, speed, left), replace(req, gpu_models=faster), config, now,
+                        min_gain, reservation)
         if move is NO_ROOM:
             no_room[room] = cluster.freed
             continue
@@ -171,10 +174,8 @@ def _move_up(
     reservation: Reservations | None,
 ) -> Migration | None:
     """Place the job on `target`'s faster models if that gains enough within the reservations; apply it.
-
-    `NO_PLACEMENT` when no GPUs of those models can take it (so no job of that shape can, this pass);
-    `NO_ROOM` when the reservations keep it off them and no GPUs they spare can take it.
-    """
+    `NO_PLACEMENT`: no GPUs of those models can take it (no job of that shape can, this pass); `NO_ROOM`: the
+    reservations keep it off them and no GPUs they spare can take it."""
     decision = place_on(cluster, target, config.profile, now)
     if not isinstance(decision, Placement) or decision.speed <= 0:
         return NO_PLACEMENT
@@ -200,6 +201,11 @@ def _move_up(
     )
 
 
+def free_targets(cluster: ClusterState, models: list[tuple[str, float]], gpus: int) -> tuple[tuple[str, float], ...]:
+    """The models (with the job's speed on each) that have `gpus` GPUs free: a move goes to no other."""
+    return tuple((m, s) for m, s in models if cluster.free_by_model[m] >= gpus)
+
+
 def _fastest(cluster: ClusterState, req: JobRequest, models: tuple[str, ...]) -> float:
     """No placement of the job on these models runs faster (a model's speed for its class, times the best
     interconnect and cross-node factors for more than one GPU)."""
@@ -223,24 +229,21 @@ def make_room(
 ) -> Moves | None:
     """Move running jobs off GPUs the blocked `job` needs so it can start now; the moves, or None.
 
-    A one-node job gets the node that frees with the fewest GPUs moved, the
-    moved jobs going to any other node; a gang gets GPUs on any of its nodes,
-    the moved jobs going to nodes it cannot use. The least remaining work moves
-    first. Worth it only when the GPU-seconds the moved jobs lose (restart
-    overhead, a slower model) are at most `make_room_budget` x the job's wait
-    (`wait_s`; None: unknown, taken as unbounded) x its GPUs. Applies the moves
-    to `cluster` (and undoes them when not all fit); each move comes with the
-    GPUs the job held, for `undo`. The caller places `job`.
+    A one-node job gets the node that frees with the fewest GPUs moved, the moved jobs going to any other
+    node; a gang gets GPUs on any of its nodes, the moved jobs going to nodes it cannot use. The least
+    remaining work moves first. Worth it only when the GPU-seconds the moved jobs lose (restart overhead, a
+    slower model) are at most `make_room_budget` x the job's wait (`wait_s`; None: unbounded) x its GPUs.
+    Applies the moves to `cluster` (undone when not all fit); each comes with the GPUs the job held, for
+    `undo`. The caller places `job`.
     """
     req = job.request
     if not room_possible(cluster, req):
         return None
     view = eligible(cluster, req, config.profile)
     if req.gpus > view.max_gpus_per_node:
-        picked = _room_for_gang(cluster, req, view, running, config, now)
-        if picked is None:
+        chosen = _room_for_gang(cluster, req, view, running, config, now)
+        if chosen is None:
             return None
-        chosen = picked
         where = f"{len({cluster.holdings[c.job.job_id][0].node for c in chosen})} node(s)"
         caps = dict.fromkeys(view.nodes, 0)  # the moved jobs go to nodes the gang cannot use
     else:
@@ -250,11 +253,8 @@ def make_room(
         where, chosen = best
         caps = {where: 0}  # the moved jobs go anywhere but the node they make room on
     budget = config.make_room_budget * (float("inf") if wait_s is None else wait_s) * req.gpus
-    moves = _move_all(cluster, chosen, caps, config, now, budget, f"to make room for {req.job_id} on {where}")
-    if moves is None:
-        # Not all of them could move (or it costs more than the wait): nothing changes.
-        return None
-    return moves
+    # None: not all of them could move (or it costs more than the wait), nothing changes.
+    return _move_all(cluster, chosen, caps, config, now, budget, f"to make room for {req.job_id} on {where}")
 
 
 def room_possible(cluster: ClusterState, req: JobRequest) -> bool:
@@ -322,8 +322,7 @@ def _room_on_one_node(
                       and len(holdings[job_id]) == 1 and r.request is not None and r.checkpointable
                       and r.speed and r.migrations < most)
         picked: list[RunningJob] = []
-        freed = 0
-        left = 0.0
+        freed, left = 0, 0.0
         for job_left, _, r in jobs:
             if freed >= need:
                 break

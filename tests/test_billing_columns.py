@@ -5,16 +5,18 @@ from records or from the store's report rows. No I/O."""
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 
 import numpy as np
 import pytest
 
 from whaleflux.billing import costing
-from whaleflux.billing.allocation import IntervalTable
+from whaleflux.billing.allocation import GROUP_KEYS, Attempts, IntervalTable, chargeback, showback
 from whaleflux.billing.charged import charged_table, record_table, without_overlaps_table
 from whaleflux.billing.metering import UsageRecord, intervals, without_overlaps
-from whaleflux.billing.ownership import to_ms
+from whaleflux.billing.ownership import GpuTerms, gpu_cost, to_ms
+from whaleflux.billing.pricebook import reference_book
 from whaleflux.billing.usage import UsageColumns, row
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -56,6 +58,51 @@ def test_columns_from_records_equal_the_object_path_row_for_row(seed):
             assert _columns(tab) == _columns(IntervalTable.of(kept))
             assert overlaps_c == overlaps
             assert jobs_c == jobs
+
+
+def _one_attempt_each(rng: random.Random, n: int, whole: bool) -> list[UsageRecord]:
+    """Distinct attempts (some second ones), no gang, each holding GPUs on 48: overlaps cut in part, running
+    ones; unless `whole`, some attempts cut out whole (the very same interval as another)."""
+    out = []
+    for i in range(n):
+        start = T0 + timedelta(minutes=rng.randrange(0, 3 * 24 * 60))
+        end = None if rng.random() < 0.02 else start + timedelta(minutes=rng.choice([30, 60, 120]))
+        gpus = rng.sample([f"G{k}" for k in range(48)], rng.choice([1, 2, 4]))
+        out.append(UsageRecord(job_id=f"j{i}", attempt=rng.choice([1, 1, 2]), team=f"t{rng.randrange(4)}",
+                               project=f"p{rng.randrange(3)}", gpu_model="H100", gpus=len(gpus), node="n",
+                               gpu_uuids=gpus, started_at=start, ended_at=end))
+        if not whole and rng.random() < 0.05:
+            out.append(out[-1].model_copy(update={"job_id": f"k{i}"}))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_chargeback_and_showback_from_the_attempts_as_columns_equal_the_object_paths(seed):
+    """The attempts kept as the ledger's columns in the intervals' order (`Attempts` with rows, no object per
+    attempt) give the same job costs, groups and shown lines, to the cent, as one `JobInfo` per attempt."""
+    rng = random.Random(seed)
+    records = _one_attempt_each(rng, rng.choice([40, 300]), seed % 2 == 0)
+    now = T0 + timedelta(days=rng.choice([1, 4]))
+    start, end = T0 + timedelta(hours=rng.randrange(24)), T0 + timedelta(days=3)
+    book = reference_book()
+    terms = [GpuTerms(uuid=f"G{k}", model="H100", ownership="owned", pool="onprem", purchase_price=Decimal("30000"),
+                      purchase_date=date(2025, 3, 1), depreciation_months=48) if k % 2 else
+             GpuTerms(uuid=f"G{k}", model="H100", ownership="cloud", pool="burst", in_fleet_since=T0)
+             for k in range(48)]
+    gpus = {t.uuid: gpu_cost(t, book, start, end) for t in terms}
+    usage = UsageColumns.decode(map(row, records))
+    columns = charged_table(usage, to_ms(now), 0)
+    ivs, jobs = intervals(records, now)  # the object path: one JobInfo per attempt
+    assert isinstance(columns.jobs, Attempts) and not isinstance(jobs, Attempts)
+    whole = len(columns.table.jobs) == len(jobs)
+    assert (columns.jobs.rows is not None) == whole  # the table's order read from the columns where none is cut out
+    cb_c = chargeback(columns.table, columns.jobs, gpus, to_ms(start), to_ms(end))
+    cb_o = chargeback(IntervalTable.of(without_overlaps(ivs)[0]), jobs, gpus, to_ms(start), to_ms(end))
+    assert cb_c.jobs == cb_o.jobs and cb_c.groups == cb_o.groups and cb_c.notes == cb_o.notes
+    for by in GROUP_KEYS:
+        for share_idle in (False, True):
+            for running in (False, True):
+                assert showback(cb_c, by, share_idle, running) == showback(cb_o, by, share_idle, running)
 
 
 @pytest.mark.parametrize("seed", range(10))

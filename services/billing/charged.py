@@ -9,11 +9,13 @@ earlier than the latest end before it on its GPU, and one that ends by then is
 dropped. The result is the same intervals in the same order as the object path
 (so every sum is taken in the same order: identical amounts, identical
 floats); only GPUs with an overlap go through `metering`'s per-interval loop,
-to describe each overlap.
+to describe each overlap. The attempts stay the ledger's columns too
+(`allocation.Attempts`), read in the table's order through each attempt's row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from itertools import chain, compress
 from typing import NamedTuple
 
@@ -32,7 +34,7 @@ class Charged(NamedTuple):
     """A report's intervals with every GPU's time charged once, the attempts they charge, the overlaps cut."""
 
     table: IntervalTable
-    jobs: dict[str, JobInfo]
+    jobs: Mapping[str, JobInfo]  # the records' attempts (`UsageColumns.jobs`: columns)
     overlaps: list[Overlap]
 
 
@@ -84,7 +86,7 @@ def _order(tab: IntervalTable) -> I64:
         width = int(tab.start.max()) - lo + 1
         if (int(tab.gpu.max()) + 1) * width < 2**62:
             key = tab.gpu * width + (tab.start - lo)
-            order = np.argsort(key, kind="stable")
+            order = np.argsort(key)  # not stable (4x faster): the same order when every key is distinct
             if not (key[order][1:] == key[order][:-1]).any():  # no GPU with two starts at once: that is the order
                 return order
     order = np.lexsort((tab.job, tab.end, tab.start, tab.gpu))
@@ -120,8 +122,14 @@ def _latest_end_before(gpu: I64, end: I64) -> I64:
 
 def without_overlaps_table(tab: IntervalTable) -> tuple[IntervalTable, list[Overlap]]:
     """`metering.without_overlaps` on columns: every GPU's time held once, and the overlaps found."""
+    out, overlaps, _ = _cut(tab)
+    return out, overlaps
+
+
+def _cut(tab: IntervalTable) -> tuple[IntervalTable, list[Overlap], I64]:
+    """`without_overlaps_table`, and each attempt's code in `tab` (`out.jobs[i]` is `tab.jobs[codes[i]]`)."""
     if len(tab) == 0:
-        return tab, []
+        return tab, [], np.arange(len(tab.jobs), dtype=np.int64)
     order = _order(tab)
     gpu, start, end, job = tab.gpu[order], tab.start[order], tab.end[order], tab.job[order]
     before = _latest_end_before(gpu, end)
@@ -139,7 +147,8 @@ def without_overlaps_table(tab: IntervalTable) -> tuple[IntervalTable, list[Over
     gpu_codes, gpu = _first_seen(gpu, len(tab.gpus))
     job_codes, job = _first_seen(job, len(tab.jobs))
     return IntervalTable(list(map(tab.gpus.__getitem__, gpu_codes.tolist())),
-                         list(map(tab.jobs.__getitem__, job_codes.tolist())), gpu, new_start, end, job), overlaps
+                         list(map(tab.jobs.__getitem__, job_codes.tolist())), gpu, new_start, end, job), overlaps, \
+        job_codes
 
 
 def charged_table(u: UsageColumns, now_ms: int, small: int = SMALL) -> Charged:
@@ -152,5 +161,9 @@ def charged_table(u: UsageColumns, now_ms: int, small: int = SMALL) -> Charged:
         kept, overlaps = without_overlaps(ivs)
         return Charged(IntervalTable.of(kept), u.jobs, overlaps)
     with no_gc():
-        tab, overlaps = without_overlaps_table(record_table(u, now_ms))
-        return Charged(tab, u.jobs, overlaps)
+        records = record_table(u, now_ms)
+        tab, overlaps, job_codes = _cut(records)
+        jobs = u.jobs
+        if records.jobs is jobs.names and len(tab.jobs) == len(jobs):  # coded by record, none cut out whole:
+            jobs = jobs.view(tab.jobs, job_codes)  # the same attempts in the table's order, no lookup per attempt
+        return Charged(tab, jobs, overlaps)

@@ -12,7 +12,7 @@ days), each piece's joules and each attempt's part of them from the samples
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -57,7 +57,7 @@ class Costed:
     inputs: Inputs
     gpus: dict[str, GpuCost]
     table: IntervalTable  # the charged intervals
-    jobs: dict[str, JobInfo]
+    jobs: Mapping[str, JobInfo]
     book: PriceBook
     energy: list[EnergyUse]
     overlaps: list[Overlap]

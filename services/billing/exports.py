@@ -36,7 +36,7 @@ import csv
 import io
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
@@ -212,8 +212,9 @@ def _lease_purchases(ctx: FocusContext, gc: GpuCost, start_ms: int, end_ms: int)
 _Seg = tuple[str, int]  # (GPU uuid, segment index)
 
 
-def _job_usage_rows(ctx: FocusContext, intervals: list[Interval], jobs: dict[str, JobInfo], gpus: dict[str, GpuCost],
-                    start_ms: int, end_ms: int) -> tuple[list[Row], dict[_Seg, Decimal], dict[_Seg, int]]:
+def _job_usage_rows(ctx: FocusContext, intervals: list[Interval], jobs: Mapping[str, JobInfo],
+                    gpus: dict[str, GpuCost], start_ms: int,
+                    end_ms: int) -> tuple[list[Row], dict[_Seg, Decimal], dict[_Seg, int]]:
     """Usage rows per job attempt, GPU and segment; the allocated cost and ms per (GPU, segment)."""
     rows: list[Row] = []
     used: dict[_Seg, Decimal] = defaultdict(Decimal)
@@ -257,8 +258,8 @@ def _idle_rows(ctx: FocusContext, gpus: dict[str, GpuCost], start_ms: int, end_m
     return rows
 
 
-def _power_rows(ctx: FocusContext, jobs: dict[str, JobInfo], gpus: dict[str, GpuCost], start_ms: int, end_ms: int,
-                energy: Iterable[EnergyUse], prices: dict[tuple[str, int], Decimal]) -> list[Row]:
+def _power_rows(ctx: FocusContext, jobs: Mapping[str, JobInfo], gpus: dict[str, GpuCost], start_ms: int,
+                end_ms: int, energy: Iterable[EnergyUse], prices: dict[tuple[str, int], Decimal]) -> list[Row]:
     """Power usage rows per job attempt (or idle), GPU and month."""
     power: dict[tuple[str, str | None, datetime], list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])
     for use in energy:
@@ -289,7 +290,7 @@ def _power_rows(ctx: FocusContext, jobs: dict[str, JobInfo], gpus: dict[str, Gpu
 
 
 def focus_rows(
-    intervals: list[Interval], jobs: dict[str, JobInfo], gpus: dict[str, GpuCost], start_ms: int, end_ms: int,
+    intervals: list[Interval], jobs: Mapping[str, JobInfo], gpus: dict[str, GpuCost], start_ms: int, end_ms: int,
     energy: Iterable[EnergyUse] = (), kwh_price: dict[tuple[str, int], Decimal] | None = None,
     ctx: FocusContext | None = None, share_idle_by: str | None = None,
 ) -> list[Row]:

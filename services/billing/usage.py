@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .allocation import JobInfo
+from .allocation import Attempts, JobInfo
 from .metering import UsageRecord
 from .ownership import to_ms
 
@@ -145,27 +145,26 @@ class UsageColumns:
                     yield g, i
 
     @cached_property
-    def jobs(self) -> dict[str, JobInfo]:
+    def jobs(self) -> Attempts:
         """The attempts the records charge (`metering.job_infos`): a gang's parts share rank 0's tags, running
-        while any part is."""
+        while any part is. Each record its own attempt (no gang): the records' own columns, no copy."""
         running = self.running.tolist()
-        infos = map(JobInfo, self.job_id, self.attempt, self.team, self.project, self.model, running)
         if not any(self.rank):
-            jobs = dict(zip(self.keys, infos, strict=True))
-            if len(jobs) == len(self):
+            jobs = Attempts(self.keys, self.job_id, self.attempt, self.team, self.project, self.model, running)
+            if len(jobs.index) == len(self):
                 return jobs
-            infos = map(JobInfo, self.job_id, self.attempt, self.team, self.project, self.model, running)
-        jobs = {}
+        infos: dict[str, JobInfo] = {}
         min_rank: dict[str, int] = {}
-        for key, info, rank in zip(self.keys, infos, self.rank, strict=True):
-            prev = jobs.get(key)
+        for key, info, rank in zip(self.keys, map(JobInfo, self.job_id, self.attempt, self.team, self.project,
+                                                  self.model, running), self.rank, strict=True):
+            prev = infos.get(key)
             if prev is not None:  # another part of the same attempt
                 keep = info if rank < min_rank[key] else prev
                 info = JobInfo(keep.job_id, keep.attempt, keep.team, keep.project, keep.model,
                                prev.running or info.running)
             min_rank[key] = min(rank, min_rank.get(key, rank))
-            jobs[key] = info
-        return jobs
+            infos[key] = info
+        return Attempts.of(infos)
 
 
 def _ms(times: list[datetime], n: int) -> I64:

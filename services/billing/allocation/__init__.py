@@ -19,8 +19,9 @@ Rounding rule (extends pricing.py):
 (integer micro-dollars, the same roundings), `showback.py` groups and shows them.
 """
 
-from .chargeback import Chargeback, EnergyUse, GroupCost, Interval, IntervalTable, JobCost, JobInfo, chargeback
+from .attempts import Attempts, JobInfo
+from .chargeback import Chargeback, EnergyUse, GroupCost, Interval, IntervalTable, JobCost, chargeback
 from .showback import GROUP_KEYS, IdleLine, Row, Showback, showback, split_by_use
 
-__all__ = ["GROUP_KEYS", "Chargeback", "EnergyUse", "GroupCost", "IdleLine", "Interval", "IntervalTable", "JobCost",
-           "JobInfo", "Row", "Showback", "chargeback", "showback", "split_by_use"]
+__all__ = ["GROUP_KEYS", "Attempts", "Chargeback", "EnergyUse", "GroupCost", "IdleLine", "Interval", "IntervalTable",
+           "JobCost", "JobInfo", "Row", "Showback", "chargeback", "showback", "split_by_use"]

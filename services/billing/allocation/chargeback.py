@@ -13,7 +13,7 @@ few sums near one are priced in Decimal as before (`_price_micro`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from functools import cached_property
@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from ..ownership import GpuCost
 from ..pricing import MICRO
+from .attempts import Attempts, JobInfo
 
 J_PER_KWH = Decimal(3_600_000)
 MS_PER_HOUR = 3_600_000
@@ -88,19 +89,6 @@ def _i64(values: Iterable[int] | I64) -> I64:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-@dataclass(slots=True)
-class JobInfo:
-    """An attempt's tags. Not frozen (never changed once made, though): a report makes one per attempt in its
-    window, and a frozen dataclass's `__init__` costs four times as much."""
-
-    job_id: str
-    attempt: int
-    team: str
-    project: str
-    model: str
-    running: bool = False  # not ended yet: held up to the report's end
-
-
 @dataclass(frozen=True)
 class EnergyUse:
     """Joules one GPU drew over one piece of time from `start_ms` (a price holds over it), and the part drawn
@@ -145,10 +133,10 @@ class GroupCost:
 
 @dataclass
 class JobColumns:
-    """Every attempt charged in the window, as columns (index i: `keys[i]`, `infos[i]`)."""
+    """Every attempt charged in the window, as columns (index i: `keys[i]`, its tags `tags.*[i]`)."""
 
     keys: list[str]
-    infos: list[JobInfo]
+    tags: Attempts  # the attempts `keys`, in that order
     gpu_ms: I64
     fixed_micro: I64  # 1e-6 USD
     power_micro: I64
@@ -182,7 +170,7 @@ class Chargeback:
     def jobs(self) -> dict[str, JobCost]:
         c = self.columns
         return {key: JobCost(info, ms, from_micro(f), from_micro(p), u) for key, info, ms, f, p, u in zip(
-            c.keys, c.infos, c.gpu_ms.tolist(), c.fixed_micro.tolist(), c.power_micro.tolist(), c.util_mean,
+            c.keys, c.tags.infos(), c.gpu_ms.tolist(), c.fixed_micro.tolist(), c.power_micro.tolist(), c.util_mean,
             strict=True)}
 
     @property
@@ -368,7 +356,7 @@ def _power_costs(keys: dict[str, int], power: I64, groups: dict[tuple[str, str],
 
 def chargeback(
     intervals: list[Interval] | IntervalTable,
-    jobs: dict[str, JobInfo],
+    jobs: Mapping[str, JobInfo],
     gpus: dict[str, GpuCost],
     start_ms: int,
     end_ms: int,
@@ -393,7 +381,7 @@ def chargeback(
             i = index.get(job)
             if i is not None and n:
                 util_mean[i] = total / n
-    columns = JobColumns(keys, list(map(jobs.__getitem__, keys)), gpu_ms[present], fixed[present], power, util_mean)
+    columns = JobColumns(keys, Attempts.of(jobs, keys), gpu_ms[present], fixed[present], power, util_mean)
     column_of = np.full(len(tab.jobs), -1, dtype=np.int64)
     column_of[present] = np.arange(len(present))
     group_keys = sorted(segs.groups)

@@ -8,16 +8,14 @@ total is the sum of the printed lines it totals (the rounding rule in
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
 
 from ..pricing import to_cents
-from .chargeback import I64, MS_PER_HOUR, Chargeback, JobColumns, JobInfo, codes, from_micro
+from .chargeback import I64, MS_PER_HOUR, Chargeback, JobColumns, codes, from_micro
 
 
 @dataclass
@@ -59,13 +57,7 @@ class Showback:
     rounding_usd: Decimal = Decimal("0.00")
 
 
-GROUP_KEYS: dict[str, Callable[[JobInfo], str]] = {
-    "job": attrgetter("job_id"),
-    "team": attrgetter("team"),
-    "project": attrgetter("project"),
-    "model": attrgetter("model"),
-}
-_IS_RUNNING, _ATTEMPT = attrgetter("running"), attrgetter("attempt")
+GROUP_KEYS: dict[str, str] = {"job": "job_id", "team": "team", "project": "project", "model": "model"}  # the tag
 _RUNNING = "\0running"  # the key of attempts still running, when they are one line rather than rows
 
 
@@ -88,12 +80,14 @@ def _sum(into: int, at: I64, values: I64) -> I64:
     return out
 
 
-def _tally(cb: Chargeback, keyf: Callable[[JobInfo], str], running: bool) -> _Tally:
+def _tally(cb: Chargeback, tag: str, running: bool) -> _Tally:
     c = cb.columns
-    keys = list(map(keyf, c.infos))  # C-level passes over the attempts: there may be a million
-    if not running and any(map(_IS_RUNNING, c.infos)):
-        keys = [_RUNNING if info.running else k for info, k in zip(c.infos, keys, strict=True)]
-    names, rows = codes(keys)
+    is_running = c.tags.array("running")  # the attempts as columns: there may be a million
+    if not running and is_running.any():
+        keys = [_RUNNING if r else k for r, k in zip(is_running.tolist(), c.tags.column(tag), strict=True)]
+        names, rows = codes(keys)
+    else:
+        names, rows = c.tags.codes(tag)
     n = len(names)
     w = np.zeros(n, dtype=np.float64)
     wm = np.zeros(n, dtype=np.float64)
@@ -109,11 +103,11 @@ def _tally(cb: Chargeback, keyf: Callable[[JobInfo], str], running: bool) -> _Ta
 def _distinct_jobs(c: JobColumns, rows: I64, n: int) -> I64:
     """Job ids per row: its attempts, less each attempt with an earlier attempt of its job in the same row."""
     out = np.bincount(rows, minlength=n).astype(np.int64)
-    later = np.flatnonzero(np.fromiter(map(_ATTEMPT, c.infos), np.int64, len(c.infos)) > 1).tolist()
+    later = np.flatnonzero(c.tags.array("attempt") > 1).tolist()
     if later:
-        index = dict(zip(c.keys, range(len(c.keys)), strict=True))
+        index = c.tags.index
         for i in later:
-            info = c.infos[i]
+            info = c.tags.info(i)
             earlier = (index.get(f"{info.job_id}:{a}") for a in range(1, info.attempt))
             if any(j is not None and rows[j] == rows[i] for j in earlier):
                 out[rows[i]] -= 1

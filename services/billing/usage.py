@@ -121,7 +121,7 @@ class UsageColumns:
     @cached_property
     def keys(self) -> list[str]:
         """Each record's attempt key (`UsageRecord.key`; every part of a gang shares it)."""
-        return list(map("{}:{}".format, self.job_id, self.attempt))
+        return [f"{j}:{a}" for j, a in zip(self.job_id, self.attempt, strict=True)]
 
     @cached_property
     def gpu_lists(self) -> tuple[list[list[str]], I64]:
@@ -149,10 +149,8 @@ class UsageColumns:
         """The attempts the records charge (`metering.job_infos`): a gang's parts share rank 0's tags, running
         while any part is. Each record its own attempt (no gang): the records' own columns, no copy."""
         running = self.running.tolist()
-        if not any(self.rank):
-            jobs = Attempts(self.keys, self.job_id, self.attempt, self.team, self.project, self.model, running)
-            if len(jobs.index) == len(self):
-                return jobs
+        if not any(self.rank) and len(set(self.keys)) == len(self):
+            return Attempts(self.keys, self.job_id, self.attempt, self.team, self.project, self.model, running)
         infos: dict[str, JobInfo] = {}
         min_rank: dict[str, int] = {}
         for key, info, rank in zip(self.keys, map(JobInfo, self.job_id, self.attempt, self.team, self.project,

@@ -13,6 +13,7 @@ import pytest
 
 from whaleflux.billing import costing
 from whaleflux.billing.allocation import GROUP_KEYS, Attempts, IntervalTable, chargeback, showback
+from whaleflux.billing.allocation.columns import sum_by
 from whaleflux.billing.charged import charged_table, record_table, without_overlaps_table
 from whaleflux.billing.metering import UsageRecord, intervals, without_overlaps
 from whaleflux.billing.ownership import GpuTerms, gpu_cost, to_ms
@@ -103,6 +104,18 @@ def test_a_chargeback_and_showback_from_the_attempts_as_columns_equal_the_object
         for share_idle in (False, True):
             for running in (False, True):
                 assert showback(cb_c, by, share_idle, running) == showback(cb_o, by, share_idle, running)
+
+
+@pytest.mark.parametrize("n", [50, 10**6])  # on a table of n sums; by a sort (n far above the keys)
+def test_sums_by_key_are_each_keys_total_in_key_order(n):
+    rng = random.Random(n)
+    key = [rng.randrange(50) * (n // 50) for _ in range(300)]
+    values = [rng.randrange(-5, 10**9) for _ in key]
+    expected: dict[int, int] = {}
+    for k, v in zip(key, values, strict=True):
+        expected[k] = expected.get(k, 0) + v
+    keys, sums = sum_by(np.array(key, dtype=np.int64), np.array(values, dtype=np.int64), n)
+    assert list(zip(keys.tolist(), sums.tolist(), strict=True)) == sorted(expected.items())
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .allocation import Interval, IntervalTable, JobInfo
-from .allocation.chargeback import I64, codes
+from .allocation.columns import I64, codes
 from .metering import Overlap, cut, without_overlaps
 from .usage import UsageColumns, no_gc
 

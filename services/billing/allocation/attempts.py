@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .columns import I64, codes
+
 __all__ = ["Attempts", "JobInfo"]
-I64 = npt.NDArray[np.int64]
 
 
 @dataclass(slots=True)
@@ -105,12 +106,7 @@ class Attempts(Mapping[str, JobInfo]):
 
     def codes(self, tag: str) -> tuple[list[Any], I64]:
         """The distinct values of one tag, and each attempt's index among them."""
-        values = getattr(self, tag)
-        index = dict.fromkeys(values, 0)
-        names = list(index)
-        for i, v in enumerate(names):
-            index[v] = i
-        code = np.fromiter(map(index.__getitem__, values), np.int64, len(values))
+        names, code = codes(getattr(self, tag))
         if self.rows is None:
             return names, code
         code = code[self.rows]

@@ -25,10 +25,10 @@ import numpy.typing as npt
 from ..ownership import GpuCost
 from ..pricing import MICRO
 from .attempts import Attempts, JobInfo
+from .columns import I64, codes, sum_by
 
 J_PER_KWH = Decimal(3_600_000)
 MS_PER_HOUR = 3_600_000
-I64 = npt.NDArray[np.int64]
 # The float product of a GPU-ms sum and its rate is within 4.4e-4 micro-dollars of the exact one below 2**40
 # micro-dollars (a relative error of at most 4 x 2**-53); outside NEAR_HALF of a half micro-dollar, rounding
 # the float gives the exact rounding.
@@ -76,13 +76,6 @@ class IntervalTable:
 
 
 _GPU, _JOB, _START, _END = (attrgetter(a) for a in ("gpu", "job", "start_ms", "end_ms"))
-
-
-def codes(values: list[str]) -> tuple[list[str], I64]:
-    """The distinct values in order of first appearance, and each value's index among them."""
-    names = list(dict.fromkeys(values))
-    index = {v: i for i, v in enumerate(names)}
-    return names, np.fromiter(map(index.__getitem__, values), np.int64, len(values))
 
 
 def _i64(values: Iterable[int] | I64) -> I64:
@@ -288,9 +281,7 @@ def _held_ms(tab: IntervalTable, segs: _Segments, start_ms: int, end_ms: int) ->
     uncovered = np.zeros(njobs, dtype=np.int64)
     np.add.at(uncovered, job, (ke - ks) - covered)
     nseg = max(len(segs.rate), 1)
-    pairs, inverse = np.unique(job[piece] * nseg + seg_gid[idx], return_inverse=True)
-    pair_ms = np.zeros(len(pairs), dtype=np.int64)
-    np.add.at(pair_ms, inverse, ms)
+    pairs, pair_ms = sum_by(job[piece] * nseg + seg_gid[idx], ms, njobs * nseg)
     return _Held(pairs // nseg, pairs % nseg, pair_ms, uncovered, present)
 
 

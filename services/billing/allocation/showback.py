@@ -15,7 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..pricing import to_cents
-from .chargeback import I64, MS_PER_HOUR, Chargeback, JobColumns, codes, from_micro
+from .chargeback import MS_PER_HOUR, Chargeback, JobColumns, from_micro
+from .columns import I64, codes, sum_by
 
 
 @dataclass
@@ -132,8 +133,7 @@ def _idle_shares(cb: Chargeback, t: _Tally, group_keys: list[tuple[str, str]]
     """Each row key's share of the idle cost, and per (pool, model) how much of its idle was shared to rows."""
     # A running attempt takes its idle share too, so the rows' shares stay proportional to use.
     n = max(len(t.names), 1)
-    pairs, inverse = np.unique(cb.use.group * n + t.row[cb.use.job], return_inverse=True)
-    ms = _sum(len(pairs), inverse, cb.use.ms)
+    pairs, ms = sum_by(cb.use.group * n + t.row[cb.use.job], cb.use.ms, len(cb.groups) * n)
     use: dict[int, dict[str, int]] = defaultdict(dict)
     for pair, gms in zip(pairs.tolist(), ms.tolist(), strict=True):
         if gms:

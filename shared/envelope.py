@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .clock import system_clock
 from .event_data import EventData
@@ -34,6 +34,9 @@ class Envelope(BaseModel):
     """
 
     model_config = ConfigDict(extra="allow")
+    # The bytes it was decoded from (`keep_wire`), in a slot of its own: a pydantic private attribute would
+    # cost every decode a post-init hook, a third of decoding a job event (bench/RESULTS.md, issue 17).
+    __slots__ = ("_wire",)
     specversion: Literal["1.0"]
     id: str = Field(min_length=1, max_length=128)
     source: str = Field(min_length=1, max_length=1024)
@@ -45,7 +48,6 @@ class Envelope(BaseModel):
     # CloudEvents extension attribute: ties together the events of one flow (a job, an alert).
     correlationid: str | None = Field(None, max_length=256)
     data: dict[str, Any]
-    _wire: bytes | None = PrivateAttr(default=None)  # the bytes it was decoded from
 
     @field_validator("datacontenttype")
     @classmethod
@@ -69,7 +71,13 @@ class Envelope(BaseModel):
 
     def wire(self) -> bytes:
         """The event's bytes: exactly as received when it was decoded, else its encoding."""
-        return self._wire if self._wire is not None else encode(self)
+        wire: bytes | None = getattr(self, "_wire", None)  # unset: made here, or a copy
+        return wire if wire is not None else encode(self)
+
+
+def keep_wire(envelope: Envelope, raw: bytes) -> None:
+    """Remember the bytes `envelope` was decoded from (`Envelope.wire`)."""
+    object.__setattr__(envelope, "_wire", raw)  # a slot, not a field: past pydantic's __setattr__
 
 
 class InvalidEvent(Exception):

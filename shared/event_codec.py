@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError, create_model
 
-from .envelope import Envelope, InvalidEvent
+from .envelope import Envelope, InvalidEvent, keep_wire
 from .event_data import EventData
 from .fleet_events import (
     GpuCordoned,
@@ -93,7 +93,7 @@ def decode(raw: bytes) -> tuple[Envelope, EventData]:
         **(typed.model_extra or {}),  # extension attributes travel on
         data=data.model_dump(mode="json", exclude_none=True),  # as encode() puts it on the wire
     )
-    env._wire = typed._wire
+    keep_wire(env, raw)
     return env, data
 
 
@@ -109,7 +109,7 @@ def decode_typed(raw: bytes) -> tuple[Envelope, EventData]:
         # Invalid somewhere: the step-by-step path below names the problem the
         # way it always has (not JSON / envelope / unknown type / data field).
         return _decode_stepwise(raw)
-    typed._wire = raw
+    keep_wire(typed, raw)
     data: EventData = getattr(typed, "data")  # noqa: B009 - a typed envelope's data is the model, not a dict
     return typed, data
 

@@ -495,6 +495,46 @@ async def test_usage_is_read_by_time_window_through_its_index_and_an_old_ledger_
         await svc.runtime.stop()
 
 
+async def test_a_batch_reads_back_what_the_last_wrote_and_clears_only_holders_the_store_kept(env):
+    from whaleflux.billing import ledger
+
+    def events(job, gpu, *kinds):
+        placed = JobPlaced(job_id=job, attempt=1, cluster="c1", node="n1", gpu_model="H100", gpu_uuids=[gpu],
+                           gpu_indices=[0], command=["x"], team="t", project="p")
+        made = {"placed": placed,
+                "started": JobStarted(job_id=job, attempt=1, cluster="c1", node="n1", gpu_uuids=[gpu], pid=1,
+                                      started_at=T0),
+                "finished": JobFinished(job_id=job, attempt=1, cluster="c1", node="n1", exit_code=0,
+                                        started_at=T0, finished_at=T0 + timedelta(hours=1))}
+        return [(made[k], T0) for k in kinds]
+
+    async def batch(svc, timed):
+        view = await svc.store.ledger_view(*ledger.reads_for(timed))
+        assert ledger.job_events(timed, view) == [None] * len(timed)
+        await svc.store.commit_view(view)
+        return view
+
+    app, svc = await _started(Clock(T0))
+    try:
+        empty = await svc.store.ledger_view([], [], [])  # nothing asked: nothing read
+        assert (empty.holds, empty.holders, empty.usage, empty.placements) == ({}, {}, {}, {})
+        first = events("a", "G1", "placed", "started")
+        await batch(svc, first)
+        [held] = await svc.store.holders(["G1"])
+        assert held is not None and held.job_id == "a"
+        # The next batch sees what the first wrote: a's holds, holder, running record and placement; b is
+        # placed and finished within it (G2 held and released in memory, never stored).
+        view = await batch(svc, events("a", "G1", "finished") + events("b", "G2", "placed", "finished"))
+        assert view.unheld == {"G2"} and view.holds["a"].gpus() == {"G1"}
+        assert view.placements["a:1"] == first[0][0] and view.placements["b:1"] is not None
+        assert view.usage["a:1"] is not None and view.usage["a:1"].state == "finished"
+        assert await svc.store.holders(["G1", "G2"]) == [None, None]  # a's stored holder cleared, b's never set
+        again = await svc.store.ledger_view(*ledger.reads_for(events("a", "G1", "finished")))
+        assert again.usage["a:1"] == view.usage["a:1"] and again.holders == {"G1": None}
+    finally:
+        await svc.runtime.stop()
+
+
 async def _index_state(servers):
     from redis.asyncio import Redis
 

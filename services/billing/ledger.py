@@ -146,6 +146,9 @@ def job_event(data: EventData, at: datetime, state: JobEventState) -> JobEventOu
     return JobEventOutcome(change, tuple(records))
 
 
+_NO_HOLDS = JobHolds()  # a job the store holds nothing of (immutable: the fold makes new ones, shared safely)
+
+
 @dataclass
 class LedgerView:
     """What the store holds for a batch of job events (read once), changed in memory event by event; the
@@ -159,11 +162,12 @@ class LedgerView:
     dirty_holders: set[str] = field(default_factory=set)
     dirty_usage: set[str] = field(default_factory=set)
     dirty_placements: set[str] = field(default_factory=set)
+    unheld: frozenset[str] = frozenset()  # GPUs the store held no holder for when read: none to clear
 
     def state_for(self, data: EventData) -> JobEventState:
         """The view itself, seen from one event: `job_event` looks up only what the event involves (a key the
         view lacks reads as None, as it would in the store)."""
-        return JobEventState(self.holds.get(getattr(data, "job_id", ""), JobHolds()), self.holders, self.usage,
+        return JobEventState(self.holds.get(getattr(data, "job_id", ""), _NO_HOLDS), self.holders, self.usage,
                              self.placements)
 
     def apply(self, job_id: str, outcome: JobEventOutcome) -> None:
@@ -198,9 +202,10 @@ def reads_for(events: list[tuple[EventData, datetime]]) -> tuple[list[str], list
             gpus.update(dict.fromkeys(data.gpu_uuids))
         if isinstance(data, JobPlaced):
             ledgers[ledger_key(data.job_id, data.attempt, data.part)] = None
-        ledgers.update(dict.fromkeys(span.ledger for span in spans(data, at)))
-        if (key := report_ledger(data)) is not None:
+        elif (key := report_ledger(data)) is not None:  # a node's report: its one span's key
             ledgers[key] = None
+        elif isinstance(data, JobRequeued):
+            ledgers.update(dict.fromkeys(span.ledger for span in spans(data, at)))
     return list(jobs), list(gpus), list(ledgers)
 
 

@@ -58,6 +58,27 @@ for i = 1, #keys, 1000 do
 end
 return table.concat(out, ',')
 """
+# What a batch of job events reads (`ledger_view`), as one JSON reply (one string for the client to parse, not
+# one reply per value: most are nil, a new job's). KEYS: holds, usage, gpu:holder, then alloc:<ledger> per
+# ledger; ARGV: the number of jobs, the jobs, the ledgers, the GPUs. [holds, usage, placements, holders], a
+# missing value false; cjson writes an empty list as {}.
+_LEDGER_VIEW = """
+local jobs = tonumber(ARGV[1])
+local ledgers = #KEYS - 3
+local function hmget(key, first, last)
+  local out = {}
+  for i = first, last, 1000 do
+    for _, v in ipairs(redis.call('HMGET', key, unpack(ARGV, i, math.min(i + 999, last)))) do out[#out + 1] = v end
+  end
+  return out
+end
+local placed = {}
+for i = 4, #KEYS, 1000 do
+  for _, v in ipairs(redis.call('MGET', unpack(KEYS, i, math.min(i + 999, #KEYS)))) do placed[#placed + 1] = v end
+end
+return cjson.encode({hmget(KEYS[1], 2, jobs + 1), hmget(KEYS[2], jobs + 2, jobs + ledgers + 1), placed,
+                     hmget(KEYS[3], jobs + ledgers + 2, #ARGV)})
+"""
 _budgets = TypeAdapter(list[Budget])
 Raw = bytes | str  # what redis-py's types say a reply holds; with decode_responses=True it is always str
 
@@ -109,33 +130,26 @@ class BillingStore:
         """What a batch of job events depends on, in one round trip (two when the jobs hold GPUs the events do
         not name): the jobs' holds, the holders of `gpus` and of the jobs' GPUs, the usage record and
         placement of each of `ledgers`."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            if jobs:
-                pipe.hmget(self._k("holds"), list(jobs))
-            if ledgers:
-                pipe.hmget(self._k("usage"), list(ledgers))
-                pipe.mget([self._k(f"alloc:{ledger}") for ledger in ledgers])
-            if gpus:
-                pipe.hmget(self._k("gpu:holder"), list(gpus))
-            replies = list(await pipe.execute())
-        raw_holds = replies.pop(0) if jobs else []
-        raw_usage, raw_placed = (replies.pop(0), replies.pop(0)) if ledgers else ([], [])
-        raw_holders = replies.pop(0) if gpus else []
+        keys = [self._k("holds"), self._k("usage"), self._k("gpu:holder"), *(self._k(f"alloc:{k}") for k in ledgers)]
+        reply = await self.redis.eval(_LEDGER_VIEW, len(keys), *keys, len(jobs), *jobs, *ledgers, *gpus)
+        raw_holds, raw_usage, raw_placed, raw_holders = (v or () for v in json.loads(reply))  # {}: an empty list
         view = LedgerView()
-        view.holds = {j: JobHolds.decode(_s(h)) for j, h in zip(jobs, raw_holds, strict=True) if h is not None}
-        view.holders = {g: _holder(h) for g, h in zip(gpus, raw_holders, strict=True)}
+        view.holds = {j: JobHolds.decode(h) for j, h in zip(jobs, raw_holds, strict=True) if h}
+        view.holders = {g: Holder.decode(h) if h else None for g, h in zip(gpus, raw_holders, strict=True)}
         missing = sorted({g for h in view.holds.values() for g in h.gpus()} - set(view.holders))
         view.holders.update(zip(missing, await self.holders(missing), strict=True))
-        view.usage = {k: None if u is None else UsageRecord.model_validate_json(_s(u))
+        view.unheld = frozenset(g for g, h in view.holders.items() if h is None)
+        view.usage = {k: UsageRecord.model_validate_json(u) if u else None
                       for k, u in zip(ledgers, raw_usage, strict=True)}
-        view.placements = {k: None if p is None else JobPlaced.model_validate_json(_s(p))
+        view.placements = {k: JobPlaced.model_validate_json(p) if p else None
                            for k, p in zip(ledgers, raw_placed, strict=True)}
         return view
 
     async def commit_view(self, view: LedgerView) -> None:
         """Write what a batch of job events changed in one transaction: the fold, usage records, placements."""
         held = [(g, h) for g in view.dirty_holders if (h := view.holders.get(g)) is not None]
-        released = [g for g in view.dirty_holders if view.holders.get(g) is None]
+        # A GPU held and released within the batch (placed and finished) had no holder stored: nothing to clear.
+        released = [g for g in view.dirty_holders if view.holders.get(g) is None and g not in view.unheld]
         usage = [r for k in view.dirty_usage if (r := view.usage.get(k)) is not None]
         async with self.redis.pipeline(transaction=True) as pipe:
             if view.dirty_holds:

@@ -38,15 +38,19 @@ I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 
 
+# json.dumps(..., separators=(",", ":")) without a new encoder per call (written once per record at ingest).
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def row(record: UsageRecord) -> str:
     """The record's report row, as the store keeps it (`usage:rows`)."""
-    return json.dumps([record.job_id, record.attempt, record.rank, record.team, record.project, record.gpu_model,
-                       to_ms(record.started_at), None if record.ended_at is None else to_ms(record.ended_at),
-                       _gpu_list(record), record.node, record.cluster], separators=(",", ":"))
+    return _compact([record.job_id, record.attempt, record.rank, record.team, record.project, record.gpu_model,
+                    to_ms(record.started_at), None if record.ended_at is None else to_ms(record.ended_at),
+                    _gpu_list(record), record.node, record.cluster])
 
 
 def _gpu_list(record: UsageRecord) -> str:
-    return json.dumps(record.gpu_uuids, separators=(",", ":"))
+    return _compact(record.gpu_uuids)
 
 
 @dataclass(frozen=True, eq=False)

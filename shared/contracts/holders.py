@@ -120,7 +120,8 @@ def fold_holders(job: JobHolds, data: EventData, at: datetime, current: Mapping[
     release: list[str] = []
     if data.attempt > job.attempt:
         # A newer attempt: what older attempts of the job still hold is theirs no longer.
-        release = [g for g in sorted(job.gpus()) if _held_by_older(current.get(g), data.job_id, data.attempt)]
+        if job.parts:
+            release = [g for g in sorted(job.gpus()) if _held_by_older(current.get(g), data.job_id, data.attempt)]
         job = JobHolds(attempt=data.attempt)
     if isinstance(data, JobRequeued):
         mine = [g for g in sorted(job.gpus()) if _held_by_attempt(current.get(g), data.job_id, data.attempt)]
@@ -134,9 +135,11 @@ def fold_holders(job: JobHolds, data: EventData, at: datetime, current: Mapping[
                             release=(*release, *mine))
     if job.closed or rank in job.ended:
         return HolderChange(job, release=tuple(release))  # its end came first: a late placement holds nothing
-    gpus = tuple(dict.fromkeys((*job.parts.get(rank, ()), *data.gpu_uuids)))
-    # Constructors, not dataclasses.replace: this runs once per job event (thousands a second).
-    job = JobHolds(job.attempt, {**job.parts, rank: gpus}, job.ended, job.closed)
+    had = job.parts.get(rank, ())
+    gpus = tuple(dict.fromkeys((*had, *data.gpu_uuids)))
+    if gpus != had:  # a start names the GPUs its placement did: the holds stand as they are
+        # Constructors, not dataclasses.replace: this runs once per job event (thousands a second).
+        job = JobHolds(job.attempt, {**job.parts, rank: gpus}, job.ended, job.closed)
     started = data.started_at if isinstance(data, JobStarted) else None
     hold: dict[str, Holder] = {}
     for g in data.gpu_uuids:
@@ -146,7 +149,7 @@ def fold_holders(job: JobHolds, data: EventData, at: datetime, current: Mapping[
                 hold[g] = Holder(held.job_id, held.attempt, held.rank, held.since, started)
             continue  # held already, since its first event
         hold[g] = Holder(data.job_id, data.attempt, rank, since=at, started_at=started)
-    return HolderChange(job, hold=hold, release=tuple(g for g in release if g not in hold))
+    return HolderChange(job, hold=hold, release=tuple(g for g in release if g not in hold) if release else ())
 
 
 def _held_by_older(holder: Holder | None, job_id: str, attempt: int) -> bool:

@@ -32,13 +32,12 @@ import gc
 import json
 import os
 import random
-import secrets
-import tempfile
 import time
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
+
+from telemetry_harness import server_env, start_servers
 
 from whaleflux.billing import ledger
 from whaleflux.billing.allocation import chargeback, showback
@@ -49,7 +48,6 @@ from whaleflux.billing.metering import UsageRecord
 from whaleflux.billing.ownership import GpuTerms, gpu_cost, to_ms
 from whaleflux.billing.pricebook import parse_pricebook
 from whaleflux.billing.usage import UsageColumns, no_gc, row
-from whaleflux.servers import LocalServers
 from whaleflux.shared.contracts import Holder, JobHolds, gpus_involved
 from whaleflux.shared.events import JobFinished, JobPlaced, JobStarted, decode, encode, make_envelope
 from whaleflux.shared.logs import configure_logging
@@ -173,11 +171,8 @@ async def through_redis(records: list[UsageRecord], gpus: dict[str, Any], repeat
 
 
 def redis_run(records: list[UsageRecord], gpus: dict[str, Any], repeat: int) -> None:
-    servers = LocalServers(Path(tempfile.mkdtemp(prefix="wf-ledger-")), "bench", secrets.token_urlsafe(16),
-                           secrets.token_urlsafe(16)).start()
-    os.environ.update({"NATS_URL": servers.nats_url, "REDIS_URL": servers.redis_url, "WHALEFLUX_NATS_USER": "bench",
-                       "WHALEFLUX_NATS_PASSWORD": servers.nats_password,
-                       "WHALEFLUX_REDIS_PASSWORD": servers.redis_password})
+    servers = start_servers()
+    os.environ.update(server_env(servers))  # the in-process service reads them
     configure_logging("billing", "warning")
     try:
         asyncio.run(through_redis(records, gpus, repeat))

@@ -17,17 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
+
+from telemetry_harness import server_env, start_servers
 
 from whaleflux.billing.app import BillingSettings, build
 from whaleflux.billing.ledger import LedgerView
 from whaleflux.billing.metering import UsageRecord
 from whaleflux.billing.report import costs_report
-from whaleflux.servers import LocalServers
 from whaleflux.shared.logs import configure_logging
 
 TARGET_MS = 50
@@ -83,11 +81,8 @@ def main() -> None:
     parser.add_argument("--jobs-per-day", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
-    servers = LocalServers(Path(tempfile.mkdtemp(prefix="wf-bill-")), "bench", secrets.token_urlsafe(16),
-                           secrets.token_urlsafe(16)).start()
-    os.environ.update({"NATS_URL": servers.nats_url, "REDIS_URL": servers.redis_url, "WHALEFLUX_NATS_USER": "bench",
-                       "WHALEFLUX_NATS_PASSWORD": servers.nats_password,
-                       "WHALEFLUX_REDIS_PASSWORD": servers.redis_password})
+    servers = start_servers()
+    os.environ.update(server_env(servers))  # the in-process service reads them
     configure_logging("billing", "warning")
     try:
         asyncio.run(run(args.jobs_per_day, args.repeat))

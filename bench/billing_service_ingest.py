@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import nats.js.errors
+from telemetry_harness import server_env, start_servers
 
 from whaleflux.billing.app import BillingSettings, build
 from whaleflux.servers import LocalServers
@@ -131,11 +129,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=5000)
     args = parser.parse_args()
-    servers = LocalServers(Path(tempfile.mkdtemp(prefix="wf-bill-")), "bench", secrets.token_urlsafe(16),
-                           secrets.token_urlsafe(16)).start()
-    os.environ.update({"NATS_URL": servers.nats_url, "REDIS_URL": servers.redis_url, "WHALEFLUX_NATS_USER": "bench",
-                       "WHALEFLUX_NATS_PASSWORD": servers.nats_password,
-                       "WHALEFLUX_REDIS_PASSWORD": servers.redis_password})
+    servers = start_servers()
+    os.environ.update(server_env(servers))  # the in-process service reads them
     configure_logging("billing", "warning")  # as the service runs, minus per-event info lines
     try:
         asyncio.run(run(args.jobs, servers))

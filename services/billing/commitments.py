@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import defaultdict
 from decimal import Decimal
 
-from .exports import Row, commitment_id
+from .exports import commitment_id
 from .exports import focus_time as _t
+from .focus_split import Row
 from .ownership import GpuCost, from_ms, lease_term, month_start, next_month, to_ms
 from .pricing import MICRO
 

@@ -5,7 +5,9 @@ to be refused again unless it could end by the reserved start; a move to faster 
 refused is not tried again for a job that cannot end by every reserved start either (queueing/schedule.py
 `_kept_by_reservation`, queueing/migration.py `plan_migrations`); the blocked head gets no room made by moves
 (nodes walked, moves tried and undone) when fewer GPUs are free than it needs (`room_possible`); a move up
-is not weighed for a job none of whose models has as many GPUs free as it holds (`free_targets`).
+is not weighed for a job none of whose models has as many GPUs free as it holds (`free_targets`), and the
+running jobs are not walked for moves up at all when no group of them could run faster on a model with that
+many GPUs free (`_some_may_gain`).
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def test_no_room_is_made_when_fewer_gpus_are_free_than_the_head_needs(monkeypatc
 
 def test_moves_up_skip_jobs_whose_models_have_too_few_gpus_free(monkeypatch: pytest.MonkeyPatch):
     seeds = range(16)
-    migration = sys.modules["whaleflux.scheduler.queueing.migration"]
+    migration = sys.modules["whaleflux.scheduler.queueing.moves_up"]
     known, found = migration.free_targets, []
 
     def counted(cluster: ClusterState, models: list[tuple[str, float]], gpus: int) -> tuple[tuple[str, float], ...]:
@@ -151,4 +153,24 @@ def test_moves_up_skip_jobs_whose_models_have_too_few_gpus_free(monkeypatch: pyt
     for seed, log in zip(seeds, with_skip, strict=True):
         assert run_passes(seed) == log, f"seed {seed}"
     text = "".join("".join(log) for log in with_skip)
+    assert text.count("migrate to faster GPUs") >= 5, text.count("migrate to faster GPUs")  # moves are still made
+
+
+def test_moves_up_walk_no_running_job_when_no_group_of_them_could_gain(monkeypatch: pytest.MonkeyPatch):
+    seeds = range(16)
+    moves_up = sys.modules["whaleflux.scheduler.queueing.moves_up"]
+    known, said = moves_up._some_may_gain, []
+
+    def counted(*args: object) -> bool:
+        may = known(*args)
+        said.append(may)
+        return bool(may)
+
+    monkeypatch.setattr(moves_up, "_some_may_gain", counted)
+    with_exit = [run_passes(seed) for seed in seeds]
+    assert said.count(False) > 20 and said.count(True) > 20, (said.count(False), said.count(True))
+    monkeypatch.setattr(moves_up, "_some_may_gain", lambda *_: True)  # always walk the running jobs
+    for seed, log in zip(seeds, with_exit, strict=True):
+        assert run_passes(seed) == log, f"seed {seed}"
+    text = "".join("".join(log) for log in with_exit)
     assert text.count("migrate to faster GPUs") >= 5, text.count("migrate to faster GPUs")  # moves are still made

@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from whaleflux.scheduler.placement import JobRequest
 from whaleflux.scheduler.queueing import RunningJob, RunningJobs
-from whaleflux.scheduler.queueing.running import end_key
+from whaleflux.scheduler.queueing.running import end_key, mover_key
 
 from .random_passes import run_passes
 
@@ -44,6 +45,30 @@ def test_the_preemptible_jobs_are_kept_as_jobs_start_change_and_end():
     assert list(running.preemptible) == ["b"] and running.preemptible["b"] is running["b"]
     del running["b"]
     assert not running.preemptible and copy.deepcopy(running).preemptible == {}
+
+
+def test_the_groups_of_jobs_that_may_move_are_kept_as_jobs_start_change_and_end():
+    def movers(running: RunningJobs) -> dict[object, int]:
+        return {key: n for key, (n, _) in running.movers.items()}
+
+    req = JobRequest("a", 2, min_memory_mib=1024.0, workload_class="small")
+    running = RunningJobs([RunningJob("a", "t", "normal", False, 2, 0.0, 50.0, request=req, speed=1.0,
+                                      checkpointable=True),
+                           RunningJob("b", "t", "normal", False, 2, 0.0, 60.0, request=replace(req, job_id="b"),
+                                      speed=1.0, checkpointable=True),
+                           RunningJob("c", "t", "normal", False, 2, 0.0, 60.0, request=replace(req, job_id="c"),
+                                      speed=1.0)])  # no checkpoint: never moves
+    group = mover_key(running["a"])
+    assert group is not None and mover_key(running["c"]) is None
+    assert movers(running) == {group: 2} and running.movers[group][1].eligibility == req.eligibility
+    running["a"] = replace(running["a"], speed=2.6)  # moved to a faster model: another group
+    faster = mover_key(running["a"])
+    assert movers(running) == {group: 1, faster: 1}
+    del running["b"]
+    running.pop("c")
+    assert movers(running) == {faster: 1} and movers(copy.deepcopy(running)) == {faster: 1}
+    del running["a"]
+    assert running.movers == {}
 
 
 def test_decisions_with_running_jobs_are_those_of_a_plain_mapping_over_random_states():

@@ -102,8 +102,7 @@ def place_on(
 
 def eligible(cluster: ClusterState, req: JobRequest, profile: Profile) -> StaticView:
     """Nodes that pass the static filters for this job (cached per shape)."""
-    key = (req.gpu_models, req.min_memory_mib, req.pool, req.labels, req.allow_multi_node or req.gpus, req.nvlink,
-           profile.static_filters)
+    key = (req.eligibility, profile.static_filters)
     known = cluster.views.get(key)
     if known is not None:
         return known

@@ -3,7 +3,7 @@
 Two moves, both a checkpoint-restart that keeps the work done and pays `migration_overhead_s`, and only for
 jobs that resume from a checkpoint and have an estimate:
 
-- up (`plan_migrations`): waiting for a faster model would leave the slower GPUs idle while work waits, so
+- up (`plan_migrations`, moves_up.py): waiting for a faster model would leave the slower GPUs idle while work waits, so
   every job starts at once on the best free placement; when GPUs of a faster model are still free after the
   queue had its turn (and the first blocked job's reservation spares them), a job on a slower model moves
   there if its remaining time drops by at least `migrate_min_gain_s` and to at most `migrate_max_ratio` of
@@ -21,18 +21,13 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from itertools import islice
 
 from ..placement import ClusterState, JobRequest, NodeShare, Placement, Profile, place_on
 from ..placement.cluster import StaticView
 from ..placement.framework import eligible, unavailable, usable
-from ..placement.scorers import candidate_speed
 from .jobs import PendingJob, PolicyConfig, RunningJob
-from .reservation import Reservations
-from .running import RunningJobs
 
 
 @dataclass(frozen=True)
@@ -45,12 +40,8 @@ class Migration:
     reason: str
 
 
-NO_PLACEMENT = Migration("", Placement("", "", "", (), ()), None, "no placement")
-NO_ROOM = Migration("", Placement("", "", "", (), ()), None, "no placement within the reservations")
-
-
 @dataclass(frozen=True)
-class _Movable:
+class Movable:
     """A running job the policy may move: what it asked for, how fast it runs, how long it has left."""
 
     job: RunningJob
@@ -59,161 +50,17 @@ class _Movable:
     left: float
 
 
-def movable(r: RunningJob, now: float, config: PolicyConfig) -> _Movable | None:
+def movable(r: RunningJob, now: float, config: PolicyConfig) -> Movable | None:
     """The job as a candidate for a move, or None (no request, estimate or checkpoint; moved too often)."""
     if not may_move(r, config) or r.request is None or r.expected_end is None or r.speed is None:
         return None  # (may_move checked the last three; mypy needs them said here)
-    return _Movable(r, r.request, r.speed, r.expected_end - now)
+    return Movable(r, r.request, r.speed, r.expected_end - now)
 
 
 def may_move(r: RunningJob, config: PolicyConfig) -> bool:
     """Whether the policy may move the job: a request, an estimate, a checkpoint, and not moved too often."""
     return (r.request is not None and r.expected_end is not None and r.checkpointable and bool(r.speed)
             and r.migrations < config.max_migrations_per_job)
-
-
-def _up_candidates(
-    cluster: ClusterState, running: Mapping[str, RunningJob], config: PolicyConfig, now: float, min_gain: float
-) -> list[tuple[RunningJob, JobRequest, float, float]]:
-    """Jobs whose gain, were they to run at the fastest free model's speed for their class, is enough, most
-    gain first: (job, request, speed, time left). Not those with more GPUs than are free (moves keep that total)."""
-    overhead, ratio, most = config.migration_overhead_s, config.migrate_max_ratio, config.max_migrations_per_job
-    free_models = [m for m, n in cluster.free_by_model.items() if n > 0]
-    if not free_models:
-        return []
-    total_free = cluster.total_free
-    scored: list[tuple[float, str, int, RunningJob, JobRequest, float, float]] = []
-    best_by_class: dict[str, float] = {}
-    for r in _ending_after(running, now, min_gain):
-        end, req, speed = r.expected_end, r.request, r.speed
-        # `may_move` and movable's `left` asked before building anything: most running jobs stop here.
-        if (end is None or end - now < min_gain or req is None or not speed or not r.checkpointable
-                or r.migrations >= most or r.gpus > total_free):
-            continue
-        left = end - now
-        cls = req.workload_class
-        best = best_by_class.get(cls)
-        if best is None:
-            best = best_by_class[cls] = max(cluster.speed(m, cls) for m in free_models)
-        then = overhead + left * speed / best
-        if left - then >= min_gain and then <= ratio * left:
-            scored.append((-(left - then), r.job_id, len(scored), r, req, speed, left))
-    scored.sort()  # most gain, then by id (ties in kept order; the job itself is never compared)
-    return [(r, req, speed, left) for *_, r, req, speed, left in scored]
-
-
-def _ending_after(running: Mapping[str, RunningJob], now: float, min_gain: float) -> Iterable[RunningJob]:
-    """The running jobs, or with `RunningJobs` those whose end is not before `now + min_gain` (less a rounding
-    margin: the caller asks `end - now < min_gain` itself), from its kept order. Any order: the caller sorts."""
-    if not isinstance(running, RunningJobs):
-        return running.values()
-    by_end = running.by_end
-    i = bisect_left(by_end, (False, now + min_gain - 1e-6 * (abs(now) + abs(min_gain) + 1.0), ""))
-    return (running[key[2]] for key in islice(by_end, i, None) if not key[0])
-
-
-def plan_migrations(
-    cluster: ClusterState,
-    running: Mapping[str, RunningJob],
-    config: PolicyConfig,
-    now: float,
-    reservation: Reservations | None = None,
-) -> list[Migration]:
-    """Move long jobs to faster free GPUs; applies the moves to `cluster` and returns them."""
-    min_gain = config.migrate_min_gain_s
-    if min_gain is None or cluster.total_free == 0:
-        return []
-    moves: list[Migration] = []
-    models_of: dict[tuple[int, str, bool], list[tuple[str, float]]] = {}  # per view and class: (model, speed)
-    failed: set[tuple[int, int, tuple[str, ...]]] = set()  # target shapes that found no placement in this pass
-    # Targets with no placement within the reservations, at `cluster.freed` then: until a move frees GPUs, a
-    # job of that target that cannot end by every reserved start cannot move (`_move_up` would place it twice).
-    no_room: dict[tuple[object, ...], int] = {}
-    # Per view, class and GPUs: the models with that many GPUs free, at `cluster.changes` then. Most candidates
-    # have none (on a full fleet the GPUs left free are often of the largest-memory model their moves spare).
-    targets: dict[tuple[object, ...], tuple[int, tuple[tuple[str, float], ...]]] = {}
-    for r, req, speed, left in _up_candidates(cluster, running, config, now, min_gain):
-        if cluster.total_free < r.gpus:
-            continue
-        view = eligible(cluster, req, config.profile)
-        key = (id(view), req.workload_class, req.gpus > 1)
-        if key not in models_of:
-            models_of[key] = _models(cluster, req, view, config.migrate_spares_largest_memory)
-        known = targets.get((key, r.gpus))
-        if known is None or known[0] != cluster.changes:
-            known = targets[(key, r.gpus)] = (cluster.changes, free_targets(cluster, models_of[key], r.gpus))
-        if not known[1]:
-            continue
-        # Only models fast enough for the ratio with the overhead: a job never moves sideways or back.
-        faster = tuple(m for m, m_speed in known[1] if cluster.free_by_model[m] >= r.gpus
-                       and left * speed / m_speed + config.migration_overhead_s <= config.migrate_max_ratio * left)
-        if not faster or (id(view), req.gpus, faster) in failed:
-            continue
-        room = (id(view), req.gpus, faster, req.min_memory_mib, req.workload_class, req.allow_multi_node,
-                req.expected_runtime_s if cluster.has_leases else None)
-        if reservation and no_room.get(room) == cluster.freed and reservation.ends_after_all(
-                now + config.migration_overhead_s + left * speed / _fastest(cluster, req, faster)):
-            continue
-        move = _move_up(cluster, _Movable(r, req, speed, left), replace(req, gpu_models=faster), config, now,
-                        min_gain, reservation)
-        if move is NO_ROOM:
-            no_room[room] = cluster.freed
-            continue
-        if move is NO_PLACEMENT:
-            failed.add((id(view), req.gpus, faster))
-            continue
-        if move is None:
-            continue
-        failed.clear()  # the GPUs it left are free now
-        moves.append(move)
-    return moves
-
-
-def _move_up(
-    cluster: ClusterState, c: _Movable, target: JobRequest, config: PolicyConfig, now: float, min_gain: float,
-    reservation: Reservations | None,
-) -> Migration | None:
-    """Place the job on `target`'s faster models if that gains enough within the reservations; apply it.
-    `NO_PLACEMENT`: no GPUs of those models can take it (no job of that shape can, this pass); `NO_ROOM`: the
-    reservations keep it off them and no GPUs they spare can take it."""
-    decision = place_on(cluster, target, config.profile, now)
-    if not isinstance(decision, Placement) or decision.speed <= 0:
-        return NO_PLACEMENT
-    new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
-    if reservation and not reservation.allows(decision, now + new_left):
-        decision = place_on(cluster, target, config.profile, now, caps=reservation.spare)
-        if not isinstance(decision, Placement):
-            return NO_ROOM
-        if decision.speed <= 0:
-            return None
-        new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
-    if c.left - new_left < min_gain or new_left > config.migrate_max_ratio * c.left:
-        return None
-    end = now + new_left
-    if reservation:
-        reservation.take(decision, end)
-    cluster.release(c.job.job_id)
-    cluster.allocate(c.job.job_id, decision, c.request.service)
-    return Migration(
-        c.job.job_id, decision, end,
-        f"migrate to faster GPUs: {decision.model} on {decision.node} finishes it in "
-        f"{new_left / 3600:.1f} h instead of {c.left / 3600:.1f} h",
-    )
-
-
-def free_targets(cluster: ClusterState, models: list[tuple[str, float]], gpus: int) -> tuple[tuple[str, float], ...]:
-    """The models (with the job's speed on each) that have `gpus` GPUs free: a move goes to no other."""
-    return tuple((m, s) for m, s in models if cluster.free_by_model[m] >= gpus)
-
-
-def _fastest(cluster: ClusterState, req: JobRequest, models: tuple[str, ...]) -> float:
-    """No placement of the job on these models runs faster (a model's speed for its class, times the best
-    interconnect and cross-node factors for more than one GPU)."""
-    fastest = max(cluster.speed(m, req.workload_class) for m in models)
-    if req.gpus > 1:
-        ic = cluster.interconnects
-        fastest *= max(1.0, ic.nvlink, ic.pcie) * max(1.0, ic.cross_node)
-    return fastest
 
 
 Moves = list[tuple[Migration, tuple[NodeShare, ...]]]
@@ -267,7 +114,7 @@ def room_possible(cluster: ClusterState, req: JobRequest) -> bool:
 def _room_for_gang(
     cluster: ClusterState, req: JobRequest, view: StaticView, running: Mapping[str, RunningJob],
     config: PolicyConfig, now: float,
-) -> list[_Movable] | None:
+) -> list[Movable] | None:
     """The jobs to move off the gang's nodes so that enough of its GPUs are free (least remaining work first,
     of the jobs running on one of its nodes alone that may move)."""
     ok = [n for n in view.nodes if unavailable(cluster, req, cluster.nodes[n], config.profile, now) is None]
@@ -278,7 +125,7 @@ def _room_for_gang(
     in_way = sorted((r.expected_end - now, job_id, r) for n in ok for job_id in jobs_on[n]
                     if (r := running.get(job_id)) is not None and r.expected_end is not None
                     and len(holdings[job_id]) == 1 and may_move(r, config))
-    chosen: list[_Movable] = []
+    chosen: list[Movable] = []
     freed = 0
     for _, _, r in in_way:
         if have + freed >= req.gpus:
@@ -301,7 +148,7 @@ def _most_free_first(cluster: ClusterState, view: StaticView) -> Iterator[tuple[
 def _room_on_one_node(
     cluster: ClusterState, req: JobRequest, view: StaticView, running: Mapping[str, RunningJob],
     config: PolicyConfig, now: float,
-) -> tuple[str, list[_Movable]] | None:
+) -> tuple[str, list[Movable]] | None:
     """The node that frees with the fewest GPUs moved (then the least work), and the jobs to move off it.
 
     Nodes come most free first: one with fewer GPUs free needs at least `req.gpus - free` moved, so the
@@ -340,7 +187,7 @@ def _room_on_one_node(
 
 
 def _move_all(
-    cluster: ClusterState, chosen: list[_Movable], caps: Mapping[str, int], config: PolicyConfig, now: float,
+    cluster: ClusterState, chosen: list[Movable], caps: Mapping[str, int], config: PolicyConfig, now: float,
     budget: float, why: str,
 ) -> Moves | None:
     """Move every chosen job within `caps`, losing at most `budget` GPU-seconds; None (undone) if not all can."""
@@ -384,16 +231,3 @@ def off_largest(cluster: ClusterState, req: JobRequest, profile: Profile) -> Job
         return req
     largest = max(mem.values())
     return replace(req, gpu_models=tuple(m for m, v in mem.items() if v < largest))
-
-
-def _models(cluster: ClusterState, req: JobRequest, view: StaticView, spare_largest: bool) -> list[tuple[str, float]]:
-    """The job's speed on each model of its view; without the largest-memory model when it fits a smaller one."""
-    speeds: dict[str, float] = {}
-    mem: dict[str, float] = {}
-    for model, name in view.firsts.items():
-        node = cluster.nodes[name]
-        speeds[model] = candidate_speed(cluster, req, node)
-        mem[model] = max(g.memory_total_mib for g in node.gpus)
-    if spare_largest and len(set(mem.values())) > 1:
-        del speeds[max(mem, key=lambda m: mem[m])]
-    return [(m, s) for m, s in speeds.items() if s > 0]

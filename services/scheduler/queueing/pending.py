@@ -103,14 +103,17 @@ class PendingQueue:
             policies = {team: teams.get(team) or _NO_POLICY for team in lanes}
             heap = [(_team_key(policies[team], usage.get(team, 0)), lanes[team][pos[team]][0], team) for team in lanes]
             heapq.heapify(heap)
+            replace, pop = heapq.heapreplace, heapq.heappop
             while heap:
-                _, _, team = heapq.heappop(heap)
+                team = heap[0][2]
                 lane = lanes[team]
                 i = pos[team]
                 yield lane[i][1]
-                pos[team] = i + 1
-                if i + 1 < len(lane):
-                    heapq.heappush(heap, (_team_key(policies[team], usage.get(team, 0)), lane[i + 1][0], team))
+                pos[team] = i = i + 1
+                if i < len(lane):  # (the team's next job, keyed by its use now: placements count)
+                    replace(heap, (_team_key(policies[team], usage.get(team, 0)), lane[i][0], team))
+                else:
+                    pop(heap)
 
     def _split(
         self, now: float | None

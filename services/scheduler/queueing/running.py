@@ -2,7 +2,8 @@
 
 A pass needs each team's GPUs in use (fair share, quotas) and, for the first
 blocked job's reservation and for moves up, the running jobs in the order they
-are expected to end; preemption looks only at the preemptible ones. Recomputed
+are expected to end; preemption looks only at the preemptible ones; moves up
+first ask whether any job could move at all, by the groups of `movers`. Recomputed
 from ~3,600 running jobs that is most of a steady pass's cost; `RunningJobs`
 keeps all three up to date on each start and end, so a pass costs what
 changed. It is a dict (jobs by id) and may be given as
@@ -17,10 +18,22 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import NoReturn
 
+from ..placement import JobRequest
 from .jobs import RunningJob
 
 # (end unknown, end, job): the order in which running jobs free their GPUs, by their estimates.
 EndKey = tuple[bool, float, str]
+# What decides where a job may move up and whether that is faster: its request's eligibility, its class,
+# whether it needs more than one GPU, the GPUs it holds and the speed it runs at.
+MoverKey = tuple[tuple[object, ...], str, bool, int, float]
+
+
+def mover_key(r: RunningJob) -> MoverKey | None:
+    """The job's group among those that may move up (a request, a checkpoint, a speed), or None."""
+    req = r.request
+    if req is None or not r.checkpointable or not r.speed:
+        return None
+    return (req.eligibility, req.workload_class, req.gpus > 1, r.gpus, r.speed)
 
 
 def end_key(r: RunningJob) -> EndKey:
@@ -37,6 +50,8 @@ class RunningJobs(dict[str, RunningJob]):
         self.usage: Counter[str] = Counter()
         self.by_end: list[EndKey] = []
         self.preemptible: dict[str, RunningJob] = {}  # the jobs that may be preempted (few of them, often none)
+        # The jobs that may move up, by group: how many, and one of their requests (`moves_up`).
+        self.movers: dict[MoverKey, tuple[int, JobRequest]] = {}
         for r in jobs:
             self[r.job_id] = r
 
@@ -50,6 +65,9 @@ class RunningJobs(dict[str, RunningJob]):
         insort(self.by_end, end_key(job))
         if job.preemptible:
             self.preemptible[job_id] = job
+        if (key := mover_key(job)) is not None and job.request is not None:
+            n, req = self.movers.get(key, (0, job.request))
+            self.movers[key] = (n + 1, req)
 
     def __delitem__(self, job_id: str) -> None:
         self._forget(super().__getitem__(job_id))
@@ -71,6 +89,12 @@ class RunningJobs(dict[str, RunningJob]):
         key = end_key(job)
         del self.by_end[bisect_left(self.by_end, key)]
         self.preemptible.pop(job.job_id, None)
+        if (group := mover_key(job)) is not None:
+            n, req = self.movers[group]
+            if n > 1:
+                self.movers[group] = (n - 1, req)
+            else:
+                del self.movers[group]
 
     def __reduce__(self) -> tuple[type[RunningJobs], tuple[list[RunningJob]]]:
         return (RunningJobs, (list(self.values()),))  # copies and pickles rebuild the kept order and usage

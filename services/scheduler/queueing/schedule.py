@@ -16,9 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..placement import ClusterState, Infeasible, JobRequest, Placement, place_on
+from ..placement.cluster import StaticView
 from ..placement.framework import eligible
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
-from .migration import Migration, make_room, off_largest, plan_migrations, undo
+from .migration import Migration, make_room, off_largest, undo
+from .moves_up import plan_migrations
 from .pending import PendingQueue
 from .preemption import Preemption, choose_victims
 from .reservation import Reservation, Reservations, reserve
@@ -98,21 +100,32 @@ class _Pass:
         self.largest_needed = _largest_needed(request) if request.config.spare_largest_memory_while_needed else 0.0
 
     def run(self) -> ScheduleReply:
-        cfg, cluster, reply = self.cfg, self.cluster, self.reply
+        cfg, cluster, reply, now = self.cfg, self.cluster, self.reply, self.now
+        waiting, blocked, profile, held = reply.waiting, self.blocked, cfg.profile, self.reservations.held
+        preempt_for, has_quotas = cfg.preempt_for, self.has_quotas
+        aging = cfg.aging_s if cfg.backfill else None
         examined = 0
-        for job in self.request.queue.ordered(self.usage, self.request.teams, self.now):
+        for job in self.request.queue.ordered(self.usage, self.request.teams, now):
             if examined >= cfg.scan_depth or self.misses >= cfg.max_misses_in_a_row:
                 break
             req = job.request
-            may_preempt = cfg.preemption and (req.priority in cfg.preempt_for or self.has_quotas)
+            may_preempt = cfg.preemption and (req.priority in preempt_for or has_quotas)
             if cluster.total_free == 0 and not may_preempt:
-                if not cfg.preemption or (cfg.use_priorities and not self.has_quotas
+                if not cfg.preemption or (cfg.use_priorities and not has_quotas
                                           and _cannot_preempt(req.priority, cfg)):
                     break  # nothing is free and no later job may preempt either (classes come in rank order)
-                reply.waiting[job.job_id] = "no GPU free"
+                waiting[req.job_id] = "no GPU free"
                 self.misses += 1
                 continue
             examined += 1
+            # Most jobs after the head are of a shape already found blocked in this pass: `_consider` in short.
+            if self.head_seen and not self.largest_needed and (
+                    aging is None or now - job.submit_time < aging or len(held) >= cfg.max_reservations):
+                why = blocked.get(_shape(cluster, req, eligible(cluster, req, profile)))
+                if why is not None:
+                    self.misses += 1
+                    waiting[req.job_id] = why
+                    continue
             if self._consider(job, may_preempt):
                 break
         if cfg.migrate_min_gain_s is not None and cluster.total_free:
@@ -127,21 +140,23 @@ class _Pass:
         """Start the job, or say why it waits (reserving for it if it is the head or aged); True: stop the pass."""
         cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
         req = self._request_for(job) if self.largest_needed else job.request
-        shape = _shape(cluster, req, cfg)
+        view = eligible(cluster, req, cfg.profile)
+        shape = _shape(cluster, req, view)
         why = self.blocked.get(shape)
         if why is None:
-            why = self._kept_by_reservation(job, req, shape)
+            why = self._kept_by_reservation(job, req, view, shape)
         if why is None:
             decision = place_on(cluster, req, cfg.profile, now)
             if isinstance(decision, Infeasible) and req is not job.request:
                 req = job.request  # only the largest-memory model could ever hold it after all
-                shape = _shape(cluster, req, cfg)
+                view = eligible(cluster, req, cfg.profile)
+                shape = _shape(cluster, req, view)
                 decision = place_on(cluster, req, cfg.profile, now)
             if isinstance(decision, Infeasible):
-                reply.infeasible[job.job_id] = decision.reason
+                reply.infeasible[req.job_id] = decision.reason
                 return False
             if isinstance(decision, Placement):
-                why = self._start_within(job, req, decision, shape)
+                why = self._start_within(job, req, view, decision, shape)
                 if why is None:
                     return False
             else:
@@ -156,10 +171,10 @@ class _Pass:
             # A job waiting past the aging bound holds a start of its own too, so backfill cannot starve it.
             held = reserve(cluster, job, self.request.running, cfg.profile, now, self.reservations)
             self.reservations.held.append(held)
-            reply.waiting[job.job_id] = f"{why}; waited past the aging bound, {held.describe()}"
+            reply.waiting[req.job_id] = f"{why}; waited past the aging bound, {held.describe()}"
             return False
         # The shell says how many jobs are ahead: `waiting` keeps the policy's order.
-        reply.waiting[job.job_id] = why
+        reply.waiting[req.job_id] = why
         return False
 
     def _request_for(self, job: PendingJob) -> JobRequest:
@@ -172,7 +187,9 @@ class _Pass:
             return req
         return off_largest(self.cluster, req, cfg.profile)
 
-    def _start_within(self, job: PendingJob, req: JobRequest, decision: Placement, shape: Shape) -> str | None:
+    def _start_within(
+        self, job: PendingJob, req: JobRequest, view: StaticView, decision: Placement, shape: Shape
+    ) -> str | None:
         """Start the job on `decision`, or within the reservations; None when it started, else why it cannot."""
         cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
         end = _end(now, job, decision, cfg)
@@ -183,7 +200,7 @@ class _Pass:
             if within is None:
                 # (known for this job too when computed as free GPUs are now, for a job needing no more memory)
                 if len(self.reservations.held) == 1 and self.no_room[shape] == (cluster.freed, req.min_memory_mib):
-                    if (key := _delay_key(cluster, req, cfg, shape)) is not None:
+                    if (key := _delay_key(req, view, shape)) is not None:
                         self.delayed[key] = cluster.changes
                 return f"would delay {blocking.job_id}, {blocking.describe()}"
             placed, end = within, _end(now, job, within, cfg)
@@ -193,7 +210,7 @@ class _Pass:
         self.misses = 0
         return None
 
-    def _kept_by_reservation(self, job: PendingJob, req: JobRequest, shape: Shape) -> str | None:
+    def _kept_by_reservation(self, job: PendingJob, req: JobRequest, view: StaticView, shape: Shape) -> str | None:
         """Why the job would delay the one reservation, known without placing it; None: place it to know.
 
         Known when a job of its shape was placed and refused in this very state of the cluster (so this one
@@ -202,11 +219,11 @@ class _Pass:
         held = self.reservations.held
         if len(held) != 1:
             return None
-        key = _delay_key(self.cluster, req, self.cfg, shape)
+        key = _delay_key(req, view, shape)
         if key is None or self.delayed.get(key) != self.cluster.changes:
             return None
         r = held[0]
-        if r.start is not None and _earliest_end(self.cluster, self.now, job, req, self.cfg) <= r.start:
+        if r.start is not None and _earliest_end(self.cluster, self.now, job, req, view, self.cfg) <= r.start:
             return None
         return f"would delay {r.job_id}, {r.describe()}"
 
@@ -246,9 +263,9 @@ def _cannot_preempt(priority: str, cfg: PolicyConfig) -> bool:
     return all(rank(p) < rank(priority) for p in cfg.preempt_for)
 
 
-def _shape(cluster: ClusterState, req: JobRequest, cfg: PolicyConfig) -> Shape:
-    """Jobs of one shape fit or not alike, so one failure answers for all of them in a pass."""
-    view = eligible(cluster, req, cfg.profile)
+def _shape(cluster: ClusterState, req: JobRequest, view: StaticView) -> Shape:
+    """Jobs of one shape (`view`: their eligible nodes) fit or not alike, so one failure answers for all of them
+    in a pass."""
     key: Shape = (id(view), req.gpus)
     if cluster.has_memory_telemetry:
         key += (req.min_memory_mib,)
@@ -257,15 +274,17 @@ def _shape(cluster: ClusterState, req: JobRequest, cfg: PolicyConfig) -> Shape:
     return key
 
 
-def _delay_key(cluster: ClusterState, req: JobRequest, cfg: PolicyConfig, shape: Shape) -> Shape | None:
+def _delay_key(req: JobRequest, view: StaticView, shape: Shape) -> Shape | None:
     """Jobs of this key have a placement alike and none within the reservations alike (None: not known so,
     a job that may split over nodes when no node is free enough: its split may run too slowly)."""
-    if req.allow_multi_node and 1 < req.gpus <= eligible(cluster, req, cfg.profile).max_gpus_per_node:
+    if req.allow_multi_node and 1 < req.gpus <= view.max_gpus_per_node:
         return None
     return (*shape, req.min_memory_mib, req.allow_multi_node)
 
 
-def _earliest_end(cluster: ClusterState, now: float, job: PendingJob, req: JobRequest, cfg: PolicyConfig) -> float:
+def _earliest_end(
+    cluster: ClusterState, now: float, job: PendingJob, req: JobRequest, view: StaticView, cfg: PolicyConfig
+) -> float:
     """No placement of the job ends before this (-inf: no bound; inf: the end is unknown)."""
     base = job.request.expected_runtime_s
     if base is None:
@@ -274,7 +293,6 @@ def _earliest_end(cluster: ClusterState, now: float, job: PendingJob, req: JobRe
         return float("-inf")
     if not cfg.estimates_scale_with_speed:
         return now + base
-    view = eligible(cluster, req, cfg.profile)
     fastest = max((cluster.speed(m, req.workload_class) for m in view.models), default=1.0)
     if req.gpus > 1:  # (a placement's speed: its model's, times its interconnect's, times cross-node's)
         ic = cluster.interconnects

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 from collections import Counter
 
 import httpx
@@ -16,7 +17,9 @@ from whaleflux.scheduler.store import SchedulerStore
 from whaleflux.servers import free_port
 from whaleflux.shared.events import JobPlaced, JobStarted
 from whaleflux.shared.outbox import Outbox
+from whaleflux.shared.redis_client import StateConnection
 from whaleflux.shared.runtime import StateUnavailable
+from whaleflux.shared.settings import CommonSettings
 
 from .processes import Proc, make_cluster, wait_until
 from .test_crash_recovery import _job_history, _submit
@@ -41,6 +44,56 @@ async def test_one_holder_at_a_time_and_each_takeover_gets_a_higher_token(clean_
         assert not await a.renew(), "the old holder cannot extend a lease that is no longer its own"
         await b.release()
         assert await a.try_acquire() and a.token == 3, "a released lease is free at once, with a fresh token"
+    finally:
+        await redis.aclose()
+
+
+async def test_the_lease_is_kept_while_the_event_loop_is_busy_and_lost_to_a_takeover(clean_servers):
+    """Renewal runs on a thread of its own: a pass that holds the event loop for several leases does not let a
+    standby take over; a takeover is still noticed (`on_lost`, once)."""
+    settings = CommonSettings(redis_url=clean_servers.redis_url, redis_password=clean_servers.redis_password)
+    redis = _redis(clean_servers)
+    a = Leadership(redis, PREFIX, "a", 0.3)
+    lost = asyncio.Event()
+
+    async def on_lost() -> None:
+        assert not lost.is_set()
+        lost.set()
+
+    standby_took: list[int] = []
+
+    def standby(until: float) -> None:  # another replica, trying to take the lease all the while
+        async def poll() -> None:
+            other = _redis(clean_servers)
+            b = Leadership(other, PREFIX, "b", 0.3)
+            try:
+                while time.monotonic() < until and not standby_took:
+                    if await b.try_acquire():
+                        standby_took.append(b.token or 0)
+                    await asyncio.sleep(0.02)
+            finally:
+                await other.aclose()
+        asyncio.run(poll())
+
+    try:
+        assert await a.try_acquire()
+        keeper = asyncio.create_task(a.keep(on_lost, lambda: StateConnection(settings, PREFIX)))
+        await asyncio.sleep(0)  # the keeper starts its thread
+        until = time.monotonic() + 2.0  # about 7 leases
+        rival = threading.Thread(target=standby, args=(until,))
+        rival.start()
+        while time.monotonic() < until:  # a long pass: CPU work on the event loop, no await
+            sum(range(10_000))
+        rival.join()
+        assert standby_took == [], "the lease lapsed while the event loop was busy"
+        assert (await a.current()) == (a.holder, 1)
+
+        await redis.delete(a.lease_key)  # another replica takes over
+        b = Leadership(redis, PREFIX, "b", 30)
+        assert await b.try_acquire() and b.token == 2
+        await asyncio.wait_for(lost.wait(), 10)
+        await asyncio.wait_for(keeper, 10)
+        assert not a.is_leader
     finally:
         await redis.aclose()
 

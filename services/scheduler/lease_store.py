@@ -38,6 +38,7 @@ class LeaseStore:
 
     def __init__(self, redis: Redis, prefix: str):
         self.redis = redis
+        self.prefix = prefix
         self.lease_key = f"{prefix}:leader"
         self.token_key = f"{prefix}:leader-token"
 

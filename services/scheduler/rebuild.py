@@ -42,6 +42,7 @@ from whaleflux.shared.events import (
     decode_typed,
     misaddressed,
 )
+from whaleflux.shared.pull import Puller
 from whaleflux.shared.streams import CONSUMERS, reports
 
 from .history import Fold
@@ -84,15 +85,14 @@ async def read_stream(bus: Bus, stream: str, filters: list[str], upto: int | Non
         filter_subjects=filters if len(filters) > 1 else None,
     )
     await bus.js.add_consumer(stream, config)
-    sub = await bus.js.pull_subscribe_bind(name, stream=stream)
+    puller = Puller(bus.nc, stream, name)
+    await puller.bind()
     try:
-        while True:
-            pending = (await bus.js.consumer_info(stream, name)).num_pending
-            if pending == 0:
-                return
-            try:
-                msgs = await sub.fetch(min(FETCH, pending), timeout=5.0)
-            except nats.errors.TimeoutError:
+        pending = (await bus.js.consumer_info(stream, name)).num_pending
+        while pending:
+            msgs = await puller.fetch(min(FETCH, pending), timeout=5.0)
+            if not msgs:
+                pending = (await bus.js.consumer_info(stream, name)).num_pending
                 continue
             for msg in msgs:
                 seq = msg.metadata.sequence.stream
@@ -104,10 +104,11 @@ async def read_stream(bus: Bus, stream: str, filters: list[str], upto: int | Non
                 except InvalidEvent:
                     continue  # dead-lettered when it first arrived
                 yield seq, env, data
-            if msgs and msgs[-1].metadata.sequence.stream >= last:
+            if msgs[-1].metadata.sequence.stream >= last:
                 return
+            pending = msgs[-1].metadata.num_pending  # what is left after the last one, as the server counted
     finally:
-        await sub.unsubscribe()
+        await puller.unsubscribe()
         try:
             await bus.js.delete_consumer(stream, name)
         except nats.errors.Error:

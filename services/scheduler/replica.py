@@ -14,6 +14,8 @@ import signal
 
 from redis.exceptions import RedisError
 
+from whaleflux.shared.redis_client import StateConnection
+
 from .failover import Failover
 from .passes import PlacementPass
 from .rebuild import rebuild, snapshot
@@ -40,7 +42,7 @@ class Replica:
             token = await leadership.acquire(poll_s=s.settings.leader_lease_s / 6)
             s.log.warning("leader.elected", holder=leadership.holder, token=token)
         if not self._keeping:
-            s.runtime.spawn(leadership.keep(self._lease_lost), name="leader-lease")
+            s.runtime.spawn(leadership.keep(self._lease_lost, self._lease_connection), name="leader-lease")
             self._keeping = True
         # Nodes are judged by heartbeats seen from now on, not blamed for our own downtime
         # (or for the time we were a standby).
@@ -59,6 +61,10 @@ class Replica:
         s.log.warning("state.folded", jobs=done.jobs, events=done.events, pending=done.pending, active=done.active,
                       nodes=done.nodes, last_seq=done.last_seq)
         s.dirty.set()
+
+    def _lease_connection(self) -> StateConnection:
+        """A Redis connection of the lease thread's own (the runtime's belongs to the event loop)."""
+        return StateConnection(self.s.runtime.settings, self.s.runtime.prefix)
 
     async def _lease_lost(self) -> None:
         """Another replica leads now: our transactions fail from here on (fencing); stop cleanly,

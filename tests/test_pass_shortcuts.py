@@ -1,7 +1,8 @@
 """A pass skips work whose answer it already knows, with the decisions it would make doing the work.
 
 A job of a shape the head's reservation just refused, in the same state of the cluster, is not placed again
-to be refused again unless it could end by the reserved start; a move to faster GPUs that the reservations
+to be refused again unless it could end by the reserved start, nor is one that cannot end by it when every
+node that could take it now is reserved (`_refused_wherever_placed`: its candidates are not scored); a move to faster GPUs that the reservations
 refused is not tried again for a job that cannot end by every reserved start either (queueing/schedule.py
 `_kept_by_reservation`, queueing/migration.py `plan_migrations`); the blocked head gets no room made by moves
 (nodes walked, moves tried and undone) when fewer GPUs are free than it needs (`room_possible`); a move up
@@ -174,3 +175,23 @@ def test_moves_up_walk_no_running_job_when_no_group_of_them_could_gain(monkeypat
         assert run_passes(seed) == log, f"seed {seed}"
     text = "".join("".join(log) for log in with_exit)
     assert text.count("migrate to faster GPUs") >= 5, text.count("migrate to faster GPUs")  # moves are still made
+
+
+def test_a_job_every_fitting_node_of_which_is_reserved_is_not_scored_to_be_refused(monkeypatch: pytest.MonkeyPatch):
+    seeds = range(16)
+    passes = sys.modules["whaleflux.scheduler.queueing.schedule"]._Pass
+    known, said = passes._refused_wherever_placed, []
+
+    def counted(*args: object) -> bool:
+        refused = known(*args)  # type: ignore[arg-type]
+        said.append(refused)
+        return bool(refused)
+
+    monkeypatch.setattr(passes, "_refused_wherever_placed", counted)
+    with_shortcut = [run_passes(seed) for seed in seeds]
+    assert said.count(True) > 50 and said.count(False) > 50, (said.count(True), said.count(False))
+    monkeypatch.setattr(passes, "_refused_wherever_placed", lambda *_: False)  # always place and score
+    for seed, log in zip(seeds, with_shortcut, strict=True):
+        assert run_passes(seed) == log, f"seed {seed}"
+    text = "".join("".join(log) for log in with_shortcut)
+    assert text.count("backfilled=True") >= 20, text.count("backfilled=True")  # backfill still happens

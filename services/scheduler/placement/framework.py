@@ -143,6 +143,11 @@ def usable(cluster: ClusterState, req: JobRequest, node: str) -> list[int]:
     return _usable(cluster, req, node, None)
 
 
+def may_be_unavailable(cluster: ClusterState, profile: Profile) -> dict[str, None] | None:
+    """The nodes `unavailable` may reject (fleet order); None: any node. It passes every other node."""
+    return _flagged(cluster, profile)
+
+
 def _flagged(cluster: ClusterState, profile: Profile) -> dict[str, None] | None:
     """The nodes (fleet order) some dynamic filter of the profile may reject; None: any node may be rejected.
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from ..placement import ClusterState, JobRequest, NodeShare, Placement, Profile, place_on
 from ..placement.cluster import StaticView
-from ..placement.framework import eligible, unavailable, usable
+from ..placement.framework import eligible, may_be_unavailable, unavailable, usable
 from .jobs import PendingJob, PolicyConfig, RunningJob
 
 
@@ -138,11 +138,13 @@ def _room_for_gang(
 
 def _most_free_first(cluster: ClusterState, view: StaticView) -> Iterator[tuple[str, int]]:
     """The view's nodes with how many GPUs each has free, most free first (from the buckets)."""
-    buckets = [cluster.buckets[m] for m in view.models]
+    buckets, members = [cluster.buckets[m] for m in view.models], view.members
     for free in range(max(len(b) for b in buckets) - 1, -1, -1):
         for b in buckets:
             if free < len(b):
-                yield from ((n, free) for n in b[free] if n in view.members)
+                for n in b[free]:
+                    if n in members:
+                        yield n, free
 
 
 def _room_on_one_node(
@@ -154,14 +156,17 @@ def _room_on_one_node(
     Nodes come most free first: one with fewer GPUs free needs at least `req.gpus - free` moved, so the
     walk stops once that is more than the best found (on a full fleet it visits a few nodes, not all)."""
     best: tuple[tuple[int, float, int], str, list[RunningJob]] | None = None
+    most_moved = req.gpus  # (the best's GPUs moved, once found)
     holdings, jobs_on, most = cluster.holdings, cluster.jobs_on, config.max_migrations_per_job
+    flagged, floor = may_be_unavailable(cluster, config.profile), cluster.memory_floor
     for n, free in _most_free_first(cluster, view):
-        if best is not None and req.gpus - free > best[0][0]:
+        if best is not None and req.gpus - free > most_moved:
             break
-        if unavailable(cluster, req, cluster.nodes[n], config.profile, now):
+        if (flagged is None or n in flagged) and unavailable(cluster, req, cluster.nodes[n], config.profile, now):
             continue
-        need = req.gpus - len(usable(cluster, req, n))
-        if need <= 0 or (best is not None and need > best[0][0]):
+        # (every free GPU is usable when none is measured and each has the memory: `usable` says the same)
+        need = req.gpus - (free if req.min_memory_mib <= floor[n] else len(usable(cluster, req, n)))
+        if need <= 0 or (best is not None and need > most_moved):
             continue
         # (remaining time, job) of the jobs on this node alone that may move (`may_move`), cheapest first.
         jobs = sorted((r.expected_end - now, job_id, r) for job_id in jobs_on[n]
@@ -180,7 +185,7 @@ def _room_on_one_node(
             continue
         cost = (freed, left, cluster.order[n])
         if best is None or cost < best[0]:
-            best = (cost, n, picked)
+            best, most_moved = (cost, n, picked), freed
     if best is None:
         return None
     return best[1], [c for r in best[2] if (c := movable(r, now, config)) is not None]

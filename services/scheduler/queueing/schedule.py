@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..placement import ClusterState, Infeasible, JobRequest, Placement, place_on
 from ..placement.cluster import StaticView
-from ..placement.framework import eligible
+from ..placement.framework import eligible, unavailable, usable
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
 from .migration import Migration, make_room, off_largest, undo
 from .moves_up import plan_migrations
@@ -145,7 +145,11 @@ class _Pass:
         why = self.blocked.get(shape)
         if why is None:
             why = self._kept_by_reservation(job, req, view, shape)
-        if why is None:
+        if why is None and self._refused_wherever_placed(job, req, view):
+            why = self._start_within(job, req, view, None, shape)  # (placed within the reservation, if it can)
+            if why is None:
+                return False
+        elif why is None:
             decision = place_on(cluster, req, cfg.profile, now)
             if isinstance(decision, Infeasible) and req is not job.request:
                 req = job.request  # only the largest-memory model could ever hold it after all
@@ -188,14 +192,15 @@ class _Pass:
         return off_largest(self.cluster, req, cfg.profile)
 
     def _start_within(
-        self, job: PendingJob, req: JobRequest, view: StaticView, decision: Placement, shape: Shape
+        self, job: PendingJob, req: JobRequest, view: StaticView, decision: Placement | None, shape: Shape
     ) -> str | None:
-        """Start the job on `decision`, or within the reservations; None when it started, else why it cannot."""
+        """Start the job on `decision`, or within the reservations (None: the one reservation refuses it
+        wherever it is placed); None when it started, else why it cannot."""
         cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
-        end = _end(now, job, decision, cfg)
-        placed = decision
-        if self.reservations and not self.reservations.allows(decision, end):
-            blocking = self.reservations.blocking(decision, end)
+        end = None if decision is None else _end(now, job, decision, cfg)
+        if decision is None or (self.reservations and not self.reservations.allows(decision, end)):
+            held = self.reservations.held
+            blocking = held[0] if decision is None else self.reservations.blocking(decision, end)
             within = _place_within(cluster, req, cfg, now, self.reservations, shape, self.no_room)
             if within is None:
                 # (known for this job too when computed as free GPUs are now, for a job needing no more memory)
@@ -203,12 +208,36 @@ class _Pass:
                     if (key := _delay_key(req, view, shape)) is not None:
                         self.delayed[key] = cluster.changes
                 return f"would delay {blocking.job_id}, {blocking.describe()}"
-            placed, end = within, _end(now, job, within, cfg)
+            decision, end = within, _end(now, job, within, cfg)
+        placed = decision
         if self.reservations:
             self.reservations.take(placed, end)
         _start(reply, cluster, self.usage, job, placed, end, backfilled=bool(self.reservations))
         self.misses = 0
         return None
+
+    def _refused_wherever_placed(self, job: PendingJob, req: JobRequest, view: StaticView) -> bool:
+        """Whether the one reservation would refuse the job's placement, known without scoring candidates: a
+        one-node job that cannot end by the reserved start, which some node could take now, and every such node
+        reserved with fewer GPUs spare than it needs (`place_on` would pick one of them, to be refused)."""
+        held = self.reservations.held
+        if len(held) != 1 or req.gpus > view.max_gpus_per_node:
+            return False
+        r, cluster, profile, now, gpus = held[0], self.cluster, self.cfg.profile, self.now, req.gpus
+        if r.start is not None and _earliest_end(cluster, now, job, req, view, self.cfg) <= r.start:
+            return False
+        spare, members, found = r.spare, view.members, False
+        for model in view.models:
+            buckets = cluster.buckets[model]
+            for count in range(gpus, len(buckets)):
+                for name in buckets[count]:
+                    if (name not in members or unavailable(cluster, req, cluster.nodes[name], profile, now)
+                            or len(usable(cluster, req, name)) < gpus):
+                        continue
+                    if spare.get(name, gpus) >= gpus:
+                        return False  # a placement there would keep the reserved start
+                    found = True
+        return found
 
     def _kept_by_reservation(self, job: PendingJob, req: JobRequest, view: StaticView, shape: Shape) -> str | None:
         """Why the job would delay the one reservation, known without placing it; None: place it to know.

@@ -2,9 +2,10 @@
 
 A job of a shape the head's reservation just refused, in the same state of the cluster, is not placed again
 to be refused again unless it could end by the reserved start, nor is one that cannot end by it when every
-node that could take it now is reserved (`_refused_wherever_placed`: its candidates are not scored); a move to faster GPUs that the reservations
-refused is not tried again for a job that cannot end by every reserved start either (queueing/schedule.py
-`_kept_by_reservation`, queueing/migration.py `plan_migrations`); the blocked head gets no room made by moves
+node that could take it now is reserved (`_refused_wherever_placed`: its candidates are not scored); a move
+to faster GPUs that the reservations refused is not tried again for a job that cannot end by every reserved
+start either, nor scored when they refuse it on every node (queueing/schedule.py `_kept_by_reservation`,
+queueing/moves_up.py `plan_migrations`, `_refused_everywhere`); the blocked head gets no room made by moves
 (nodes walked, moves tried and undone) when fewer GPUs are free than it needs (`room_possible`); a move up
 is not weighed for a job none of whose models has as many GPUs free as it holds (`free_targets`), and the
 running jobs are not walked for moves up at all when no group of them could run faster on a model with that
@@ -195,3 +196,24 @@ def test_a_job_every_fitting_node_of_which_is_reserved_is_not_scored_to_be_refus
         assert run_passes(seed) == log, f"seed {seed}"
     text = "".join("".join(log) for log in with_shortcut)
     assert text.count("backfilled=True") >= 20, text.count("backfilled=True")  # backfill still happens
+
+
+def test_a_move_up_every_target_node_of_which_is_reserved_is_not_scored_to_be_refused(
+        monkeypatch: pytest.MonkeyPatch):
+    seeds = range(16)
+    moves_up = sys.modules["whaleflux.scheduler.queueing.moves_up"]
+    known, said = moves_up._refused_everywhere, []
+
+    def counted(*args: object) -> bool:
+        refused = known(*args)
+        said.append(refused)
+        return bool(refused)
+
+    monkeypatch.setattr(moves_up, "_refused_everywhere", counted)
+    with_shortcut = [run_passes(seed) for seed in seeds]
+    assert said.count(True) > 10 and said.count(False) > 10, (said.count(True), said.count(False))
+    monkeypatch.setattr(moves_up, "_refused_everywhere", lambda *_: False)  # always place and score the move
+    for seed, log in zip(seeds, with_shortcut, strict=True):
+        assert run_passes(seed) == log, f"seed {seed}"
+    text = "".join("".join(log) for log in with_shortcut)
+    assert text.count("migrate to faster GPUs") >= 5, text.count("migrate to faster GPUs")

@@ -151,17 +151,36 @@ def _move_up(
     """Place the job on `target`'s faster models if that gains enough within the reservations; apply it.
     `NO_PLACEMENT`: no GPUs of those models can take it (no job of that shape can, this pass); `NO_ROOM`: the
     reservations keep it off them and no GPUs they spare can take it."""
+    if reservation and _refused_everywhere(cluster, c, target, config, now, reservation):
+        return _move_within(cluster, c, target, config, now, min_gain, reservation)
     decision = place_on(cluster, target, config.profile, now)
     if not isinstance(decision, Placement) or decision.speed <= 0:
         return NO_PLACEMENT
     new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
     if reservation and not reservation.allows(decision, now + new_left):
-        decision = place_on(cluster, target, config.profile, now, caps=reservation.spare)
-        if not isinstance(decision, Placement):
-            return NO_ROOM
-        if decision.speed <= 0:
-            return None
-        new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
+        return _move_within(cluster, c, target, config, now, min_gain, reservation)
+    return _apply(cluster, c, decision, new_left, config, now, min_gain, reservation)
+
+
+def _move_within(
+    cluster: ClusterState, c: Movable, target: JobRequest, config: PolicyConfig, now: float, min_gain: float,
+    reservation: Reservations,
+) -> Migration | None:
+    """The move on GPUs the reservations spare."""
+    decision = place_on(cluster, target, config.profile, now, caps=reservation.spare)
+    if not isinstance(decision, Placement):
+        return NO_ROOM
+    if decision.speed <= 0:
+        return None
+    new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
+    return _apply(cluster, c, decision, new_left, config, now, min_gain, reservation)
+
+
+def _apply(
+    cluster: ClusterState, c: Movable, decision: Placement, new_left: float, config: PolicyConfig, now: float,
+    min_gain: float, reservation: Reservations | None,
+) -> Migration | None:
+    """Make the move if it gains enough (None: it does not)."""
     if c.left - new_left < min_gain or new_left > config.migrate_max_ratio * c.left:
         return None
     end = now + new_left
@@ -174,6 +193,20 @@ def _move_up(
         f"migrate to faster GPUs: {decision.model} on {decision.node} finishes it in "
         f"{new_left / 3600:.1f} h instead of {c.left / 3600:.1f} h",
     )
+
+
+def _refused_everywhere(
+    cluster: ClusterState, c: Movable, target: JobRequest, config: PolicyConfig, now: float, reservation: Reservations
+) -> bool:
+    """Whether the reservations refuse the move wherever `place_on` would place it (known without scoring: see
+    `Reservations.refuse_everywhere`), on GPUs where it runs at a positive speed (every target model's speed is
+    positive, and so is each interconnect's factor)."""
+    ic = cluster.interconnects
+    if target.gpus > 1 and min(ic.nvlink, ic.pcie) <= 0:
+        return False
+    fastest = _fastest(cluster, target, target.gpu_models)
+    return reservation.refuse_everywhere(cluster, target, eligible(cluster, target, config.profile), config.profile,
+                                         now, now + config.migration_overhead_s + c.left * c.speed / fastest)
 
 
 def free_targets(cluster: ClusterState, models: list[tuple[str, float]], gpus: int) -> tuple[tuple[str, float], ...]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..placement import ClusterState, Infeasible, JobRequest, Placement, place_on
 from ..placement.cluster import StaticView
-from ..placement.framework import eligible, unavailable, usable
+from ..placement.framework import eligible
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
 from .migration import Migration, make_room, off_largest, undo
 from .moves_up import plan_migrations
@@ -217,27 +217,11 @@ class _Pass:
         return None
 
     def _refused_wherever_placed(self, job: PendingJob, req: JobRequest, view: StaticView) -> bool:
-        """Whether the one reservation would refuse the job's placement, known without scoring candidates: a
-        one-node job that cannot end by the reserved start, which some node could take now, and every such node
-        reserved with fewer GPUs spare than it needs (`place_on` would pick one of them, to be refused)."""
+        """Whether the one reservation refuses the job wherever `place_on` would place it now (not scored)."""
         held = self.reservations.held
-        if len(held) != 1 or req.gpus > view.max_gpus_per_node:
-            return False
-        r, cluster, profile, now, gpus = held[0], self.cluster, self.cfg.profile, self.now, req.gpus
-        if r.start is not None and _earliest_end(cluster, now, job, req, view, self.cfg) <= r.start:
-            return False
-        spare, members, found = r.spare, view.members, False
-        for model in view.models:
-            buckets = cluster.buckets[model]
-            for count in range(gpus, len(buckets)):
-                for name in buckets[count]:
-                    if (name not in members or unavailable(cluster, req, cluster.nodes[name], profile, now)
-                            or len(usable(cluster, req, name)) < gpus):
-                        continue
-                    if spare.get(name, gpus) >= gpus:
-                        return False  # a placement there would keep the reserved start
-                    found = True
-        return found
+        return len(held) == 1 and self.reservations.refuse_everywhere(
+            self.cluster, req, view, self.cfg.profile, self.now,
+            _earliest_end(self.cluster, self.now, job, req, view, self.cfg))
 
     def _kept_by_reservation(self, job: PendingJob, req: JobRequest, view: StaticView, shape: Shape) -> str | None:
         """Why the job would delay the one reservation, known without placing it; None: place it to know.

@@ -111,7 +111,10 @@ class PendingQueue:
                 yield lane[i][1]
                 pos[team] = i = i + 1
                 if i < len(lane):  # (the team's next job, keyed by its use now: placements count)
-                    replace(heap, (_team_key(policies[team], usage.get(team, 0)), lane[i][0], team))
+                    policy, used = policies[team], usage.get(team, 0)
+                    quota = policy.quota_gpus  # (`_team_key`, inline: this runs for every job a pass walks)
+                    key = (0 if quota is not None and used < quota else 1, used / policy.weight)
+                    replace(heap, (key, lane[i][0], team))
                 else:
                     pop(heap)
 

@@ -306,11 +306,17 @@ def _earliest_end(
         return float("-inf")
     if not cfg.estimates_scale_with_speed:
         return now + base
+    return now + base / cluster.derived(("fastest", id(view), req.workload_class, req.gpus > 1),
+                                        lambda: _fastest_on(cluster, req, view))
+
+
+def _fastest_on(cluster: ClusterState, req: JobRequest, view: StaticView) -> float:
+    """No placement of the job on the view runs faster than this, nor than 1 (kept with the view)."""
     fastest = max((cluster.speed(m, req.workload_class) for m in view.models), default=1.0)
     if req.gpus > 1:  # (a placement's speed: its model's, times its interconnect's, times cross-node's)
         ic = cluster.interconnects
         fastest *= max(1.0, ic.nvlink, ic.pcie) * max(1.0, ic.cross_node)
-    return now + base / max(fastest, 1.0)
+    return max(fastest, 1.0)
 
 
 def _end(now: float, job: PendingJob, placement: Placement, cfg: PolicyConfig) -> float | None:

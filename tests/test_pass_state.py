@@ -9,7 +9,14 @@ import pytest
 
 from whaleflux.scheduler.pass_state import PassState
 from whaleflux.scheduler.placement import ClusterState, ModelFacts
-from whaleflux.scheduler.queueing import PendingQueue, RunningJobs, ScheduleReply, ScheduleRequest, schedule
+from whaleflux.scheduler.queueing import (
+    PendingQueue,
+    PolicyConfig,
+    RunningJobs,
+    ScheduleReply,
+    ScheduleRequest,
+    schedule,
+)
 from whaleflux.scheduler.records import ACTIVE, JobRecord, NodeCondition
 from whaleflux.scheduler.schedule_request import NodeView, held, node_state, pending_job, running_job
 from whaleflux.scheduler.settings import SchedulerSettings
@@ -21,6 +28,8 @@ pytestmark = pytest.mark.unit
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 FACTS = {key: ModelFacts(key, dict(m.speed)) for key, m in gpu_models().items()}
 POLICY = SchedulerSettings(environment="development").policy_config()
+# Without moves a pass keeps its cluster state (weighing moves changes it: the next pass builds it afresh).
+NO_MOVES = SchedulerSettings(environment="development", migration=False).policy_config()
 CLASSES = ["small", "finetune", "llm-train", "inference"]
 
 
@@ -30,7 +39,9 @@ def _reg(node: str, model: str, gpus: int) -> NodeRegistered:
     return NodeRegistered(cluster="c1", node=node, interconnect="nvlink", agent_version="t", gpus=ids)
 
 
-REGS = {f"c1/{r.node}": r for r in (_reg("h100-01", "H100", 8), _reg("a100-01", "A100", 8),
+# Several nodes of a model: the placement core walks them in fleet order, which a kept state must keep.
+REGS = {f"c1/{r.node}": r for r in (_reg("h100-01", "H100", 8), _reg("h100-02", "H100", 8), _reg("h100-03", "H100", 4),
+                                    _reg("a100-01", "A100", 8), _reg("a100-02", "A100", 8),
                                     _reg("r4090-01", "RTX4090", 4))}
 
 
@@ -142,23 +153,37 @@ class World:
                 self.records[job.job_id] = job.model_copy(update=dict(spec=spec))
 
 
-def fresh_request(w: World) -> ScheduleRequest:
+def fresh_request(w: World, policy: PolicyConfig = POLICY) -> ScheduleRequest:
     """The request built afresh from the store, as every pass used to."""
     cluster = ClusterState([node_state(v, w.alloc) for v in w.views()], FACTS)
-    queue = PendingQueue(POLICY)
+    queue = PendingQueue(policy)
     for seq, job_id in enumerate(w.pending_ids()):
         if not held(w.records[job_id], w.now):
             queue.add(pending_job(w.records[job_id], seq))
     running = {j: running_job(w.records[j], cluster, w.now.timestamp())
                for j in w.active_ids() if w.records[j].state in ACTIVE}
-    return ScheduleRequest(w.now.timestamp(), cluster, queue, running, POLICY)
+    return ScheduleRequest(w.now.timestamp(), cluster, queue, running, policy)
 
 
-def kept_request(w: World, kept: PassState) -> ScheduleRequest:
-    cluster = ClusterState(kept.node_states(w.views(), w.alloc), FACTS)
+def kept_request(w: World, kept: PassState, policy: PolicyConfig = POLICY) -> ScheduleRequest:
+    cluster = kept.cluster(kept.node_states(w.views(), w.alloc), FACTS)
     queue = kept.sync_queue(w.records, w.pending_ids(), w.now)
     running = kept.sync_running(w.records, w.active_ids(), cluster, w.now.timestamp())
-    return ScheduleRequest(w.now.timestamp(), cluster, queue, running, POLICY)
+    return ScheduleRequest(w.now.timestamp(), cluster, queue, running, policy)
+
+
+def assert_same_cluster(ours: ClusterState, fresh: ClusterState) -> None:
+    """A kept cluster state is one built afresh, down to the orders the placement core walks."""
+    assert list(ours.nodes) == list(fresh.nodes) and ours.gpus == fresh.gpus and ours.free == fresh.free
+    assert {m: [list(b) for b in bs] for m, bs in ours.buckets.items()} == {
+        m: [list(b) for b in bs] for m, bs in fresh.buckets.items()}
+    assert ours.holdings == fresh.holdings
+    assert {n: list(j) for n, j in ours.jobs_on.items()} == {n: list(j) for n, j in fresh.jobs_on.items()}
+    assert (ours.total_free, ours.free_by_model, ours.total_gpus) == (fresh.total_free, fresh.free_by_model,
+                                                                      fresh.total_gpus)
+    assert {n: +c for n, c in ours.services_on.items()} == {n: +c for n, c in fresh.services_on.items()}
+    assert (ours.has_leases, ours.has_memory_telemetry) == (fresh.has_leases, fresh.has_memory_telemetry)
+    assert (ours.memory, ours.memory_floor) == (fresh.memory, fresh.memory_floor)
 
 
 def decisions(reply: ScheduleReply) -> tuple[object, ...]:
@@ -167,18 +192,20 @@ def decisions(reply: ScheduleReply) -> tuple[object, ...]:
     return (started, reply.preempted, reply.infeasible, reply.waiting, reply.migrated)
 
 
+@pytest.mark.parametrize("policy", [POLICY, NO_MOVES], ids=["moves", "no-moves"])
 @pytest.mark.parametrize("seed", range(12))
-def test_kept_state_decides_every_pass_as_state_built_afresh(seed: int):
-    w, kept = World(random.Random(seed)), PassState(POLICY)
+def test_kept_state_decides_every_pass_as_state_built_afresh(seed: int, policy: PolicyConfig):
+    w, kept = World(random.Random(seed)), PassState(policy)
     for _ in range(8):
         w.submit()
     passes_with_starts = 0
     for _ in range(200):
-        fresh, ours = fresh_request(w), kept_request(w, kept)
+        fresh, ours = fresh_request(w, policy), kept_request(w, kept, policy)
         assert isinstance(ours.running, RunningJobs)
         assert ours.running == fresh.running
         assert ours.running.usage == RunningJobs(fresh.running.values()).usage
         assert [n for n in ours.cluster.nodes.values()] == [n for n in fresh.cluster.nodes.values()]
+        assert_same_cluster(ours.cluster, fresh.cluster)
         order = [j.job_id for j in fresh.queue.ordered({}, {}, w.now.timestamp())]
         assert [j.job_id for j in ours.queue.ordered({}, {}, w.now.timestamp())] == order
         expected, reply = schedule(fresh), schedule(ours)
@@ -198,7 +225,7 @@ def test_a_kept_node_state_is_reused_until_its_view_or_holders_change():
     w.alloc["h100-01-3"] = "x"
     changed = kept.node_states(w.views(), w.alloc)
     names = [n.name for a, n in zip(first, changed, strict=True) if a is not n]
-    assert names == ["h100-01"] and changed[1].gpus[3].allocated_to == "x"
+    assert names == ["h100-01"] and next(n for n in changed if n.name == "h100-01").gpus[3].allocated_to == "x"
 
 
 def test_reset_builds_everything_afresh():

@@ -1,7 +1,9 @@
 """What a pass builds from the store, kept across passes and rebuilt only where its inputs changed. Pure.
 
-A pass needs the queue (`PendingQueue`), the running jobs (`RunningJobs`) and a
-node state per registered node. Built afresh from 10,000 queued jobs, 8,000
+A pass needs the queue (`PendingQueue`), the running jobs (`RunningJobs`), a
+node state per registered node and the cluster state built from them
+(`ClusterState`, whose cached views outlive a pass where no node's health changed:
+it is brought up to date only where allocations or nodes changed, orders included). Built afresh from 10,000 queued jobs, 8,000
 running ones and 1,000 nodes, that was most of a live pass's cost. `PassState`
 keeps each object with the input it was built from and builds it again only
 when that input changed: a job's record (the store's cache hands the pass the
@@ -16,9 +18,10 @@ pass failed part-way or the store was rebuilt.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 
-from .placement import ClusterState, NodeState
+from .placement import ClusterState, ModelFacts, NodeShare, NodeState, Placement
 from .queueing import PendingQueue, PolicyConfig, RunningJobs, ScheduleReply
 from .records import ACTIVE, JobRecord
 from .schedule_request import NodeView, assumed_until, held, movable, node_state, pending_job, running_job
@@ -42,6 +45,11 @@ class PassState:
         # job id -> (the record, the node facts a movable job's speed came from, valid until (epoch s))
         self._ran: dict[str, tuple[JobRecord, object, float]] = {}
         self._nodes: dict[str, tuple[NodeKey, NodeState]] = {}
+        self._cluster: ClusterState | None = None
+        # Nodes whose GPUs the last pass allocated in the kept cluster (its commit may have failed), and the
+        # jobs it started as services (a cluster built afresh knows no job's service).
+        self._touched: set[str] = set()
+        self._serviced: set[str] = set()
 
     def sync_queue(self, records: Mapping[str, JobRecord], pending_ids: Iterable[str], now: datetime) -> PendingQueue:
         """The queue of pending jobs that may be placed now (a held one waits out its old attempt's stop)."""
@@ -72,9 +80,13 @@ class PassState:
             if job is None or job.state not in ACTIVE:
                 continue
             active.add(job_id)
-            node = cluster.nodes.get(job.node) if job.node and movable(job) else None
-            facts = (node.cluster, node.model, node.interconnect) if node is not None else None
             kept = ran.get(job_id)
+            if kept is not None and kept[0] is job and kept[1] is None and now <= kept[2]:
+                continue  # the same record, not movable (its node's facts do not matter): the same view
+            moves = bool(job.node) and movable(job)
+            node = cluster.nodes.get(job.node) if moves and job.node else None
+            # None only for a job that is not movable: its view never depends on the cluster.
+            facts = (node.cluster, node.model, node.interconnect) if node is not None else (() if moves else None)
             if kept is None or kept[0] is not job or kept[1] != facts or now > kept[2]:
                 running[job_id] = running_job(job, cluster, now)
                 ran[job_id] = (job, facts, assumed_until(job))
@@ -103,12 +115,90 @@ class PassState:
             del nodes[name]
         return out
 
+    def cluster(self, states: list[NodeState], facts: Mapping[str, ModelFacts]) -> ClusterState:
+        """The cluster state of these node states: the last pass's, brought up to date where a node's state
+        changed or the pass allocated on it, exactly as one built afresh (orders included)."""
+        c = self._cluster
+        if c is None or len(c.nodes) != len(states) or any(a != n.name for a, n in zip(c.nodes, states, strict=True)):
+            return self._fresh(states, facts)
+        by_name = {n.name: n for n in states}
+        stale = {n.name for n in states if c.nodes[n.name] is not n} | self._touched
+        updated = False
+        for name in sorted(stale, key=c.order.__getitem__):
+            old, new = c.nodes[name], by_name[name]
+            if old is new:
+                continue
+            if len(old.gpus) != len(new.gpus) or any(a.index != b.index or a.quarantined != b.quarantined
+                                                     for a, b in zip(old.gpus, new.gpus, strict=True)):
+                return self._fresh(states, facts)  # its free GPUs are counted anew
+            if replace(old, gpus=()) != replace(new, gpus=()) or any(
+                    replace(a, allocated_to=None) != replace(b, allocated_to=None)
+                    for a, b in zip(old.gpus, new.gpus, strict=True)):
+                c.update_node(new)  # health, labels, memory: the cached views go
+                updated = True
+            else:  # only its GPUs' holders changed
+                c.nodes[name], c.gpus[name] = new, {g.index: g for g in new.gpus}
+        held_on: dict[str, set[str]] = {j: set() for name in stale for j in c.jobs_on[name]}  # job -> stale nodes
+        for j in self._serviced:
+            held_on.setdefault(j, set())
+        for name in stale:
+            for g in by_name[name].gpus:
+                if g.allocated_to is not None:
+                    held_on.setdefault(g.allocated_to, set()).add(name)
+        wanted = {j: _holding(c, by_name, held_on[j], j) for j in sorted(held_on)}
+        for j, shares in wanted.items():
+            if c.holdings.get(j) != shares or j in self._serviced:
+                c.release(j)
+        for j, shares in wanted.items():
+            if shares and j not in c.holdings:
+                first = shares[0]
+                c.allocate(j, Placement(first.node, first.cluster, first.model, first.gpu_uuids, first.gpu_indices,
+                                        others=shares[1:]))
+        for name in stale:  # in the order of their GPUs, as built afresh
+            c.jobs_on[name] = dict.fromkeys(g.allocated_to for g in by_name[name].gpus if g.allocated_to is not None)
+        for buckets in c.buckets.values():  # fleet order, as built afresh (best fit walks them in order)
+            for i, bucket in enumerate(buckets):
+                buckets[i] = dict.fromkeys(sorted(bucket, key=c.order.__getitem__))
+        if updated:
+            c.has_leases = any(n.lease_expires_at is not None for n in states)
+            c.has_memory_telemetry = any(g.memory_free_mib is not None for n in states for g in n.gpus)
+        self._touched, self._serviced = set(), set()
+        return c
+
+    def _fresh(self, states: list[NodeState], facts: Mapping[str, ModelFacts]) -> ClusterState:
+        self._cluster = ClusterState(states, facts)
+        self._touched, self._serviced = set(), set()
+        return self._cluster
+
     def passed(self, reply: ScheduleReply) -> None:
-        """The pass took its started and rejected jobs out of the queue: so does the bookkeeping."""
+        """The pass took its started and rejected jobs out of the queue: so does the bookkeeping. It changed
+        the cluster state too: where it started jobs, the next pass checks that against the store; what it
+        preempted or moved (or weighed moving), the next pass builds afresh."""
         for s in reply.started:
             self._queued.pop(s.job.job_id, None)
+            self._touched.update(share.node for share in s.placement.shares)
+            if s.job.request.service:
+                self._serviced.add(s.job.job_id)
         for job_id in reply.infeasible:
             self._queued.pop(job_id, None)
+        c = self._cluster
+        if reply.preempted or reply.migrated or (
+                c is not None and c.total_free and self.policy.migrate_min_gain_s is not None):
+            self._cluster = None
+
+
+def _holding(c: ClusterState, states: Mapping[str, NodeState], on: set[str], job_id: str) -> tuple[NodeShare, ...]:
+    """The GPUs the job holds by the node states, as a cluster state built afresh lists them: on the changed
+    nodes `on` that list it, and on the nodes the kept cluster has it on (those that did not change hold it still)."""
+    nodes = on | {s.node for s in c.holdings.get(job_id, ())}
+    out = []
+    for name in sorted(nodes, key=c.order.__getitem__):
+        node = states[name]
+        gpus = [g for g in node.gpus if g.allocated_to == job_id]
+        if gpus:
+            out.append(NodeShare(name, node.cluster, node.model, tuple(g.uuid for g in gpus),
+                                 tuple(g.index for g in gpus)))
+    return tuple(out)
 
 
 def _same(a: NodeKey, b: NodeKey) -> bool:

@@ -13,7 +13,7 @@ from datetime import datetime
 from .failover import Failover
 from .feeds import Feeds
 from .pass_state import PassState
-from .placement import ClusterState, Profile, explain_wait
+from .placement import Profile, explain_wait
 from .queueing import ScheduleReply, ScheduleRequest, schedule
 from .schedule_request import NodeView
 from .service import TROUBLE, Scheduler
@@ -106,7 +106,7 @@ class PlacementPass:
         views = [NodeView(reg, conditions.get(key), key in suspects, free, leases.get(reg.node), out)
                  for key, reg in sorted(regs.items())]
         kept = self.kept
-        cluster = ClusterState(kept.node_states(views, alloc), self.s.facts)
+        cluster = kept.cluster(kept.node_states(views, alloc), self.s.facts)
         # A moved job waits out its old attempt's stop (never two copies): not in this pass.
         queue = kept.sync_queue(records, pending_ids, now)
         running = kept.sync_running(records, active_ids, cluster, now.timestamp())

@@ -3,9 +3,9 @@
 A pass needs the queue (`PendingQueue`), the running jobs (`RunningJobs`), a
 node state per registered node and the cluster state built from them
 (`ClusterState`, whose cached views outlive a pass where no node's health changed:
-it is brought up to date only where allocations or nodes changed, orders included). Built afresh from 10,000 queued jobs, 8,000
-running ones and 1,000 nodes, that was most of a live pass's cost. `PassState`
-keeps each object with the input it was built from and builds it again only
+it is brought up to date only where allocations or nodes changed, orders included).
+Built afresh from 10,000 queued jobs, 8,000 running ones and 1,000 nodes, that
+was most of a live pass's cost. `PassState` keeps each object with the input it was built from and builds it again only
 when that input changed: a job's record (the store's cache hands the pass the
 same parsed object until the job is written: `jobs_shared`), a node's view and
 allocations. The decisions are those of objects built afresh.

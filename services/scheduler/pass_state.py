@@ -50,6 +50,7 @@ class PassState:
         # jobs it started as services (a cluster built afresh knows no job's service).
         self._touched: set[str] = set()
         self._serviced: set[str] = set()
+        self._changes = 0  # the kept cluster's change count once brought up to date
 
     def sync_queue(self, records: Mapping[str, JobRecord], pending_ids: Iterable[str], now: datetime) -> PendingQueue:
         """The queue of pending jobs that may be placed now (a held one waits out its old attempt's stop)."""
@@ -162,18 +163,20 @@ class PassState:
         if updated:
             c.has_leases = any(n.lease_expires_at is not None for n in states)
             c.has_memory_telemetry = any(g.memory_free_mib is not None for n in states for g in n.gpus)
-        self._touched, self._serviced = set(), set()
-        return c
+        return self._synced(c)
 
     def _fresh(self, states: list[NodeState], facts: Mapping[str, ModelFacts]) -> ClusterState:
         self._cluster = ClusterState(states, facts)
-        self._touched, self._serviced = set(), set()
-        return self._cluster
+        return self._synced(self._cluster)
+
+    def _synced(self, c: ClusterState) -> ClusterState:
+        self._touched, self._serviced, self._changes = set(), set(), c.changes
+        return c
 
     def passed(self, reply: ScheduleReply) -> None:
         """The pass took its started and rejected jobs out of the queue: so does the bookkeeping. It changed
-        the cluster state too: where it started jobs, the next pass checks that against the store; what it
-        preempted or moved (or weighed moving), the next pass builds afresh."""
+        the cluster state too: where it started jobs, the next pass checks that against the store; if it did
+        more (preempted, moved), the next pass builds it afresh."""
         for s in reply.started:
             self._queued.pop(s.job.job_id, None)
             self._touched.update(share.node for share in s.placement.shares)
@@ -182,8 +185,8 @@ class PassState:
         for job_id in reply.infeasible:
             self._queued.pop(job_id, None)
         c = self._cluster
-        if reply.preempted or reply.migrated or (
-                c is not None and c.total_free and self.policy.migrate_min_gain_s is not None):
+        if c is not None and c.changes - self._changes != len(reply.started):
+            # More than one allocation per started job: it preempted, moved, or moved and put back.
             self._cluster = None
 
 

@@ -71,6 +71,18 @@ def test_the_groups_of_jobs_that_may_move_are_kept_as_jobs_start_change_and_end(
     assert running.movers == {}
 
 
+def test_the_jobs_a_shorter_job_may_stop_are_kept_too_preemptible_or_keeping_a_checkpoint():
+    running = RunningJobs([RunningJob("a", "t", "normal", True, 1, 0.0, 50.0),
+                           RunningJob("b", "t", "low", False, 1, 0.0, checkpointable=True),
+                           RunningJob("c", "t", "low", False, 1, 0.0)])
+    assert list(running.stoppable) == ["a", "b"]
+    running["b"] = replace(running["b"], checkpointable=False)
+    running["c"] = replace(running["c"], checkpointable=True)
+    assert sorted(running.stoppable) == ["a", "c"] and running.stoppable["c"] is running["c"]
+    del running["a"]
+    assert list(running.stoppable) == ["c"] and list(copy.deepcopy(running).stoppable) == ["c"]
+
+
 def test_decisions_with_running_jobs_are_those_of_a_plain_mapping_over_random_states():
     starts = preempted = moved = 0
     for seed in range(40):

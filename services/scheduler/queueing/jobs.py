@@ -50,6 +50,14 @@ class RunningJob:
     migrations: int = 0
 
 
+def estimate_left(estimate: float | None, placed_at: float, expected_end: float | None, now: float) -> float | None:
+    """A stopped job's estimate (A100 s) less the share of its attempt's expected length that ran until `now`
+    (the attempt was placed at `placed_at` to end at `expected_end`); at least 1 s; unknown: `estimate`."""
+    if estimate is None or expected_end is None or expected_end <= placed_at:
+        return estimate
+    return max(1.0, estimate * (1.0 - (now - placed_at) / (expected_end - placed_at)))
+
+
 @dataclass(frozen=True)
 class TeamPolicy:
     """GPUs guaranteed to a team (None: no quota) and its weight in fair share."""
@@ -102,6 +110,11 @@ class PolicyConfig:
     aging_s: float | None = None
     # Reservations in one pass: the head's, then one for each blocked job past the aging bound.
     max_reservations: int = 8
+    # Shortest remaining first: the first blocked job, when its estimate is at most `preempt_shorter_max_s`
+    # (None: never), may stop running jobs of no higher class that keep a checkpoint and have at least
+    # `preempt_shorter_ratio` x its estimate left (they resume later with their work; same guards as above).
+    preempt_shorter_max_s: float | None = None
+    preempt_shorter_ratio: float = 2.0
 
 
 FIFO = PolicyConfig(

@@ -7,6 +7,12 @@ a victim never outranks its preemptor, and a team within its quota is never
 reclaimed from, so there are no preemption loops. A job that ran less than
 `min_run_before_preemption_s`, or was preempted `max_preemptions_per_job`
 times, is left alone so no job starves by repeated preemption.
+
+Shortest remaining first (`PolicyConfig.preempt_shorter_max_s`): a job of at
+most that estimate may also stop a job of no higher class that keeps a
+checkpoint (it resumes with its work) and has at least
+`preempt_shorter_ratio` x the job's estimate left. It cannot turn around
+either: the victim has at least twice the work left of its preemptor.
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ def victim_reason(
     now: float,
 ) -> str | None:
     """Why `victim` may be preempted for `job`, or None if it may not."""
-    if not victim.preemptible or victim.preemptions >= config.max_preemptions_per_job:
+    if victim.preemptions >= config.max_preemptions_per_job:
         return None
     if now - victim.started_at < config.min_run_before_preemption_s:
         return None
     req = job.request
+    if not victim.preemptible:
+        return _longer(job, victim, config, now)
     if req.priority in config.preempt_for and rank(victim.priority) > rank(req.priority):
         return f"{victim.priority} priority, preempted for {req.priority} job {req.job_id}"
     mine, theirs = teams.get(req.team), teams.get(victim.team)
@@ -52,7 +60,25 @@ def victim_reason(
         and usage.get(victim.team, 0) > theirs.quota_gpus
     ):
         return f"team {victim.team} borrows above its quota; team {req.team} reclaims it for job {req.job_id}"
-    return None
+    return _longer(job, victim, config, now)
+
+
+def shorter(job: PendingJob, config: PolicyConfig) -> bool:
+    """Whether the job is short enough to stop longer jobs (shortest remaining first)."""
+    limit, runtime = config.preempt_shorter_max_s, job.request.expected_runtime_s
+    return limit is not None and runtime is not None and 0 < runtime <= limit
+
+
+def _longer(job: PendingJob, victim: RunningJob, config: PolicyConfig, now: float) -> str | None:
+    """Why `victim` may be stopped for the shorter `job` (shortest remaining first), or None."""
+    runtime = job.request.expected_runtime_s
+    if (not victim.checkpointable or victim.expected_end is None or runtime is None or not shorter(job, config)
+            or rank(victim.priority) < rank(job.request.priority)):
+        return None
+    left = victim.expected_end - now
+    if left < config.preempt_shorter_ratio * runtime:
+        return None
+    return f"{left / 3600:.1f} h left, stopped for the shorter job {job.job_id} ({runtime / 3600:.1f} h)"
 
 
 def choose_victims(
@@ -70,9 +96,13 @@ def choose_victims(
     if req.gpus > view.max_gpus_per_node:
         return None  # gang jobs do not preempt (whole-node sets of victims are not searched)
     by_node: dict[str, list[tuple[RunningJob, str, int]]] = {}
+    longer = shorter(job, config)  # jobs that keep a checkpoint are victims too
+    candidates = running
+    if isinstance(running, RunningJobs):
+        candidates = running.stoppable if longer else running.preemptible
     # (in any order: the best node is the least cost, ties by fleet order, and its victims are sorted)
-    for r in (running.preemptible if isinstance(running, RunningJobs) else running).values():
-        if not r.preemptible:
+    for r in candidates.values():
+        if not r.preemptible and not (longer and r.checkpointable):
             continue  # never a victim (victim_reason), and most running jobs are not preemptible
         shares = cluster.holdings.get(r.job_id, ())
         if not shares or (len(shares) > 1):

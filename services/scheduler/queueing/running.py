@@ -2,8 +2,9 @@
 
 A pass needs each team's GPUs in use (fair share, quotas) and, for the first
 blocked job's reservation and for moves up, the running jobs in the order they
-are expected to end; preemption looks only at the preemptible ones; moves up
-first ask whether any job could move at all, by the groups of `movers`. Recomputed
+are expected to end; preemption looks only at the preemptible ones (and those
+that keep a checkpoint, for a shorter job); moves up first ask whether any job
+could move at all, by the groups of `movers`. Recomputed
 from ~3,600 running jobs that is most of a steady pass's cost; `RunningJobs`
 keeps all three up to date on each start and end, so a pass costs what
 changed. It is a dict (jobs by id) and may be given as
@@ -52,6 +53,7 @@ class RunningJobs(dict[str, RunningJob]):
         self.preemptible: dict[str, RunningJob] = {}  # the jobs that may be preempted (few of them, often none)
         # The jobs that may move up, by group: how many, and one of their requests (`moves_up`).
         self.movers: dict[MoverKey, tuple[int, JobRequest]] = {}
+        self.stoppable: dict[str, RunningJob] = {}  # preemptible or keeping a checkpoint (shortest remaining first)
         for r in jobs:
             self[r.job_id] = r
 
@@ -68,6 +70,8 @@ class RunningJobs(dict[str, RunningJob]):
         if (key := mover_key(job)) is not None and job.request is not None:
             n, req = self.movers.get(key, (0, job.request))
             self.movers[key] = (n + 1, req)
+        if job.preemptible or job.checkpointable:
+            self.stoppable[job_id] = job
 
     def __delitem__(self, job_id: str) -> None:
         self._forget(super().__getitem__(job_id))
@@ -95,6 +99,7 @@ class RunningJobs(dict[str, RunningJob]):
                 self.movers[group] = (n - 1, req)
             else:
                 del self.movers[group]
+        self.stoppable.pop(job.job_id, None)
 
     def __reduce__(self) -> tuple[type[RunningJobs], tuple[list[RunningJob]]]:
         return (RunningJobs, (list(self.values()),))  # copies and pickles rebuild the kept order and usage

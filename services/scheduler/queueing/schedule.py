@@ -22,7 +22,7 @@ from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
 from .migration import Migration, make_room, off_largest, undo
 from .moves_up import plan_migrations
 from .pending import PendingQueue
-from .preemption import Preemption, choose_victims
+from .preemption import Preemption, choose_victims, shorter
 from .reservation import Reservation, Reservations, reserve
 from .running import RunningJobs
 
@@ -102,14 +102,15 @@ class _Pass:
     def run(self) -> ScheduleReply:
         cfg, cluster, reply, now = self.cfg, self.cluster, self.reply, self.now
         waiting, blocked, profile, held = reply.waiting, self.blocked, cfg.profile, self.reservations.held
-        preempt_for, has_quotas = cfg.preempt_for, self.has_quotas
+        preempt_for, has_quotas, short_max = cfg.preempt_for, self.has_quotas, cfg.preempt_shorter_max_s
         aging = cfg.aging_s if cfg.backfill else None
         examined = 0
         for job in self.request.queue.ordered(self.usage, self.request.teams, now):
             if examined >= cfg.scan_depth or self.misses >= cfg.max_misses_in_a_row:
                 break
             req = job.request
-            may_preempt = cfg.preemption and (req.priority in preempt_for or has_quotas)
+            may_preempt = cfg.preemption and (req.priority in preempt_for or has_quotas
+                                              or (short_max is not None and not self.head_seen and shorter(job, cfg)))
             if cluster.total_free == 0 and not may_preempt:
                 if not cfg.preemption or (cfg.use_priorities and not has_quotas
                                           and _cannot_preempt(req.priority, cfg)):

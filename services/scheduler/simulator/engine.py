@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..placement import ClusterState, Interconnects, JobRequest, ModelFacts, NodeState, Placement
 from ..placement.framework import eligible
@@ -34,6 +34,7 @@ from ..queueing import (
     TeamPolicy,
     schedule,
 )
+from ..queueing.jobs import estimate_left
 from .metrics import JobOutcome, SimReport
 from .report import Counts, build_report
 from .rules import LIVE, ExecutorRules, executor_policy
@@ -147,6 +148,10 @@ class _Replay:
     def stop_and_hold(self, job_id: str, t: float, moved: bool) -> None:
         """Stop a running job (a preemption or a move) and hold it until its old attempt has ended."""
         st = self.state[job_id]
+        if self.rules.remaining_estimate_after_move if moved else self.rules.remaining_estimate_after_preemption:
+            r = self.running[job_id]
+            left = estimate_left(st.request.expected_runtime_s, r.started_at, r.expected_end, t)
+            st.request = replace(st.request, expected_runtime_s=left)
         self._stop(st, t)
         if moved:
             st.moves += 1

@@ -1,0 +1,114 @@
+"""Shortest remaining first: a short waiting job stops a much longer job that keeps a checkpoint. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from whaleflux.scheduler.placement import ClusterState, GpuState, JobRequest, ModelFacts, NodeState, Placement, place_on
+from whaleflux.scheduler.queueing import WHALEFLUX, PendingJob, PendingQueue, RunningJob, RunningJobs, ScheduleRequest
+from whaleflux.scheduler.queueing import schedule as run_pass
+from whaleflux.scheduler.simulator import ExecutorRules, SimJob, simulate
+
+SRPT = replace(WHALEFLUX, preempt_shorter_max_s=24 * 3600.0, preempt_shorter_ratio=2.0, migrate_min_gain_s=None,
+               make_room_by_migration=False)
+HOUR = 3600.0
+
+
+def one_gpu_nodes(n):
+    return [NodeState(f"n{i}", "c", "A100", "nvlink", (GpuState(f"n{i}-g0", 0, 81920),)) for i in range(n)]
+
+
+def waiting(job_id, runtime, priority="normal"):
+    return PendingJob(JobRequest(job_id, 1, priority=priority, expected_runtime_s=runtime), 0.0)
+
+
+def run(policy, victims, job, now=HOUR):
+    """One pass: `victims` (job id -> (left s, checkpointable, priority)) each hold one GPU; `job` waits."""
+    cluster = ClusterState(one_gpu_nodes(len(victims)))
+    running = RunningJobs()
+    for job_id, (left, checkpointable, priority) in victims.items():
+        req = JobRequest(job_id, 1, priority=priority, expected_runtime_s=left)
+        d = place_on(cluster, req, policy.profile, 0.0)
+        assert isinstance(d, Placement)
+        cluster.allocate(job_id, d)
+        running[job_id] = RunningJob(job_id, "t", priority, False, 1, 0.0, now + left, request=req, speed=1.0,
+                                     checkpointable=checkpointable)
+    queue = PendingQueue(policy)
+    queue.add(job)
+    return run_pass(ScheduleRequest(now, cluster, queue, running, policy))
+
+
+def test_a_short_job_stops_a_job_that_keeps_a_checkpoint_and_has_twice_its_runtime_left():
+    reply = run(SRPT, {"long": (30 * HOUR, True, "normal")}, waiting("short", 10 * HOUR))
+    assert [p.victim for p in reply.preempted] == ["long"]
+    assert "30.0 h left, stopped for the shorter job short (10.0 h)" in reply.preempted[0].reason
+    assert [s.job.job_id for s in reply.started] == ["short"]
+
+
+def test_off_by_default_and_never_a_job_without_a_checkpoint_with_less_left_or_of_a_higher_class():
+    long = {"long": (30 * HOUR, True, "normal")}
+    assert run(replace(SRPT, preempt_shorter_max_s=None), long, waiting("short", HOUR)).preempted == []
+    assert run(SRPT, {"pinned": (30 * HOUR, False, "normal")}, waiting("short", HOUR)).preempted == []
+    assert run(SRPT, {"near": (19 * HOUR, True, "normal")}, waiting("short", 10 * HOUR)).preempted == []
+    assert run(SRPT, {"high": (30 * HOUR, True, "high")}, waiting("short", HOUR)).preempted == []
+    assert run(SRPT, long, waiting("day", 25 * HOUR)).preempted == []  # not short: above the bound
+    assert [p.victim for p in run(SRPT, {"low": (30 * HOUR, True, "low")}, waiting("short", HOUR)).preempted] == ["low"]
+
+
+def test_the_guards_hold_a_young_job_or_one_stopped_too_often():
+    young = run(SRPT, {"long": (30 * HOUR, True, "normal")}, waiting("short", HOUR), now=300.0)
+    assert young.preempted == []  # it ran less than min_run_before_preemption_s
+    cluster = ClusterState(one_gpu_nodes(1))
+    req = JobRequest("long", 1, expected_runtime_s=30 * HOUR)
+    d = place_on(cluster, req, SRPT.profile, 0.0)
+    assert isinstance(d, Placement)
+    cluster.allocate("long", d)
+    running = RunningJobs([RunningJob("long", "t", "normal", False, 1, 0.0, 31 * HOUR, preemptions=3, request=req,
+                                      speed=1.0, checkpointable=True)])
+    queue = PendingQueue(SRPT)
+    queue.add(waiting("short", HOUR))
+    assert run_pass(ScheduleRequest(HOUR, cluster, queue, running, SRPT)).preempted == []
+
+
+def test_only_the_first_blocked_job_stops_a_longer_one():
+    victims = {"long1": (30 * HOUR, True, "normal"), "long2": (30 * HOUR, True, "normal")}
+    cluster = ClusterState(one_gpu_nodes(2))
+    running = RunningJobs()
+    for job_id, (left, ckpt, prio) in victims.items():
+        req = JobRequest(job_id, 1, expected_runtime_s=left)
+        d = place_on(cluster, req, SRPT.profile, 0.0)
+        assert isinstance(d, Placement)
+        cluster.allocate(job_id, d)
+        running[job_id] = RunningJob(job_id, "t", prio, False, 1, 0.0, HOUR + left, request=req, speed=1.0,
+                                     checkpointable=ckpt)
+    queue = PendingQueue(SRPT)
+    queue.add(PendingJob(JobRequest("first", 1, expected_runtime_s=HOUR), 0.0, seq=1))
+    queue.add(PendingJob(JobRequest("second", 1, expected_runtime_s=HOUR), 0.0, seq=2))
+    reply = run_pass(ScheduleRequest(HOUR, cluster, queue, running, SRPT))
+    assert [s.job.job_id for s in reply.started] == ["first"] and len(reply.preempted) == 1
+
+
+FACTS = {"A100": ModelFacts("A100", {"llm-train": 1.0})}
+
+
+def test_a_stopped_job_resumes_with_the_estimate_it_has_left():
+    # "long" (llm-train: keeps a checkpoint, 10,000 s) runs from 0; "short" (1,000 s) stops it at 1,000 s and
+    # runs to 2,000 s; "long" resumes then. "mid" (4,300 s) arrives at 3,000 s: "long" has 8,000 s left by
+    # its remaining estimate (9,000 s from 2,000 s), less than twice 4,300; by its full estimate 9,000 s.
+    jobs = [SimJob("long", 0, 10_000, 1, "t", "llm-train", 10, "normal", False),
+            SimJob("short", 1000, 1000, 1, "t", "llm-train", 10, "normal", False),
+            SimJob("mid", 3000, 4300, 1, "t", "llm-train", 10, "normal", False)]
+    policy = replace(SRPT, min_run_before_preemption_s=0.0)
+
+    def outcomes(remaining):
+        rules = ExecutorRules(stop_s=0.0, resume_s=0.0, remaining_estimate_after_preemption=remaining)
+        return {o.job_id: o for o in simulate(jobs, one_gpu_nodes(1), policy, FACTS, rules=rules).outcomes}
+
+    kept = outcomes(True)
+    assert kept["long"].preemptions == 1 and kept["long"].finish_s == pytest.approx(11_000.0)
+    assert kept["mid"].first_start_s == pytest.approx(11_000.0)
+    full = outcomes(False)
+    assert full["long"].preemptions == 2 and full["mid"].first_start_s == 3000.0
+

@@ -130,12 +130,11 @@ def _some_may_gain(cluster: ClusterState, running: RunningJobs, config: PolicyCo
     holds, on which it would run faster by `migrate_max_ratio`: a job moves only so (with a positive gain, a
     move's time left, overhead included, is at most that ratio of its own, `left * speed / m_speed` less)."""
     total_free = cluster.total_free
-    fastest: dict[tuple[int, str, bool, int], float] = {}  # per view, class and GPUs: the fastest free target
-    for (_, cls, multi, gpus, speed), (_, req) in running.movers.items():
+    fastest: dict[tuple[object, ...], float] = {}  # per eligibility, class and GPUs: the fastest free target
+    for (eligibility, cls, multi, gpus, speed), (_, req) in running.movers.items():
         if gpus > total_free:
             continue
-        key = (id(eligible(cluster, req, config.profile)), cls, multi, gpus)
-        best = fastest.get(key)
+        best = fastest.get(key := (eligibility, cls, multi, gpus))
         if best is None:
             models = _models(cluster, req, eligible(cluster, req, config.profile), config.migrate_spares_largest_memory)
             best = fastest[key] = max((s for _, s in free_targets(cluster, models, gpus)), default=0.0)

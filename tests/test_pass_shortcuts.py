@@ -1,11 +1,11 @@
 """A pass skips work whose answer it already knows, with the decisions it would make doing the work.
 
 A job of a shape the head's reservation just refused, in the same state of the cluster, is not placed again
-to be refused again unless it could end by the reserved start, nor is one that cannot end by it when every
-node that could take it now is reserved (`_refused_wherever_placed`: its candidates are not scored); a move
-to faster GPUs that the reservations refused is not tried again for a job that cannot end by every reserved
-start either, nor scored when they refuse it on every node (queueing/schedule.py `_kept_by_reservation`,
-queueing/moves_up.py `plan_migrations`, `_refused_everywhere`); the blocked head gets no room made by moves
+to be refused again unless it could end by the reserved start, and the candidates of one that cannot end by
+it are not scored when each is on a node the reservation refuses it (`place_on(refused=...)`, `REFUSED`); a
+move to faster GPUs that the reservations refused is not tried again for a job that cannot end by every
+reserved start either, nor scored when every candidate is refused (queueing/schedule.py `_kept_by_reservation`,
+`_refuser`, queueing/moves_up.py `plan_migrations`, `_refuser`); the blocked head gets no room made by moves
 (nodes walked, moves tried and undone) when fewer GPUs are free than it needs (`room_possible`); a move up
 is not weighed for a job none of whose models has as many GPUs free as it holds (`free_targets`), and the
 running jobs are not walked for moves up at all when no group of them could run faster on a model with that
@@ -27,6 +27,7 @@ from whaleflux.scheduler.placement import (
     NodeState,
     place_on,
 )
+from whaleflux.scheduler.placement.framework import REFUSED
 from whaleflux.scheduler.queueing import (
     WHALEFLUX,
     PendingJob,
@@ -178,42 +179,25 @@ def test_moves_up_walk_no_running_job_when_no_group_of_them_could_gain(monkeypat
     assert text.count("migrate to faster GPUs") >= 5, text.count("migrate to faster GPUs")  # moves are still made
 
 
-def test_a_job_every_fitting_node_of_which_is_reserved_is_not_scored_to_be_refused(monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("module", ["schedule", "moves_up"])
+def test_candidates_all_on_refused_nodes_are_not_scored_to_be_refused(monkeypatch: pytest.MonkeyPatch, module: str):
     seeds = range(16)
-    passes = sys.modules["whaleflux.scheduler.queueing.schedule"]._Pass
-    known, said = passes._refused_wherever_placed, []
+    core = sys.modules[f"whaleflux.scheduler.queueing.{module}"]
+    owner = core._Pass if module == "schedule" else core
+    place, answers = core.place_on, []
 
-    def counted(*args: object) -> bool:
-        refused = known(*args)  # type: ignore[arg-type]
-        said.append(refused)
-        return bool(refused)
+    def counted(*args: object, **kwargs: object) -> object:
+        decision = place(*args, **kwargs)  # type: ignore[arg-type]
+        if kwargs.get("refused") is not None:
+            answers.append(decision is REFUSED)
+        return decision
 
-    monkeypatch.setattr(passes, "_refused_wherever_placed", counted)
+    monkeypatch.setattr(core, "place_on", counted)
     with_shortcut = [run_passes(seed) for seed in seeds]
-    assert said.count(True) > 50 and said.count(False) > 50, (said.count(True), said.count(False))
-    monkeypatch.setattr(passes, "_refused_wherever_placed", lambda *_: False)  # always place and score
+    assert answers.count(True) > 10 and answers.count(False) > 10, (answers.count(True), answers.count(False))
+    monkeypatch.setattr(owner, "_refuser", lambda *_: None)  # always score the candidates
     for seed, log in zip(seeds, with_shortcut, strict=True):
         assert run_passes(seed) == log, f"seed {seed}"
     text = "".join("".join(log) for log in with_shortcut)
-    assert text.count("backfilled=True") >= 20, text.count("backfilled=True")  # backfill still happens
-
-
-def test_a_move_up_every_target_node_of_which_is_reserved_is_not_scored_to_be_refused(
-        monkeypatch: pytest.MonkeyPatch):
-    seeds = range(16)
-    moves_up = sys.modules["whaleflux.scheduler.queueing.moves_up"]
-    known, said = moves_up._refused_everywhere, []
-
-    def counted(*args: object) -> bool:
-        refused = known(*args)
-        said.append(refused)
-        return bool(refused)
-
-    monkeypatch.setattr(moves_up, "_refused_everywhere", counted)
-    with_shortcut = [run_passes(seed) for seed in seeds]
-    assert said.count(True) > 10 and said.count(False) > 10, (said.count(True), said.count(False))
-    monkeypatch.setattr(moves_up, "_refused_everywhere", lambda *_: False)  # always place and score the move
-    for seed, log in zip(seeds, with_shortcut, strict=True):
-        assert run_passes(seed) == log, f"seed {seed}"
-    text = "".join("".join(log) for log in with_shortcut)
-    assert text.count("migrate to faster GPUs") >= 5, text.count("migrate to faster GPUs")
+    made = "backfilled=True" if module == "schedule" else "migrate to faster GPUs"
+    assert text.count(made) >= 5, text.count(made)  # backfills and moves are still made

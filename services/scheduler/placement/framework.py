@@ -9,7 +9,7 @@ can read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from . import filters as F
@@ -57,14 +57,20 @@ def place(
     return place_on(ClusterState(nodes, facts), req, profile or Profile(), now)
 
 
+# What `place_on` answers when every node it would choose among is one the caller refuses (none scored).
+REFUSED = Unschedulable("every candidate node refused")
+
+
 def place_on(
     cluster: ClusterState,
     req: JobRequest,
     profile: Profile,
     now: float,
     caps: Mapping[str, int] | None = None,
+    refused: Callable[[str], bool] | None = None,
 ) -> Decision:
-    """Pick GPUs for one job; `caps` limits how many GPUs given nodes may give (0 = none)."""
+    """Pick GPUs for one job; `caps` limits how many GPUs given nodes may give (0 = none). With `refused` (the
+    nodes on which the caller would refuse a one-node placement), `REFUSED` when the pick would be on one."""
     if not cluster.nodes:
         return Unschedulable("no GPU nodes registered yet")
     view = eligible(cluster, req, profile)
@@ -87,10 +93,12 @@ def place_on(
     if profile.first_fit:
         found = _first_fit(cluster, req, profile, now, view, settings, caps)
         if found:
-            return found
+            return REFUSED if refused is not None and refused(found.node) else found
     else:
         cands = _candidates(cluster, req, profile, now, view, settings, caps)
         if cands:
+            if refused is not None and all(refused(c.node.name) for c in cands):
+                return REFUSED
             return _select(cluster, req, profile, cands)
         if req.allow_multi_node and req.gpus > 1 and profile.split_min_speed_ratio is not None:
             split = _place_gang(cluster, req, profile, now, view, settings, caps)

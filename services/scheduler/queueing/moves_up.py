@@ -6,13 +6,13 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from itertools import islice
 
 from ..placement import ClusterState, JobRequest, Placement, place_on
 from ..placement.cluster import StaticView
-from ..placement.framework import eligible
+from ..placement.framework import REFUSED, eligible
 from ..placement.scorers import candidate_speed
 from .jobs import PolicyConfig, RunningJob
 from .migration import Migration, Movable
@@ -150,9 +150,10 @@ def _move_up(
     """Place the job on `target`'s faster models if that gains enough within the reservations; apply it.
     `NO_PLACEMENT`: no GPUs of those models can take it (no job of that shape can, this pass); `NO_ROOM`: the
     reservations keep it off them and no GPUs they spare can take it."""
-    if reservation and _refused_everywhere(cluster, c, target, config, now, reservation):
+    refused = _refuser(cluster, c, target, config, now, reservation) if reservation else None
+    decision = place_on(cluster, target, config.profile, now, refused=refused)
+    if decision is REFUSED and reservation:
         return _move_within(cluster, c, target, config, now, min_gain, reservation)
-    decision = place_on(cluster, target, config.profile, now)
     if not isinstance(decision, Placement) or decision.speed <= 0:
         return NO_PLACEMENT
     new_left = config.migration_overhead_s + c.left * c.speed / decision.speed
@@ -194,18 +195,22 @@ def _apply(
     )
 
 
-def _refused_everywhere(
+def _refuser(
     cluster: ClusterState, c: Movable, target: JobRequest, config: PolicyConfig, now: float, reservation: Reservations
-) -> bool:
-    """Whether the reservations refuse the move wherever `place_on` would place it (known without scoring: see
-    `Reservations.refuse_everywhere`), on GPUs where it runs at a positive speed (every target model's speed is
-    positive, and so is each interconnect's factor)."""
+) -> Callable[[str], bool] | None:
+    """For `place_on`: the nodes on which a reservation the move cannot end before refuses it (too few GPUs
+    spare there), known from a bound on its end (its fastest speed); None when none may. Only when every target
+    runs the job at a positive speed (each model's is; so must each interconnect's factor be), so a pick there
+    would be a placement the reservations refuse."""
     ic = cluster.interconnects
     if target.gpus > 1 and min(ic.nvlink, ic.pcie) <= 0:
-        return False
-    fastest = _fastest(cluster, target, target.gpu_models)
-    return reservation.refuse_everywhere(cluster, target, eligible(cluster, target, config.profile), config.profile,
-                                         now, now + config.migration_overhead_s + c.left * c.speed / fastest)
+        return None
+    end = now + config.migration_overhead_s + c.left * c.speed / _fastest(cluster, target, target.gpu_models)
+    binding = [r.spare for r in reservation.held if r.start is None or end > r.start]
+    if not binding:
+        return None
+    gpus = target.gpus
+    return lambda node: any(spare.get(node, gpus) < gpus for spare in binding)
 
 
 def free_targets(cluster: ClusterState, models: list[tuple[str, float]], gpus: int) -> tuple[tuple[str, float], ...]:

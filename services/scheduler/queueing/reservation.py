@@ -19,7 +19,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..placement import ClusterState, JobRequest, Placement, Profile
-from ..placement.cluster import StaticView
 from ..placement.framework import eligible, unavailable, usable
 from .jobs import PendingJob, RunningJob
 from .running import EndKey, RunningJobs
@@ -92,29 +91,6 @@ class Reservations:
 
     def holds(self, job_id: str) -> bool:
         return any(r.job_id == job_id for r in self.held)
-
-    def refuse_everywhere(
-        self, cluster: ClusterState, req: JobRequest, view: StaticView, profile: Profile, now: float, end: float
-    ) -> bool:
-        """Whether they refuse every placement `place_on` could pick for the one-node job now, for a job that
-        ends no sooner than `end`: some node could take it, and each such node has fewer GPUs spare than it
-        needs in a reservation that starts before `end` (so its candidates need not be scored)."""
-        gpus, members = req.gpus, view.members
-        binding = [r.spare for r in self.held if r.start is None or end > r.start]
-        if not binding or gpus > view.max_gpus_per_node:
-            return False
-        found = False
-        for model in view.models:
-            buckets = cluster.buckets[model]
-            for count in range(gpus, len(buckets)):
-                for name in buckets[count]:
-                    if (name not in members or unavailable(cluster, req, cluster.nodes[name], profile, now)
-                            or len(usable(cluster, req, name)) < gpus):
-                        continue
-                    if all(spare.get(name, gpus) >= gpus for spare in binding):
-                        return False  # a placement there would keep every reserved start
-                    found = True
-        return found
 
 
 def reserve(

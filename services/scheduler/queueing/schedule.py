@@ -12,12 +12,12 @@ started and rejected jobs from `request.queue`; the caller acts on the reply
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..placement import ClusterState, Infeasible, JobRequest, Placement, place_on
 from ..placement.cluster import StaticView
-from ..placement.framework import eligible
+from ..placement.framework import REFUSED, eligible
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
 from .migration import Migration, make_room, off_largest, undo
 from .moves_up import plan_migrations
@@ -120,14 +120,17 @@ class _Pass:
                 continue
             examined += 1
             # Most jobs after the head are of a shape already found blocked in this pass: `_consider` in short.
-            if self.head_seen and not self.largest_needed and (
-                    aging is None or now - job.submit_time < aging or len(held) >= cfg.max_reservations):
-                why = blocked.get(_shape(cluster, req, eligible(cluster, req, profile)))
-                if why is not None:
+            if not self.largest_needed:
+                view = eligible(cluster, req, profile)
+                shape = _shape(cluster, req, view)
+                if self.head_seen and (aging is None or now - job.submit_time < aging
+                                       or len(held) >= cfg.max_reservations) and (why := blocked.get(shape)):
                     self.misses += 1
                     waiting[req.job_id] = why
                     continue
-            if self._consider(job, may_preempt):
+                if self._consider(job, may_preempt, req, view, shape):
+                    break
+            elif self._consider(job, may_preempt, *self._request_for(job)):
                 break
         if cfg.migrate_min_gain_s is not None and cluster.total_free:
             reply.migrated += plan_migrations(cluster, _unmoved(self.request, reply), cfg, self.now, self.reservations)
@@ -137,21 +140,15 @@ class _Pass:
             self.request.queue.remove(job_id)
         return reply
 
-    def _consider(self, job: PendingJob, may_preempt: bool) -> bool:
-        """Start the job, or say why it waits (reserving for it if it is the head or aged); True: stop the pass."""
+    def _consider(self, job: PendingJob, may_preempt: bool, req: JobRequest, view: StaticView, shape: Shape) -> bool:
+        """Start the job (`req`: its request, or kept off the largest model; `view`, `shape`: the request's), or
+        say why it waits (reserving for it if it is the head or aged); True: stop the pass."""
         cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
-        req = self._request_for(job) if self.largest_needed else job.request
-        view = eligible(cluster, req, cfg.profile)
-        shape = _shape(cluster, req, view)
         why = self.blocked.get(shape)
         if why is None:
             why = self._kept_by_reservation(job, req, view, shape)
-        if why is None and self._refused_wherever_placed(job, req, view):
-            why = self._start_within(job, req, view, None, shape)  # (placed within the reservation, if it can)
-            if why is None:
-                return False
-        elif why is None:
-            decision = place_on(cluster, req, cfg.profile, now)
+        if why is None:
+            decision = place_on(cluster, req, cfg.profile, now, refused=self._refuser(job, req, view))
             if isinstance(decision, Infeasible) and req is not job.request:
                 req = job.request  # only the largest-memory model could ever hold it after all
                 view = eligible(cluster, req, cfg.profile)
@@ -160,8 +157,8 @@ class _Pass:
             if isinstance(decision, Infeasible):
                 reply.infeasible[req.job_id] = decision.reason
                 return False
-            if isinstance(decision, Placement):
-                why = self._start_within(job, req, view, decision, shape)
+            if isinstance(decision, Placement) or decision is REFUSED:  # (REFUSED: placed within, if it can)
+                why = self._start_within(job, req, view, decision if isinstance(decision, Placement) else None, shape)
                 if why is None:
                     return False
             else:
@@ -182,15 +179,16 @@ class _Pass:
         reply.waiting[req.job_id] = why
         return False
 
-    def _request_for(self, job: PendingJob) -> JobRequest:
+    def _request_for(self, job: PendingJob) -> tuple[JobRequest, StaticView, Shape]:
         """The job's request, kept off the largest-memory model while a job that needs that memory waits
-        (`spare_largest_memory_while_needed`), unless it has waited past the aging bound itself."""
+        (`spare_largest_memory_while_needed`), unless it has waited past the aging bound itself; its view
+        and shape."""
         cfg, req = self.cfg, job.request
-        if not self.largest_needed or req.min_memory_mib > self.largest_needed:
-            return req
-        if cfg.aging_s is not None and self.now - job.submit_time >= cfg.aging_s:
-            return req
-        return off_largest(self.cluster, req, cfg.profile)
+        if (req.min_memory_mib <= self.largest_needed
+                and (cfg.aging_s is None or self.now - job.submit_time < cfg.aging_s)):
+            req = off_largest(self.cluster, req, cfg.profile)
+        view = eligible(self.cluster, req, cfg.profile)
+        return req, view, _shape(self.cluster, req, view)
 
     def _start_within(
         self, job: PendingJob, req: JobRequest, view: StaticView, decision: Placement | None, shape: Shape
@@ -217,12 +215,17 @@ class _Pass:
         self.misses = 0
         return None
 
-    def _refused_wherever_placed(self, job: PendingJob, req: JobRequest, view: StaticView) -> bool:
-        """Whether the one reservation refuses the job wherever `place_on` would place it now (not scored)."""
+    def _refuser(self, job: PendingJob, req: JobRequest, view: StaticView) -> Callable[[str], bool] | None:
+        """For `place_on`: the nodes on which the one reservation refuses the job (too few GPUs spare there),
+        when it cannot end by the reserved start; None otherwise. A pick there is refused, so it is not scored."""
         held = self.reservations.held
-        return len(held) == 1 and self.reservations.refuse_everywhere(
-            self.cluster, req, view, self.cfg.profile, self.now,
-            _earliest_end(self.cluster, self.now, job, req, view, self.cfg))
+        if len(held) != 1:
+            return None
+        r, gpus = held[0], req.gpus
+        if r.start is not None and _earliest_end(self.cluster, self.now, job, req, view, self.cfg) <= r.start:
+            return None
+        spare = r.spare
+        return lambda node: spare.get(node, gpus) < gpus
 
     def _kept_by_reservation(self, job: PendingJob, req: JobRequest, view: StaticView, shape: Shape) -> str | None:
         """Why the job would delay the one reservation, known without placing it; None: place it to know.

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from whaleflux.scheduler.placement import JobRequest
+from whaleflux.scheduler.placement.framework import eligibility
 from whaleflux.scheduler.queueing import RunningJob, RunningJobs
 from whaleflux.scheduler.queueing.running import end_key, mover_key
 
@@ -60,7 +61,7 @@ def test_the_groups_of_jobs_that_may_move_are_kept_as_jobs_start_change_and_end(
                                       speed=1.0)])  # no checkpoint: never moves
     group = mover_key(running["a"])
     assert group is not None and mover_key(running["c"]) is None
-    assert movers(running) == {group: 2} and running.movers[group][1].eligibility == req.eligibility
+    assert movers(running) == {group: 2} and eligibility(running.movers[group][1]) == eligibility(req)
     running["a"] = replace(running["a"], speed=2.6)  # moved to a faster model: another group
     faster = mover_key(running["a"])
     assert movers(running) == {group: 1, faster: 1}

@@ -62,13 +62,6 @@ class JobRequest:
     # All GPUs on one node whose GPUs are joined by NVLink.
     nvlink: bool = False
 
-    @cached_property
-    def eligibility(self) -> tuple[object, ...]:
-        """What the static filters read of the request: requests alike in it have the same eligible nodes
-        (`framework.eligible`'s cache key; computed once, as a pass asks for each job's every pass)."""
-        return (self.gpu_models, self.min_memory_mib, self.pool, self.labels, self.allow_multi_node or self.gpus,
-                self.nvlink)
-
 
 @dataclass(frozen=True)
 class ModelFacts:

@@ -12,7 +12,7 @@ from itertools import islice
 
 from ..placement import ClusterState, JobRequest, Placement, place_on
 from ..placement.cluster import StaticView
-from ..placement.framework import REFUSED, eligible
+from ..placement.framework import REFUSED, eligibility, eligible
 from ..placement.scorers import candidate_speed
 from .jobs import PolicyConfig, RunningJob
 from .migration import Migration, Movable
@@ -90,7 +90,7 @@ def plan_migrations(
     for r, req, speed, left in _up_candidates(cluster, running, config, now, min_gain):
         if cluster.total_free < r.gpus:
             continue
-        known = targets.get(group := (req.eligibility, req.workload_class, req.gpus > 1, r.gpus))
+        known = targets.get(group := (eligibility(req), req.workload_class, req.gpus > 1, r.gpus))
         if known is None or known[0] != cluster.changes:
             view = eligible(cluster, req, config.profile)
             key = (id(view), req.workload_class, req.gpus > 1)
@@ -131,10 +131,10 @@ def _some_may_gain(cluster: ClusterState, running: RunningJobs, config: PolicyCo
     move's time left, overhead included, is at most that ratio of its own, `left * speed / m_speed` less)."""
     total_free = cluster.total_free
     fastest: dict[tuple[object, ...], float] = {}  # per eligibility, class and GPUs: the fastest free target
-    for (eligibility, cls, multi, gpus, speed), (_, req) in running.movers.items():
+    for (static, cls, multi, gpus, speed), (_, req) in running.movers.items():
         if gpus > total_free:
             continue
-        best = fastest.get(key := (eligibility, cls, multi, gpus))
+        best = fastest.get(key := (static, cls, multi, gpus))
         if best is None:
             models = _models(cluster, req, eligible(cluster, req, config.profile), config.migrate_spares_largest_memory)
             best = fastest[key] = max((s for _, s in free_targets(cluster, models, gpus)), default=0.0)

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import NoReturn
 
 from ..placement import JobRequest
+from ..placement.framework import eligibility
 from .jobs import RunningJob
 
 # (end unknown, end, job): the order in which running jobs free their GPUs, by their estimates.
@@ -34,7 +35,7 @@ def mover_key(r: RunningJob) -> MoverKey | None:
     req = r.request
     if req is None or not r.checkpointable or not r.speed:
         return None
-    return (req.eligibility, req.workload_class, req.gpus > 1, r.gpus, r.speed)
+    return (eligibility(req), req.workload_class, req.gpus > 1, r.gpus, r.speed)
 
 
 def end_key(r: RunningJob) -> EndKey:

@@ -59,6 +59,8 @@ Loop = Callable[[], Awaitable[None]]
 __all__ = ["BadRequest", "Clock", "Runtime", "ServiceParts", "StateUnavailable", "serve", "system_clock"]
 # What a failed start-up step may raise and still be retried (anything else is a bug).
 _STARTUP_TROUBLE = (RedisError, OSError, nats.errors.Error)
+# How long `Runtime.stop` waits for its cancelled background tasks (each should end at once).
+STOP_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -104,6 +106,7 @@ class Runtime:
         self._bus: Bus | None = None
         self._outbox: Outbox | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        self.stop_timeout_s = STOP_TIMEOUT_S  # how long `stop` waits for its cancelled tasks to end
         # Whether the state store is reachable and whole; consumers fetch only then.
         self.guard = StateGuard(self.log, self._rebuild)
         self.ownership: Ownership | None = None  # scaled out: the units this replica runs
@@ -267,7 +270,11 @@ class Runtime:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=self.stop_timeout_s)
+            for task in stuck:  # it swallowed its cancellation: say which, and stop anyway (a hang says nothing)
+                self.log.error("runtime.task_would_not_stop", task=task.get_name(), timeout_s=self.stop_timeout_s,
+                               stack=[f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack()])
         if self._bus is not None:
             await self._bus.close()
         if self._state is not None:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from fastapi import APIRouter, Request
 from pydantic import SecretStr
+from structlog.testing import capture_logs
 
 from whaleflux.shared import subjects
 from whaleflux.shared.deps import Admin, AdminDep, NowDep, RuntimeDep, StateDep, runtime_of
@@ -198,3 +199,36 @@ async def _until(check, what: str, deadline_s: float = 60.0) -> None:  # type: i
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def test_stop_ends_even_when_a_task_swallows_its_cancellation_and_names_that_task():
+    """A background loop that catches CancelledError and goes on must not hang the service's stop."""
+    runtime = Runtime("test", _settings())
+    runtime.stop_timeout_s = 0.5
+    release = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:  # the bug this guards against
+                cancelled.set()
+
+    async def polite() -> None:
+        await asyncio.sleep(3600)
+
+    bad, good = runtime.spawn(stubborn(), name="stubborn-loop"), runtime.spawn(polite(), name="polite-loop")
+    try:
+        await asyncio.sleep(0)
+        with capture_logs() as logs:
+            await runtime.stop()
+        assert cancelled.is_set() and not bad.done()
+        assert good.cancelled()
+        assert [(e["event"], e["task"]) for e in logs if e["log_level"] == "error"] == [
+            ("runtime.task_would_not_stop", "stubborn-loop")]
+    finally:
+        release.set()
+        bad.cancel()
+        await asyncio.wait([bad], timeout=5)
+    assert bad.done()

@@ -15,6 +15,7 @@ many GPUs free (`_some_may_gain`).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -96,92 +97,76 @@ def test_a_move_the_reservation_refused_is_still_made_for_a_job_that_ends_by_the
     assert [(m.job_id, m.placement.node) for m in reply.migrated] == [("short", "fast")]
 
 
-def test_the_shortcuts_keep_every_decision_and_reason_over_random_states(monkeypatch: pytest.MonkeyPatch):
-    seeds = range(16)
-    passes = sys.modules["whaleflux.scheduler.queueing.schedule"]._Pass
-    known, taken = passes._kept_by_reservation, []
+SEEDS = range(16)
 
-    def counted(*args: object) -> str | None:
-        why = known(*args)  # type: ignore[arg-type]
-        taken.append(why is not None)
-        return why
 
-    monkeypatch.setattr(passes, "_kept_by_reservation", counted)
-    with_shortcuts = [run_passes(seed) for seed in seeds]
-    assert sum(taken) > 100, "the shortcut is taken"
-    monkeypatch.setattr(passes, "_kept_by_reservation", lambda *_: None)  # always place the job to know
-    monkeypatch.setattr(Reservations, "ends_after_all", lambda *_: False)  # always try the move
-    for seed, log in zip(seeds, with_shortcuts, strict=True):
+def record(monkeypatch: pytest.MonkeyPatch, owner: object, name: str,
+           judge: Callable[[object], bool]) -> tuple[list[list[str]], list[bool]]:
+    """Every random pass's log with the shortcut `owner.name` on, and what `judge` said of each of its answers."""
+    known, said = getattr(owner, name), []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        answer = known(*args, **kwargs)
+        said.append(judge(answer))
+        return answer
+
+    monkeypatch.setattr(owner, name, counted)
+    return [run_passes(seed) for seed in SEEDS], said
+
+
+def assert_same_without(monkeypatch: pytest.MonkeyPatch, logs: list[list[str]], *off: tuple[object, str, object]):
+    """The same decisions and reasons, pass by pass, with each shortcut `(owner, name, value)` replaced."""
+    for owner, name, value in off:
+        monkeypatch.setattr(owner, name, value)
+    for seed, log in zip(SEEDS, logs, strict=True):
         assert run_passes(seed) == log, f"seed {seed}"
+
+
+def test_the_shortcuts_keep_every_decision_and_reason_over_random_states(monkeypatch: pytest.MonkeyPatch):
+    passes = sys.modules["whaleflux.scheduler.queueing.schedule"]._Pass
+    with_shortcuts, taken = record(monkeypatch, passes, "_kept_by_reservation", lambda why: why is not None)
+    assert sum(taken) > 100, "the shortcut is taken"
+    assert_same_without(monkeypatch, with_shortcuts,
+                        (passes, "_kept_by_reservation", lambda *_: None),  # always place the job to know
+                        (Reservations, "ends_after_all", lambda *_: False))  # always try the move
     text = "".join("".join(log) for log in with_shortcuts)
     assert text.count("Started(") > 800 and text.count("would delay") > 1000 and text.count("Migration(") > 10, (
         text.count("Started("), text.count("would delay"), text.count("Migration("))
 
 
 def test_no_room_is_made_when_fewer_gpus_are_free_than_the_head_needs(monkeypatch: pytest.MonkeyPatch):
-    seeds = range(16)
     migration = sys.modules["whaleflux.scheduler.queueing.migration"]
-    known, said = migration.room_possible, []
-
-    def counted(cluster: ClusterState, req: JobRequest) -> bool:
-        possible = known(cluster, req)
-        said.append(possible)
-        return possible
-
-    monkeypatch.setattr(migration, "room_possible", counted)
-    with_bound = [run_passes(seed) for seed in seeds]
+    with_bound, said = record(monkeypatch, migration, "room_possible", bool)
     assert said.count(False) > 50 and said.count(True) > 50, (said.count(False), said.count(True))
-    monkeypatch.setattr(migration, "room_possible", lambda *_: True)  # always walk the nodes and try the moves
-    for seed, log in zip(seeds, with_bound, strict=True):
-        assert run_passes(seed) == log, f"seed {seed}"
+    # Always walk the nodes and try the moves.
+    assert_same_without(monkeypatch, with_bound, (migration, "room_possible", lambda *_: True))
     text = "".join("".join(log) for log in with_bound)
     assert text.count("to make room for") >= 3, text.count("to make room for")  # rooms are still made
 
 
 def test_moves_up_skip_jobs_whose_models_have_too_few_gpus_free(monkeypatch: pytest.MonkeyPatch):
-    seeds = range(16)
     migration = sys.modules["whaleflux.scheduler.queueing.moves_up"]
-    known, found = migration.free_targets, []
-
-    def counted(cluster: ClusterState, models: list[tuple[str, float]], gpus: int) -> tuple[tuple[str, float], ...]:
-        free = known(cluster, models, gpus)
-        found.append(bool(free))
-        return free
-
-    monkeypatch.setattr(migration, "free_targets", counted)
-    with_skip = [run_passes(seed) for seed in seeds]
+    with_skip, found = record(monkeypatch, migration, "free_targets", bool)
     assert found.count(False) > 20 and found.count(True) > 20, (found.count(False), found.count(True))
     # Every model of the job's view, free or not (each candidate then checks every one, as before the skip).
-    monkeypatch.setattr(migration, "free_targets", lambda _cluster, models, _gpus: tuple(models))
-    for seed, log in zip(seeds, with_skip, strict=True):
-        assert run_passes(seed) == log, f"seed {seed}"
+    assert_same_without(monkeypatch, with_skip,
+                        (migration, "free_targets", lambda _cluster, models, _gpus: tuple(models)))
     text = "".join("".join(log) for log in with_skip)
     assert text.count("migrate to faster GPUs") >= 5, text.count("migrate to faster GPUs")  # moves are still made
 
 
 def test_moves_up_walk_no_running_job_when_no_group_of_them_could_gain(monkeypatch: pytest.MonkeyPatch):
-    seeds = range(16)
     moves_up = sys.modules["whaleflux.scheduler.queueing.moves_up"]
-    known, said = moves_up._some_may_gain, []
-
-    def counted(*args: object) -> bool:
-        may = known(*args)
-        said.append(may)
-        return bool(may)
-
-    monkeypatch.setattr(moves_up, "_some_may_gain", counted)
-    with_exit = [run_passes(seed) for seed in seeds]
+    with_exit, said = record(monkeypatch, moves_up, "_some_may_gain", bool)
     assert said.count(False) > 20 and said.count(True) > 20, (said.count(False), said.count(True))
-    monkeypatch.setattr(moves_up, "_some_may_gain", lambda *_: True)  # always walk the running jobs
-    for seed, log in zip(seeds, with_exit, strict=True):
-        assert run_passes(seed) == log, f"seed {seed}"
+    # Always walk the running jobs.
+    assert_same_without(monkeypatch, with_exit, (moves_up, "_some_may_gain", lambda *_: True))
     text = "".join("".join(log) for log in with_exit)
     assert text.count("migrate to faster GPUs") >= 5, text.count("migrate to faster GPUs")  # moves are still made
 
 
 @pytest.mark.parametrize("module", ["schedule", "moves_up"])
 def test_candidates_all_on_refused_nodes_are_not_scored_to_be_refused(monkeypatch: pytest.MonkeyPatch, module: str):
-    seeds = range(16)
     core = sys.modules[f"whaleflux.scheduler.queueing.{module}"]
     owner = core._Pass if module == "schedule" else core
     place, answers = core.place_on, []
@@ -193,11 +178,9 @@ def test_candidates_all_on_refused_nodes_are_not_scored_to_be_refused(monkeypatc
         return decision
 
     monkeypatch.setattr(core, "place_on", counted)
-    with_shortcut = [run_passes(seed) for seed in seeds]
+    with_shortcut = [run_passes(seed) for seed in SEEDS]
     assert answers.count(True) > 10 and answers.count(False) > 10, (answers.count(True), answers.count(False))
-    monkeypatch.setattr(owner, "_refuser", lambda *_: None)  # always score the candidates
-    for seed, log in zip(seeds, with_shortcut, strict=True):
-        assert run_passes(seed) == log, f"seed {seed}"
+    assert_same_without(monkeypatch, with_shortcut, (owner, "_refuser", lambda *_: None))  # always score them
     text = "".join("".join(log) for log in with_shortcut)
     made = "backfilled=True" if module == "schedule" else "migrate to faster GPUs"
     assert text.count(made) >= 5, text.count(made)  # backfills and moves are still made

@@ -24,17 +24,24 @@ def waiting(job_id, runtime, priority="normal"):
     return PendingJob(JobRequest(job_id, 1, priority=priority, expected_runtime_s=runtime), 0.0)
 
 
-def run(policy, victims, job, now=HOUR):
-    """One pass: `victims` (job id -> (left s, checkpointable, priority)) each hold one GPU; `job` waits."""
+def holding(victims, now=HOUR, preemptions=0):
+    """A cluster of one-GPU nodes and its running jobs: `victims` (job id -> (left s, checkpointable, priority))
+    each hold one GPU since 0, `preemptions` times stopped before."""
     cluster = ClusterState(one_gpu_nodes(len(victims)))
     running = RunningJobs()
     for job_id, (left, checkpointable, priority) in victims.items():
         req = JobRequest(job_id, 1, priority=priority, expected_runtime_s=left)
-        d = place_on(cluster, req, policy.profile, 0.0)
+        d = place_on(cluster, req, SRPT.profile, 0.0)
         assert isinstance(d, Placement)
         cluster.allocate(job_id, d)
-        running[job_id] = RunningJob(job_id, "t", priority, False, 1, 0.0, now + left, request=req, speed=1.0,
-                                     checkpointable=checkpointable)
+        running[job_id] = RunningJob(job_id, "t", priority, False, 1, 0.0, now + left, preemptions=preemptions,
+                                     request=req, speed=1.0, checkpointable=checkpointable)
+    return cluster, running
+
+
+def run(policy, victims, job, now=HOUR):
+    """One pass: `victims` (as `holding`) each hold one GPU; `job` waits."""
+    cluster, running = holding(victims, now)
     queue = PendingQueue(policy)
     queue.add(job)
     return run_pass(ScheduleRequest(now, cluster, queue, running, policy))
@@ -60,13 +67,7 @@ def test_off_by_default_and_never_a_job_without_a_checkpoint_with_less_left_or_o
 def test_the_guards_hold_a_young_job_or_one_stopped_too_often():
     young = run(SRPT, {"long": (30 * HOUR, True, "normal")}, waiting("short", HOUR), now=300.0)
     assert young.preempted == []  # it ran less than min_run_before_preemption_s
-    cluster = ClusterState(one_gpu_nodes(1))
-    req = JobRequest("long", 1, expected_runtime_s=30 * HOUR)
-    d = place_on(cluster, req, SRPT.profile, 0.0)
-    assert isinstance(d, Placement)
-    cluster.allocate("long", d)
-    running = RunningJobs([RunningJob("long", "t", "normal", False, 1, 0.0, 31 * HOUR, preemptions=3, request=req,
-                                      speed=1.0, checkpointable=True)])
+    cluster, running = holding({"long": (30 * HOUR, True, "normal")}, preemptions=3)
     queue = PendingQueue(SRPT)
     queue.add(waiting("short", HOUR))
     assert run_pass(ScheduleRequest(HOUR, cluster, queue, running, SRPT)).preempted == []
@@ -74,15 +75,7 @@ def test_the_guards_hold_a_young_job_or_one_stopped_too_often():
 
 def test_only_the_first_blocked_job_stops_a_longer_one():
     victims = {"long1": (30 * HOUR, True, "normal"), "long2": (30 * HOUR, True, "normal")}
-    cluster = ClusterState(one_gpu_nodes(2))
-    running = RunningJobs()
-    for job_id, (left, ckpt, prio) in victims.items():
-        req = JobRequest(job_id, 1, expected_runtime_s=left)
-        d = place_on(cluster, req, SRPT.profile, 0.0)
-        assert isinstance(d, Placement)
-        cluster.allocate(job_id, d)
-        running[job_id] = RunningJob(job_id, "t", prio, False, 1, 0.0, HOUR + left, request=req, speed=1.0,
-                                     checkpointable=ckpt)
+    cluster, running = holding(victims)
     queue = PendingQueue(SRPT)
     queue.add(PendingJob(JobRequest("first", 1, expected_runtime_s=HOUR), 0.0, seq=1))
     queue.add(PendingJob(JobRequest("second", 1, expected_runtime_s=HOUR), 0.0, seq=2))

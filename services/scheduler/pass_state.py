@@ -124,6 +124,8 @@ class PassState:
             return self._fresh(states, facts)
         by_name = {n.name: n for n in states}
         stale = {n.name for n in states if c.nodes[n.name] is not n} | self._touched
+        if not stale:  # (a job started as a service touched its nodes too)
+            return self._synced(c)
         updated = False
         for name in sorted(stale, key=c.order.__getitem__):
             old, new = c.nodes[name], by_name[name]

@@ -117,8 +117,10 @@ def _room_for_gang(
 ) -> list[Movable] | None:
     """The jobs to move off the gang's nodes so that enough of its GPUs are free (least remaining work first,
     of the jobs running on one of its nodes alone that may move)."""
-    ok = [n for n in view.nodes if unavailable(cluster, req, cluster.nodes[n], config.profile, now) is None]
-    have = sum(len(usable(cluster, req, n)) for n in ok)
+    nodes, free, flagged = cluster.nodes, cluster.free, may_be_unavailable(cluster, config.profile)
+    ok = [n for n in view.nodes if (flagged is not None and n not in flagged)
+          or unavailable(cluster, req, nodes[n], config.profile, now) is None]
+    have = sum(len(usable(cluster, req, n)) for n in ok if free[n])  # (no GPU free: none usable)
     if have >= req.gpus:
         return None  # it fits without moving anything
     holdings, jobs_on = cluster.holdings, cluster.jobs_on

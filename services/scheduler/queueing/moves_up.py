@@ -78,7 +78,6 @@ def plan_migrations(
             and not _some_may_gain(cluster, running, config)):
         return []  # (nothing moves: the running jobs need not be walked)
     moves: list[Migration] = []
-    models_of: dict[tuple[int, str, bool], list[tuple[str, float]]] = {}  # per view and class: (model, speed)
     failed: set[tuple[int, int, tuple[str, ...]]] = set()  # target shapes that found no placement in this pass
     # Targets with no placement within the reservations, at `cluster.freed` then: until a move frees GPUs, a
     # job of that target that cannot end by every reserved start cannot move (`_move_up` would place it twice).
@@ -93,10 +92,8 @@ def plan_migrations(
         known = targets.get(group := (eligibility(req), req.workload_class, req.gpus > 1, r.gpus))
         if known is None or known[0] != cluster.changes:
             view = eligible(cluster, req, config.profile)
-            key = (id(view), req.workload_class, req.gpus > 1)
-            if key not in models_of:
-                models_of[key] = _models(cluster, req, view, config.migrate_spares_largest_memory)
-            known = targets[group] = (cluster.changes, view, free_targets(cluster, models_of[key], r.gpus))
+            models = _models(cluster, req, view, config.migrate_spares_largest_memory)
+            known = targets[group] = (cluster.changes, view, free_targets(cluster, models, r.gpus))
         _, view, free = known
         if not free:
             continue
@@ -229,13 +226,18 @@ def _fastest(cluster: ClusterState, req: JobRequest, models: tuple[str, ...]) ->
 
 
 def _models(cluster: ClusterState, req: JobRequest, view: StaticView, spare_largest: bool) -> list[tuple[str, float]]:
-    """The job's speed on each model of its view; without the largest-memory model when it fits a smaller one."""
-    speeds: dict[str, float] = {}
-    mem: dict[str, float] = {}
-    for model, name in view.firsts.items():
-        node = cluster.nodes[name]
-        speeds[model] = candidate_speed(cluster, req, node)
-        mem[model] = max(g.memory_total_mib for g in node.gpus)
-    if spare_largest and len(set(mem.values())) > 1:
-        del speeds[max(mem, key=lambda m: mem[m])]
-    return [(m, s) for m, s in speeds.items() if s > 0]
+    """The job's speed on each model of its view; without the largest-memory model when it fits a smaller one.
+    (Kept with the view: it reads only the nodes' static facts, the job's class and whether it needs one GPU.)"""
+
+    def build() -> list[tuple[str, float]]:
+        speeds: dict[str, float] = {}
+        mem: dict[str, float] = {}
+        for model, name in view.firsts.items():
+            node = cluster.nodes[name]
+            speeds[model] = candidate_speed(cluster, req, node)
+            mem[model] = max(g.memory_total_mib for g in node.gpus)
+        if spare_largest and len(set(mem.values())) > 1:
+            del speeds[max(mem, key=lambda m: mem[m])]
+        return [(m, s) for m, s in speeds.items() if s > 0]
+
+    return cluster.derived(("up models", id(view), req.workload_class, req.gpus > 1, spare_largest), build)

@@ -9,7 +9,7 @@ can read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from . import filters as F
@@ -150,6 +150,18 @@ def unavailable(cluster: ClusterState, req: JobRequest, node: NodeState, profile
     if flagged is not None and node.name not in flagged:
         return None
     return _dynamic_reason(req, node, now, profile, F.FilterSettings(profile.xid_quarantine_s, cluster.speed))
+
+
+def available(cluster: ClusterState, req: JobRequest, names: Iterable[str], profile: Profile, now: float) -> list[str]:
+    """Those of `names` (in their order) whose nodes can take the job now (`unavailable` says None), the dynamic
+    filters asked only of the nodes they may reject."""
+    flagged = _flagged(cluster, profile)
+    if flagged is not None and not flagged:
+        return list(names)
+    settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
+    nodes = cluster.nodes
+    return [n for n in names if (flagged is not None and n not in flagged)
+            or not _dynamic_reason(req, nodes[n], now, profile, settings)]
 
 
 def usable(cluster: ClusterState, req: JobRequest, node: str) -> list[int]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from ..placement import ClusterState, JobRequest, NodeShare, Placement, Profile, place_on
 from ..placement.cluster import StaticView
-from ..placement.framework import eligible, may_be_unavailable, unavailable, usable
+from ..placement.framework import available, eligible, may_be_unavailable, unavailable, usable
 from .jobs import PendingJob, PolicyConfig, RunningJob
 
 
@@ -117,9 +117,7 @@ def _room_for_gang(
 ) -> list[Movable] | None:
     """The jobs to move off the gang's nodes so that enough of its GPUs are free (least remaining work first,
     of the jobs running on one of its nodes alone that may move)."""
-    nodes, free, flagged = cluster.nodes, cluster.free, may_be_unavailable(cluster, config.profile)
-    ok = [n for n in view.nodes if (flagged is not None and n not in flagged)
-          or unavailable(cluster, req, nodes[n], config.profile, now) is None]
+    ok, free = available(cluster, req, view.nodes, config.profile, now), cluster.free
     have = sum(len(usable(cluster, req, n)) for n in ok if free[n])  # (no GPU free: none usable)
     if have >= req.gpus:
         return None  # it fits without moving anything

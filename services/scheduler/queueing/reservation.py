@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..placement import ClusterState, JobRequest, Placement, Profile
-from ..placement.framework import eligible, may_be_unavailable, unavailable, usable
+from ..placement.framework import available, eligible, unavailable, usable
 from .jobs import PendingJob, RunningJob
 from .running import EndKey, RunningJobs
 
@@ -204,13 +204,11 @@ def _usable_now(
     cluster: ClusterState, req: JobRequest, profile: Profile, now: float, gang: bool, taken: Reservations | None
 ) -> dict[str, int]:
     """Usable GPUs free now on each node that could hold the job (not those earlier reservations hold whole)."""
-    nodes, free_gpus, flagged = cluster.nodes, cluster.free, may_be_unavailable(cluster, profile)
-    free = {
-        n: len(usable(cluster, req, n)) if free_gpus[n] else 0  # (a node with no GPU free has none usable)
-        for n in eligible(cluster, req, profile).nodes
-        if (gang or len(nodes[n].gpus) >= req.gpus)
-        and ((flagged is not None and n not in flagged) or unavailable(cluster, req, nodes[n], profile, now) is None)
-    }
+    nodes, free_gpus = cluster.nodes, cluster.free
+    could_hold = [n for n in eligible(cluster, req, profile).nodes if gang or len(nodes[n].gpus) >= req.gpus]
+    # (a node with no GPU free has none usable)
+    free = {n: len(usable(cluster, req, n)) if free_gpus[n] else 0
+            for n in available(cluster, req, could_hold, profile, now)}
     held = taken.spare if taken else {}
     if held:
         rest = {n: f for n, f in free.items() if held.get(n) != 0}

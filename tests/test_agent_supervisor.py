@@ -12,7 +12,9 @@ import threading
 from datetime import datetime
 from pathlib import Path
 
-from whaleflux.agent import attempts
+import pytest
+
+from whaleflux.agent import attempts, supervise
 from whaleflux.agent.supervise import SIGTERM_REASON
 
 from .processes import wait_until
@@ -44,7 +46,7 @@ raise SystemExit(int(os.environ.get("EXIT_CODE", "0")))
 
 
 def _attempt(tmp_path: Path, *, fence_after_s: float = 300.0, grace_s: float = 5.0, argv: list[str] | None = None,
-             **env: str) -> Path:
+             cwd: str | None = None, **env: str) -> Path:
     """An attempt folder with its spec, as the agent writes it."""
     attempt_dir = tmp_path / "attempts" / "onprem" / "n1" / "job-1.1"
     attempt_dir.mkdir(parents=True)
@@ -53,7 +55,7 @@ def _attempt(tmp_path: Path, *, fence_after_s: float = 300.0, grace_s: float = 5
     spec = attempts.Spec(
         argv=argv or [sys.executable, str(script), str(tmp_path)],
         env={"PATH": os.environ["PATH"], **env},
-        cwd=str(tmp_path),
+        cwd=cwd or str(tmp_path),
         alive=str(attempt_dir.parent / attempts.ALIVE),
         grace_s=grace_s,
         fence_after_s=fence_after_s,
@@ -62,10 +64,15 @@ def _attempt(tmp_path: Path, *, fence_after_s: float = 300.0, grace_s: float = 5
     return attempt_dir
 
 
-def _supervise(attempt_dir: Path, log: Path) -> subprocess.Popen:
+# How a supervisor is started: the agent's command, and `python -m` as agents before `supervise.command` did.
+AS_THE_AGENT_DOES = supervise.command
+AS_EARLIER_AGENTS_DID = lambda attempt_dir: [sys.executable, "-m", attempts.SUPERVISOR, str(attempt_dir)]  # noqa: E731
+
+
+def _supervise(attempt_dir: Path, log: Path, command=AS_THE_AGENT_DOES) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "whaleflux.agent.supervise", str(attempt_dir)], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(command(attempt_dir), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
 
 
 def _mark(tmp_path: Path, name: str) -> dict | None:
@@ -200,3 +207,65 @@ def test_a_command_that_cannot_start_is_recorded_with_the_reason_and_never_runs(
     ended = _exit(attempt_dir)
     assert ended.exit_code is None and ended.error == "cannot start command: No such file or directory"
     assert attempts.read_running(attempt_dir) is None
+
+
+@pytest.mark.parametrize("command", [AS_THE_AGENT_DOES, AS_EARLIER_AGENTS_DID], ids=["agent's command", "python -m"])
+def test_a_running_supervisor_is_told_from_other_processes_by_its_command_line(tmp_path, command):
+    # A restarted agent re-adopts the supervisors it finds by this, also those an agent before an upgrade started.
+    attempt_dir = _attempt(tmp_path)
+    other_dir = attempt_dir.with_name("job-2.1")
+    other_dir.mkdir()
+    supervisor = _supervise(attempt_dir, tmp_path / "job.log", command)
+    try:
+        running = wait_until(lambda: attempts.read_running(attempt_dir), what="running.json")
+        assert attempts.supervisor_alive(running.supervisor_pid, attempt_dir)
+        assert attempts.supervisor_alive(running.supervisor_pid, str(attempt_dir / ".." / attempt_dir.name))
+        assert not attempts.supervisor_alive(running.supervisor_pid, other_dir)
+        assert not attempts.supervisor_alive(running.job_pid, attempt_dir)  # the job: not its supervisor
+    finally:
+        (tmp_path / "release").touch()
+        assert supervisor.wait(timeout=30) == 0
+    assert _exit(attempt_dir).exit_code == 0
+    assert not attempts.supervisor_alive(running.supervisor_pid, attempt_dir)
+
+
+# The job (a shell, not Python, which ignores SIGPIPE itself): what it got, one line each: its stdin, the descriptors
+# a program it runs has open, the signals that program has ignored (hex mask), its folder, umask, session and pid.
+INHERITED = r"""exec > "$1"
+readlink /proc/self/fd/0
+ls /proc/self/fd | tr '\n' ' '; echo
+grep '^SigIgn:' /proc/self/status | cut -f2
+pwd
+umask
+ps -o sid= -p $$ | tr -d ' '
+echo $$
+"""
+
+
+def test_the_job_starts_as_popen_would_start_it_stdin_null_no_other_descriptor_no_signal_left_ignored(tmp_path):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    got_file = tmp_path / "got.txt"
+    attempt_dir = _attempt(tmp_path, argv=["sh", "-c", INHERITED, "sh", str(got_file)], cwd=str(workdir))
+    supervisor = _supervise(attempt_dir, tmp_path / "job.log")
+    assert supervisor.wait(timeout=30) == 0
+    assert _exit(attempt_dir).exit_code == 0
+    stdin, fds, ignored, cwd, umask, sid, pid = got_file.read_text().splitlines()
+    running = attempts.read_running(attempt_dir)
+    assert running is not None and int(sid) == int(pid) == running.job_pid
+    # 3: the folder `ls` lists, its own; nothing else is open but stdin, stdout, stderr.
+    assert stdin == os.devnull and fds.split() == ["0", "1", "2", "3"]
+    assert int(ignored, 16) == 0  # Python ignores SIGPIPE and SIGXFSZ; a command must get them back
+    assert cwd == str(workdir)
+    current = os.umask(0o022)
+    os.umask(current)
+    assert int(umask, 8) == current  # the supervisor's own, as the agent left it
+
+
+def test_a_command_whose_folder_is_missing_is_recorded_as_not_started(tmp_path):
+    attempt_dir = _attempt(tmp_path, cwd=str(tmp_path / "no-such-folder"))
+    supervisor = _supervise(attempt_dir, tmp_path / "job.log")
+    assert supervisor.wait(timeout=30) == 0
+    ended = _exit(attempt_dir)
+    assert ended.exit_code is None and ended.error == "cannot start command: No such file or directory"
+    assert attempts.read_running(attempt_dir) is None and _mark(tmp_path, "start") is None

@@ -16,10 +16,12 @@ from __future__ import annotations
 import os
 import pwd
 from collections.abc import Mapping  # loaded with the interpreter already
-from pathlib import Path
 
-# No `typing` nor `dataclasses` here: the supervisor imports this module at each job's start (typing alone costs
-# it ~25 ms).
+# No `typing`, `dataclasses` nor `pathlib` here: the supervisor imports this module at each job's start (typing
+# alone costs it ~25 ms).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DEFAULT_USER = "nobody"
 # What a job running as another user keeps of the agent's environment (its own `env` is added on top): the

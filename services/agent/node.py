@@ -363,8 +363,8 @@ class NodeAgent:
                                finished_at=ended.finished_at, interrupted=ended.interrupted, log_tail=tail)
         await self._report(subjects.job_finished(placed.cluster, placed.node), finished, placed)
         reported_at = self.clock()
-        if attempt_dir is not None:  # a virtual attempt has no folder
-            attempts.mark_reported(attempt_dir, reported_at)
+        if attempt_dir is not None:  # a virtual attempt has no folder; fsynced, so off the loop (and awaited first)
+            await asyncio.to_thread(attempts.mark_reported, attempt_dir, reported_at)
         self._list_ended(attempt_dir, placed, running, ended, reported_at)
         log.info("job.finished", job_id=placed.job_id, attempt=placed.attempt, exit_code=ended.exit_code,
                  interrupted=ended.interrupted)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from whaleflux.shared.events import JobPlaced
 
-from . import attempts, jobuser, logtail
+from . import attempts, jobuser, logtail, supervise
 
 # The agent's own connection secrets must never leak into a job's environment.
 _PRIVATE_ENV = ("WHALEFLUX_", "NATS_", "REDIS_")
@@ -113,8 +113,8 @@ def _supervisor_env() -> dict[str, str]:
 
 
 def _prepare(placed: JobPlaced, log_dir: Path, node_dir: Path, grace_s: float,
-             fence_after_s: float, run_as: str | None = None) -> tuple[Path, Path]:
-    """The attempt's folder with its placement and spec, and the job's log path (local files, fsynced)."""
+             fence_after_s: float, run_as: str | None = None) -> tuple[Path, BinaryIO]:
+    """The attempt's folder with its placement and spec (local files, fsynced), and the job's log, open."""
     log_dir.mkdir(parents=True, exist_ok=True)
     # Logs live in <home>/jobs, default checkpoints in <home>/checkpoints.
     # A job switched to another user keeps only an allow-list of the agent's environment (jobuser.scrubbed).
@@ -124,25 +124,24 @@ def _prepare(placed: JobPlaced, log_dir: Path, node_dir: Path, grace_s: float,
     jobuser.give(Path(env["WHALEFLUX_CHECKPOINT_DIR"]), run_as)
     attempt_dir = node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
     attempt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    attempts.write_text(attempt_dir / attempts.PLACED, placed.model_dump_json())
     # The job's environment may hold its secrets: they go in a 0600 file, never on a command line.
     spec = attempts.Spec(argv=placed.command, env=env, cwd=placed.workdir, alive=str(node_dir / attempts.ALIVE),
                          grace_s=grace_s, fence_after_s=fence_after_s, user=run_as)
-    attempts.write_spec(attempt_dir, spec)
-    return attempt_dir, log_dir / log_name(placed.job_id, placed.attempt, placed.part)
+    # Both before the supervisor starts, one folder sync for the two (neither counts without its running.json).
+    attempts.write_files(attempt_dir, {attempts.PLACED: placed.model_dump_json(),
+                                       attempts.SPEC: attempts.spec_text(spec)})
+    return attempt_dir, (log_dir / log_name(placed.job_id, placed.attempt, placed.part)).open("ab")
 
 
 async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, *, grace_s: float,
                  fence_after_s: float, run_as: str | None = None) -> RunningJob:
     """Start the command under a supervisor (supervise.py) and wait until it runs; raise CannotStart if it cannot."""
     # The files are fsynced: off the event loop, which carries every other job's events meanwhile.
-    attempt_dir, log_path = await asyncio.to_thread(_prepare, placed, log_dir, node_dir, grace_s, fence_after_s,
-                                                    run_as)
-    log = await asyncio.to_thread(log_path.open, "ab")
+    attempt_dir, log = await asyncio.to_thread(_prepare, placed, log_dir, node_dir, grace_s, fence_after_s, run_as)
     with log:
         try:
             supervisor = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", attempts.SUPERVISOR, str(attempt_dir),
+                *supervise.command(attempt_dir),
                 env=_supervisor_env(),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
@@ -214,8 +213,8 @@ async def stop(job: RunningJob, grace_s: float = 10.0, reason: str | None = None
     """
     if job.ended.done():
         return
-    if reason is not None:
-        attempts.request_stop(job.dir, reason)
+    if reason is not None:  # written (fsynced, off the loop) before the SIGTERM, so the supervisor records it
+        await asyncio.to_thread(attempts.request_stop, job.dir, reason)
     _signal_group(job.running.job_pid, signal.SIGTERM)
     try:
         await asyncio.wait_for(asyncio.shield(job.ended), grace_s)

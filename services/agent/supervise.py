@@ -1,4 +1,4 @@
-"""One attempt's supervisor: `python -m whaleflux.agent.supervise <attempt-dir>`.
+"""One attempt's supervisor: `python -m whaleflux.agent.supervise <attempt-dir>`, started by the agent as `command`.
 
 The agent starts it in a session of its own, so it neither gets the terminal's
 SIGINT nor dies with the agent. It runs the job's command (`spec.json`) in a
@@ -8,22 +8,41 @@ stops the job itself once the agent has been silent for `fence_after_s`: by
 then the scheduler may run the attempt elsewhere, and it must never run twice.
 
 Its output and the job's go to the job's log, which the agent opened for it.
-Standard library only, so that it starts fast.
+Standard library only, and little of it (no subprocess, pathlib, typing), so that it starts fast: it is paid once
+per job (bench/supervisor_start.py).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-from . import attempts, jobuser
+from . import attempts, jobprocess, jobuser
+
+TYPE_CHECKING = False  # not typing's, which would cost each start ~25 ms
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CHECK_S = 0.5  # how often it looks at the agent's liveness file
 SIGTERM_REASON = "supervisor got SIGTERM: the node is stopping"
+
+# How the agent starts it: isolated and without `site` (-I -S), which with an editable install's import finder was
+# ~20 of the ~40 ms of CPU a start took (now ~25 in all, bench/supervisor_start.py), once per job. Without `site` the
+# package is not on the path, so the command names this folder and maps the package to it before importing this
+# module by its name. Its command line still ends `whaleflux.agent.supervise <attempt-dir>`, which is how
+# `attempts.supervisor_alive` tells a supervisor (of this form or the `-m` one of earlier agents) from another process.
+_BOOT = ("import sys; _, where, name, attempt_dir = sys.argv\n"
+         "for package, path in (('whaleflux', []), ('whaleflux.agent', [where])):\n"
+         "    sys.modules[package] = module = type(sys)(package); module.__path__ = path\n"
+         "__import__(name); sys.modules[name].main(attempt_dir)\n")
+
+
+def command(attempt_dir: Path) -> list[str]:
+    """The supervisor's command line for `attempt_dir` (absolute, as `supervisor_alive` compares it)."""
+    return [sys.executable, "-I", "-S", "-c", _BOOT, os.path.dirname(os.path.abspath(__file__)), attempts.SUPERVISOR,
+            str(attempt_dir)]
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -33,20 +52,13 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _wait(job: subprocess.Popen, timeout: float) -> int | None:
-    try:
-        return job.wait(timeout)
-    except subprocess.TimeoutExpired:
-        return None
-
-
-def _stop(job: subprocess.Popen, grace_s: float) -> int:
+def _stop(job: jobprocess.JobProcess, grace_s: float) -> int:
     """SIGTERM to the job's process group, SIGKILL after the grace period; its exit code."""
     _signal_group(job.pid, signal.SIGTERM)
-    code = _wait(job, grace_s)
+    code = job.wait(grace_s)
     if code is None:
         _signal_group(job.pid, signal.SIGKILL)
-        code = job.wait()
+        code = job.end()
     return code
 
 
@@ -57,14 +69,13 @@ def _last_sign_of_life(alive: str, since: float) -> float:
         return since
 
 
-def supervise(attempt_dir: Path) -> None:
+def supervise(attempt_dir: Path | str) -> None:
     """Run the attempt's command to its end and record how it started and ended."""
     spec = attempts.read_spec(attempt_dir)
     begun = time.time()
     uid, gid, groups, umask = jobuser.popen_args(spec.user)
     try:
-        job = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL, start_new_session=True,
-                               user=uid, group=gid, extra_groups=groups, umask=umask)
+        job = jobprocess.start(spec.argv, spec.env, spec.cwd, uid, gid, groups, umask)
     except OSError as exc:
         reason = f"cannot start command: {exc.strerror or exc}"
         attempts.write_exit(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), error=reason))
@@ -82,7 +93,7 @@ def supervise(attempt_dir: Path) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
     fenced = code = None
     while code is None:
-        code = _wait(job, CHECK_S)
+        code = job.wait(CHECK_S)
         silent_s = time.time() - _last_sign_of_life(spec.alive, begun)
         if code is None and silent_s > spec.fence_after_s:
             fenced = f"agent silent for {silent_s:.0f} s: stopped so it cannot run twice"
@@ -94,5 +105,9 @@ def supervise(attempt_dir: Path) -> None:
     attempts.write_exit(attempt_dir, ended)
 
 
+def main(attempt_dir: str) -> None:
+    supervise(attempt_dir)
+
+
 if __name__ == "__main__":
-    supervise(Path(sys.argv[1]))
+    main(sys.argv[1])

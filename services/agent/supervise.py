@@ -8,18 +8,20 @@ stops the job itself once the agent has been silent for `fence_after_s`: by
 then the scheduler may run the attempt elsewhere, and it must never run twice.
 
 Its output and the job's go to the job's log, which the agent opened for it.
-Standard library only, and little of it (no subprocess, pathlib, typing), so that it starts fast: it is paid once
-per job (bench/supervisor_start.py).
+Standard library only, and little of it (no pathlib or typing), so that it starts fast: it is paid once per job
+(bench/supervisor_start.py). The job itself is started by `subprocess.Popen`, not by a fork and exec of our own:
+what it gets (user and groups, session, signals, descriptors) is the kind of thing not to write by hand.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
-from . import attempts, jobprocess, jobuser
+from . import attempts, jobuser
 
 TYPE_CHECKING = False  # not typing's, which would cost each start ~25 ms
 if TYPE_CHECKING:
@@ -52,13 +54,20 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _stop(job: jobprocess.JobProcess, grace_s: float) -> int:
+def _wait(job: subprocess.Popen, timeout: float) -> int | None:
+    try:
+        return job.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _stop(job: subprocess.Popen, grace_s: float) -> int:
     """SIGTERM to the job's process group, SIGKILL after the grace period; its exit code."""
     _signal_group(job.pid, signal.SIGTERM)
-    code = job.wait(grace_s)
+    code = _wait(job, grace_s)
     if code is None:
         _signal_group(job.pid, signal.SIGKILL)
-        code = job.end()
+        code = job.wait()
     return code
 
 
@@ -75,7 +84,8 @@ def supervise(attempt_dir: Path | str) -> None:
     begun = time.time()
     uid, gid, groups, umask = jobuser.popen_args(spec.user)
     try:
-        job = jobprocess.start(spec.argv, spec.env, spec.cwd, uid, gid, groups, umask)
+        job = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL, start_new_session=True,
+                               user=uid, group=gid, extra_groups=groups, umask=umask)
     except OSError as exc:
         reason = f"cannot start command: {exc.strerror or exc}"
         attempts.write_exit(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), error=reason))
@@ -93,7 +103,7 @@ def supervise(attempt_dir: Path | str) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
     fenced = code = None
     while code is None:
-        code = job.wait(CHECK_S)
+        code = _wait(job, CHECK_S)
         silent_s = time.time() - _last_sign_of_life(spec.alive, begun)
         if code is None and silent_s > spec.fence_after_s:
             fenced = f"agent silent for {silent_s:.0f} s: stopped so it cannot run twice"

@@ -38,7 +38,7 @@ SIGTERM_REASON = "supervisor got SIGTERM: the node is stopping"
 _BOOT = ("import sys; _, where, name, attempt_dir = sys.argv\n"
          "for package, path in (('whaleflux', []), ('whaleflux.agent', [where])):\n"
          "    sys.modules[package] = module = type(sys)(package); module.__path__ = path\n"
-         "__import__(name); sys.modules[name].main(attempt_dir)\n")
+         "__import__(name); sys.modules[name].supervise(attempt_dir)\n")
 
 
 def command(attempt_dir: Path) -> list[str]:
@@ -115,9 +115,5 @@ def supervise(attempt_dir: Path | str) -> None:
     attempts.write_exit(attempt_dir, ended)
 
 
-def main(attempt_dir: str) -> None:
-    supervise(attempt_dir)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    supervise(sys.argv[1])

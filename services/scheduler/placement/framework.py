@@ -200,10 +200,11 @@ def _dynamic_reason(
 
 
 def _usable(cluster: ClusterState, req: JobRequest, name: str, caps: Mapping[str, int] | None) -> list[int]:
-    if req.min_memory_mib <= cluster.memory_floor[name]:
-        usable = cluster.free[name]  # every GPU has that much, and none is measured: usable_gpus says the same
+    free = cluster.free[name]
+    if not free or req.min_memory_mib <= cluster.memory_floor[name]:
+        usable = free  # (none free; or every GPU has that much, and none is measured: usable_gpus says the same)
     else:
-        usable = F.usable_gpus(req, cluster.gpus[name], cluster.free[name])
+        usable = F.usable_gpus(req, cluster.gpus[name], free)
     if caps is not None and name in caps:
         usable = usable[: caps[name]]
     return usable

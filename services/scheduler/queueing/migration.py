@@ -117,8 +117,8 @@ def _room_for_gang(
 ) -> list[Movable] | None:
     """The jobs to move off the gang's nodes so that enough of its GPUs are free (least remaining work first,
     of the jobs running on one of its nodes alone that may move)."""
-    ok, free = available(cluster, req, view.nodes, config.profile, now), cluster.free
-    have = sum(len(usable(cluster, req, n)) for n in ok if free[n])  # (no GPU free: none usable)
+    ok = available(cluster, req, view.nodes, config.profile, now)
+    have = sum(len(usable(cluster, req, n)) for n in ok)
     if have >= req.gpus:
         return None  # it fits without moving anything
     holdings, jobs_on = cluster.holdings, cluster.jobs_on

@@ -204,11 +204,9 @@ def _usable_now(
     cluster: ClusterState, req: JobRequest, profile: Profile, now: float, gang: bool, taken: Reservations | None
 ) -> dict[str, int]:
     """Usable GPUs free now on each node that could hold the job (not those earlier reservations hold whole)."""
-    nodes, free_gpus = cluster.nodes, cluster.free
+    nodes = cluster.nodes
     could_hold = [n for n in eligible(cluster, req, profile).nodes if gang or len(nodes[n].gpus) >= req.gpus]
-    # (a node with no GPU free has none usable)
-    free = {n: len(usable(cluster, req, n)) if free_gpus[n] else 0
-            for n in available(cluster, req, could_hold, profile, now)}
+    free = {n: len(usable(cluster, req, n)) for n in available(cluster, req, could_hold, profile, now)}
     held = taken.spare if taken else {}
     if held:
         rest = {n: f for n, f in free.items() if held.get(n) != 0}

@@ -105,3 +105,49 @@ def test_a_stopped_job_resumes_with_the_estimate_it_has_left():
     full = outcomes(False)
     assert full["long"].preemptions == 2 and full["mid"].first_start_s == 3000.0
 
+
+
+EVERY = replace(SRPT, preempt_shorter_every_blocked=True)
+
+
+def test_with_every_blocked_each_short_job_stops_a_longer_one():
+    victims = {"long1": (30 * HOUR, True, "normal"), "long2": (30 * HOUR, True, "normal")}
+    cluster, running = holding(victims)
+    queue = PendingQueue(EVERY)
+    queue.add(PendingJob(JobRequest("first", 1, expected_runtime_s=HOUR), 0.0, seq=1))
+    queue.add(PendingJob(JobRequest("second", 1, expected_runtime_s=HOUR), 0.0, seq=2))
+    reply = run_pass(ScheduleRequest(HOUR, cluster, queue, running, EVERY))
+    assert sorted(s.job.job_id for s in reply.started) == ["first", "second"]
+    assert sorted(p.victim for p in reply.preempted) == ["long1", "long2"]
+
+
+def test_a_later_short_job_never_stops_a_job_on_a_node_a_reservation_counts_on():
+    # Two nodes of three GPUs. n0: one GPU free, a long checkpointing job (30 h left), one without a checkpoint
+    # ending in half an hour; n1: two long checkpointing jobs and one without a checkpoint (10 h left). "big"
+    # (two GPUs, 25 h: above the bound) blocks first and reserves n0; "short" (two GPUs, 1 h) then stops the
+    # two long jobs of n1, not the one of n0 (which costs less and which it would stop without a reservation).
+    def one_pass(policy, *jobs):
+        nodes = [NodeState(f"n{i}", "c", "A100", "nvlink",
+                           tuple(GpuState(f"n{i}-g{g}", g, 81920) for g in range(3))) for i in range(2)]
+        cluster, running = ClusterState(nodes), RunningJobs()
+        for job_id, node, left, checkpointable in (("long0", "n0", 30, True), ("pinned0", "n0", 0.5, False),
+                                                   ("long1a", "n1", 30, True), ("long1b", "n1", 30, True),
+                                                   ("pinned1", "n1", 10, False)):
+            req = JobRequest(job_id, 1, expected_runtime_s=left * HOUR)
+            d = place_on(cluster, req, policy.profile, 0.0, caps={"n1" if node == "n0" else "n0": 0})
+            assert isinstance(d, Placement) and d.node == node
+            cluster.allocate(job_id, d)
+            running[job_id] = RunningJob(job_id, "t", "normal", False, 1, 0.0, HOUR + left * HOUR, request=req,
+                                         speed=1.0, checkpointable=checkpointable)
+        queue = PendingQueue(policy)
+        for seq, (job_id, gpus, runtime) in enumerate(jobs):
+            queue.add(PendingJob(JobRequest(job_id, gpus, expected_runtime_s=runtime), 0.0, seq=seq))
+        return run_pass(ScheduleRequest(HOUR, cluster, queue, running, policy))
+
+    reply = one_pass(EVERY, ("big", 2, 25 * HOUR), ("short", 2, HOUR))
+    assert reply.reservation is not None and reply.reservation.job_id == "big"
+    assert reply.reservation.describe().count("n0") >= 1
+    assert sorted(p.victim for p in reply.preempted) == ["long1a", "long1b"]
+    assert [(s.job.job_id, s.placement.node) for s in reply.started] == [("short", "n1")]
+    # Alone (as the first blocked job: no reservation yet) it stops the one long job of n0.
+    assert [p.victim for p in one_pass(EVERY, ("short", 2, HOUR)).preempted] == ["long0"]

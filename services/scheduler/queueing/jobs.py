@@ -115,6 +115,9 @@ class PolicyConfig:
     # `preempt_shorter_ratio` x its estimate left (they resume later with their work; same guards as above).
     preempt_shorter_max_s: float | None = None
     preempt_shorter_ratio: float = 2.0
+    # Shortest remaining first for every blocked job of at most that estimate, not only the first: each
+    # later one stops jobs only on nodes no reservation of the pass counts on, and starts within them.
+    preempt_shorter_every_blocked: bool = False
 
 
 FIFO = PolicyConfig(

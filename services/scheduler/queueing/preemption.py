@@ -89,8 +89,10 @@ def choose_victims(
     teams: Mapping[str, TeamPolicy],
     config: PolicyConfig,
     now: float,
+    avoid: Mapping[str, int] | None = None,
 ) -> list[Preemption] | None:
-    """The fewest GPUs of victims on one node that let a one-node job start; None if impossible."""
+    """The fewest GPUs of victims on one node that let a one-node job start (never on a node of `avoid`:
+    nodes a reservation counts on); None if impossible."""
     req = job.request
     view = eligible(cluster, req, config.profile)
     if req.gpus > view.max_gpus_per_node:
@@ -108,7 +110,7 @@ def choose_victims(
         if not shares or (len(shares) > 1):
             continue  # victims span one node only, so freeing them frees GPUs where they are needed
         share = shares[0]
-        if share.node not in view.members:
+        if share.node not in view.members or (avoid and share.node in avoid):
             continue
         why = victim_reason(job, r, usage, teams, config, now)
         if why:

@@ -104,15 +104,16 @@ class _Pass:
         waiting, blocked, profile, held = reply.waiting, self.blocked, cfg.profile, self.reservations.held
         preempt_for, has_quotas, short_max = cfg.preempt_for, self.has_quotas, cfg.preempt_shorter_max_s
         aging = cfg.aging_s if cfg.backfill else None
+        every = cfg.preempt_shorter_every_blocked and cfg.preemption
         examined = 0
         for job in self.request.queue.ordered(self.usage, self.request.teams, now):
             if examined >= cfg.scan_depth or self.misses >= cfg.max_misses_in_a_row:
                 break
             req = job.request
-            may_preempt = cfg.preemption and (req.priority in preempt_for or has_quotas
-                                              or (short_max is not None and not self.head_seen and shorter(job, cfg)))
+            shorter_now = short_max is not None and (every or not self.head_seen) and shorter(job, cfg)
+            may_preempt = cfg.preemption and (req.priority in preempt_for or has_quotas or shorter_now)
             if cluster.total_free == 0 and not may_preempt:
-                if not cfg.preemption or (cfg.use_priorities and not has_quotas
+                if not cfg.preemption or (cfg.use_priorities and not has_quotas and not every
                                           and _cannot_preempt(req.priority, cfg)):
                     break  # nothing is free and no later job may preempt either (classes come in rank order)
                 waiting[req.job_id] = "no GPU free"
@@ -123,7 +124,7 @@ class _Pass:
             if not self.largest_needed:
                 view = eligible(cluster, req, profile)
                 shape = _shape(cluster, req, view)
-                if self.head_seen and (aging is None or now - job.submit_time < aging
+                if self.head_seen and not (every and shorter_now) and (aging is None or now - job.submit_time < aging
                                        or len(held) >= cfg.max_reservations) and (why := blocked.get(shape)):
                     self.misses += 1
                     waiting[req.job_id] = why
@@ -167,6 +168,10 @@ class _Pass:
         self.misses += 1
         if not self.head_seen:
             return self._head(job, may_preempt, why)
+        if (cfg.preempt_shorter_every_blocked and may_preempt and shorter(job, cfg)
+                and _try_preemption(self.request, reply, self.usage, job, self.reservations)):
+            self.misses = 0
+            return False
         aging = cfg.aging_s
         if (aging is not None and cfg.backfill and now - job.submit_time >= aging
                 and len(self.reservations.held) < cfg.max_reservations):
@@ -376,10 +381,16 @@ def _try_make_room(
     return True
 
 
-def _try_preemption(request: ScheduleRequest, reply: ScheduleReply, usage: Counter[str], job: PendingJob) -> bool:
+def _try_preemption(
+    request: ScheduleRequest, reply: ScheduleReply, usage: Counter[str], job: PendingJob,
+    reservations: Reservations | None = None,
+) -> bool:
+    """Stop victims for the job and start it on the GPUs they free; with `reservations` (a job after the first
+    blocked one), only victims on nodes no reservation counts on, and the job placed within the reservations."""
     cfg, cluster, now = request.config, request.cluster, request.now
+    spare = reservations.spare if reservations else {}
     # Never a job this pass already moved (it holds its new GPUs only in this pass's bookkeeping).
-    victims = choose_victims(cluster, job, _unmoved(request, reply), usage, request.teams, cfg, now)
+    victims = choose_victims(cluster, job, _unmoved(request, reply), usage, request.teams, cfg, now, avoid=spare)
     if not victims:
         return False
     for p in victims:
@@ -387,8 +398,11 @@ def _try_preemption(request: ScheduleRequest, reply: ScheduleReply, usage: Count
         cluster.release(p.victim)
         usage[victim.team] -= victim.gpus
     reply.preempted.extend(victims)
-    decision = place_on(cluster, job.request, cfg.profile, now)
+    decision = place_on(cluster, job.request, cfg.profile, now, caps=spare or None)
     if not isinstance(decision, Placement):  # only if filters disagree with choose_victims; victims still go
         return False
-    _start(reply, cluster, usage, job, decision, _end(now, job, decision, cfg), backfilled=False)
+    end = _end(now, job, decision, cfg)
+    if reservations:
+        reservations.take(decision, end)
+    _start(reply, cluster, usage, job, decision, end, backfilled=False)
     return True

@@ -8,7 +8,7 @@ and every end the whole fleet is handed out again from scratch, shortest
 remaining work first, each job on the fastest model with enough memory and
 GPUs free (shortest remaining first on the fastest machines, the classic
 rule for mean response time on machines of different speeds). Stops, moves
-and restarts cost nothing. Two variants:
+and restarts cost nothing. Three variants:
 
 - `free`: every job may be stopped and moved at any instant;
 - `live-movable`: as the live rules allow, only jobs that keep a checkpoint
@@ -105,7 +105,7 @@ def idealized(jobs: list[SimJob], fleet: list[Pool], variant: str, walk: int = 3
     left = [float(j.duration_s) for j in jobs]  # A100 seconds of work left
     waiting: list[tuple[float, int]] = []  # sorted (work left, index): its work left does not change while it waits
     running: dict[int, tuple[tuple[int, ...], float]] = {}  # index -> (pools, rate)
-    pinned = [False] * len(jobs)  # started and keeps no checkpoint: runs to its end where it is
+    pinned = [False] * len(jobs)  # started and may not be stopped (`variant`): runs to its end where it is
     held_of: dict[int, list[int]] = {}
     now, nxt, total_jct, done = 0.0, 0, 0.0, 0
     while done < len(jobs):

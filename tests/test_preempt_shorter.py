@@ -73,14 +73,17 @@ def test_the_guards_hold_a_young_job_or_one_stopped_too_often():
     assert run_pass(ScheduleRequest(HOUR, cluster, queue, running, SRPT)).preempted == []
 
 
-def test_only_the_first_blocked_job_stops_a_longer_one():
+@pytest.mark.parametrize("every", [False, True])
+def test_only_the_first_blocked_job_stops_a_longer_one_unless_every_blocked_job_may(every):
     victims = {"long1": (30 * HOUR, True, "normal"), "long2": (30 * HOUR, True, "normal")}
     cluster, running = holding(victims)
-    queue = PendingQueue(SRPT)
+    policy = replace(SRPT, preempt_shorter_every_blocked=every)
+    queue = PendingQueue(policy)
     queue.add(PendingJob(JobRequest("first", 1, expected_runtime_s=HOUR), 0.0, seq=1))
     queue.add(PendingJob(JobRequest("second", 1, expected_runtime_s=HOUR), 0.0, seq=2))
-    reply = run_pass(ScheduleRequest(HOUR, cluster, queue, running, SRPT))
-    assert [s.job.job_id for s in reply.started] == ["first"] and len(reply.preempted) == 1
+    reply = run_pass(ScheduleRequest(HOUR, cluster, queue, running, policy))
+    assert sorted(s.job.job_id for s in reply.started) == (["first", "second"] if every else ["first"])
+    assert sorted(p.victim for p in reply.preempted) == (["long1", "long2"] if every else ["long1"])
 
 
 FACTS = {"A100": ModelFacts("A100", {"llm-train": 1.0})}
@@ -108,17 +111,6 @@ def test_a_stopped_job_resumes_with_the_estimate_it_has_left():
 
 
 EVERY = replace(SRPT, preempt_shorter_every_blocked=True)
-
-
-def test_with_every_blocked_each_short_job_stops_a_longer_one():
-    victims = {"long1": (30 * HOUR, True, "normal"), "long2": (30 * HOUR, True, "normal")}
-    cluster, running = holding(victims)
-    queue = PendingQueue(EVERY)
-    queue.add(PendingJob(JobRequest("first", 1, expected_runtime_s=HOUR), 0.0, seq=1))
-    queue.add(PendingJob(JobRequest("second", 1, expected_runtime_s=HOUR), 0.0, seq=2))
-    reply = run_pass(ScheduleRequest(HOUR, cluster, queue, running, EVERY))
-    assert sorted(s.job.job_id for s in reply.started) == ["first", "second"]
-    assert sorted(p.victim for p in reply.preempted) == ["long1", "long2"]
 
 
 def test_a_later_short_job_never_stops_a_job_on_a_node_a_reservation_counts_on():

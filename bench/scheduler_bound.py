@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from whaleflux import traces
+from whaleflux.scheduler.placement import NodeState
 from whaleflux.scheduler.queueing import BACKFILL
 from whaleflux.scheduler.simulator.engine import MIB_PER_GB, simulate
 from whaleflux.scheduler.simulator.fleet import fleet_nodes, interconnects, model_facts
@@ -63,13 +64,12 @@ class Pool:
 def pools(fleet_yaml: Path) -> list[Pool]:
     """One pool per GPU model of the fleet."""
     links = interconnects()
-    by: dict[str, list] = {}
+    by_model: dict[str, list[NodeState]] = {}
     for n in fleet_nodes(load_fleet(fleet_yaml)):
-        p = by.setdefault(n.model, [0, n.gpus[0].memory_total_mib / MIB_PER_GB, 0, n.interconnect])
-        p[0] += len(n.gpus)
-        p[2] = max(p[2], len(n.gpus))
-    return [Pool(m, g, mem, per, links.nvlink if ic == "nvlink" else links.pcie)
-            for m, (g, mem, per, ic) in by.items()]
+        by_model.setdefault(n.model, []).append(n)
+    return [Pool(model, sum(len(n.gpus) for n in ns), ns[0].gpus[0].memory_total_mib / MIB_PER_GB,
+                 max(len(n.gpus) for n in ns), links.nvlink if ns[0].interconnect == "nvlink" else links.pcie)
+            for model, ns in by_model.items()]
 
 
 def _rate(job: SimJob, pool: Pool, speeds: dict[str, dict[str, float]], cross_node: float) -> float:
@@ -104,19 +104,18 @@ def idealized(jobs: list[SimJob], fleet: list[Pool], variant: str, walk: int = 3
         options[i] = sorted(fit, key=lambda o: -o[1])
     left = [float(j.duration_s) for j in jobs]  # A100 seconds of work left
     waiting: list[tuple[float, int]] = []  # sorted (work left, index): its work left does not change while it waits
-    running: dict[int, tuple[tuple[int, ...], float]] = {}  # index -> (pools, rate)
+    running: dict[int, tuple[float, list[int]]] = {}  # index -> (rate, GPUs it holds of each pool)
     pinned = [False] * len(jobs)  # started and may not be stopped (`variant`): runs to its end where it is
-    held_of: dict[int, list[int]] = {}
     now, nxt, total_jct, done = 0.0, 0, 0.0, 0
     while done < len(jobs):
         end_at, ending = float("inf"), -1
-        for i, (_, rate) in running.items():
+        for i, (rate, _) in running.items():
             t = now + left[i] / rate
             if t < end_at:
                 end_at, ending = t, i
         arrive_at = jobs[nxt].submit_time_s if nxt < len(jobs) else float("inf")
         t = min(end_at, arrive_at)
-        for i, (_, rate) in running.items():
+        for i, (rate, _) in running.items():
             left[i] -= rate * (t - now)
         now = t
         if end_at <= arrive_at:
@@ -128,14 +127,12 @@ def idealized(jobs: list[SimJob], fleet: list[Pool], variant: str, walk: int = 3
             nxt += 1
         # Hand the fleet out again: pinned jobs keep their GPUs, the rest shortest remaining first.
         free = [p.gpus for p in fleet]
-        held: dict[int, list[int]] = {}  # index -> GPUs it holds of each pool
-        keep: dict[int, tuple[tuple[int, ...], float]] = {}
-        for i, option in running.items():
+        keep: dict[int, tuple[float, list[int]]] = {}
+        for i, (rate, holds) in running.items():
             if pinned[i]:
-                keep[i] = option
-                for k, n in enumerate(held_of[i]):
+                keep[i] = (rate, holds)
+                for k, n in enumerate(holds):
                     free[k] -= n
-                held[i] = held_of[i]
             else:
                 insort(waiting, (left[i], i))
         placed: list[tuple[float, int]] = []
@@ -149,14 +146,14 @@ def idealized(jobs: list[SimJob], fleet: list[Pool], variant: str, walk: int = 3
                     for k in ks:
                         take[k] = min(free[k], g - sum(take))
                         free[k] -= take[k]
-                    keep[i], held[i] = (ks, rate), take
+                    keep[i] = (rate, take)
                     placed.append((work, i))
                     if variant == "no-stops" or (variant == "live-movable" and not jobs[i].keeps_checkpoint):
                         pinned[i] = True
                     break
         for entry in placed:
             del waiting[bisect_left(waiting, entry)]
-        running, held_of = keep, held
+        running = keep
     return total_jct / len(jobs)
 
 

@@ -96,6 +96,8 @@ class _Pass:
         self.reservations = Reservations()
         self.head_seen = False
         self.misses = 0
+        # Every blocked short job may stop longer ones, not only the head (`preempt_shorter_every_blocked`).
+        self.every = request.config.preempt_shorter_every_blocked and request.config.preemption
         # The memory above which only the largest-memory model fits, when a waiting job needs it (else 0).
         self.largest_needed = _largest_needed(request) if request.config.spare_largest_memory_while_needed else 0.0
 
@@ -104,7 +106,7 @@ class _Pass:
         waiting, blocked, profile, held = reply.waiting, self.blocked, cfg.profile, self.reservations.held
         preempt_for, has_quotas, short_max = cfg.preempt_for, self.has_quotas, cfg.preempt_shorter_max_s
         aging = cfg.aging_s if cfg.backfill else None
-        every = cfg.preempt_shorter_every_blocked and cfg.preemption
+        every = self.every
         examined = 0
         for job in self.request.queue.ordered(self.usage, self.request.teams, now):
             if examined >= cfg.scan_depth or self.misses >= cfg.max_misses_in_a_row:
@@ -124,7 +126,7 @@ class _Pass:
             if not self.largest_needed:
                 view = eligible(cluster, req, profile)
                 shape = _shape(cluster, req, view)
-                if self.head_seen and not (every and shorter_now) and (aging is None or now - job.submit_time < aging
+                if self.head_seen and not shorter_now and (aging is None or now - job.submit_time < aging
                                        or len(held) >= cfg.max_reservations) and (why := blocked.get(shape)):
                     self.misses += 1
                     waiting[req.job_id] = why
@@ -168,8 +170,8 @@ class _Pass:
         self.misses += 1
         if not self.head_seen:
             return self._head(job, may_preempt, why)
-        if (cfg.preempt_shorter_every_blocked and may_preempt and shorter(job, cfg)
-                and _try_preemption(self.request, reply, self.usage, job, self.reservations)):
+        if self.every and shorter(job, cfg) and _try_preemption(self.request, reply, self.usage, job,
+                                                                self.reservations):
             self.misses = 0
             return False
         aging = cfg.aging_s

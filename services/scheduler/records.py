@@ -48,6 +48,9 @@ class JobRecord(BaseModel):
     placed_because: str | None = None
     expected_end: float | None = None
     preemptions: int = 0
+    # After a preemption of a job that resumes from its checkpoint: its estimate (A100 s) less the share of
+    # the stopped attempt's expected length that ran (`queueing.jobs.estimate_left`); None: the spec's.
+    estimate_left_s: float | None = None
     # One line per attempt that was stopped or lost and requeued ("attempt 1 on h100-01: node lost ...").
     requeues: list[str] = Field(default_factory=list)
     # Times the queue policy moved it (checkpoint-restart to faster GPUs, or out of a blocked job's
@@ -62,6 +65,11 @@ class JobRecord(BaseModel):
     # A gang spanning nodes: one part per node of the current attempt, rank 0 first (`node`,
     # `gpu_model` are rank 0's, `gpu_uuids` all of the gang's). Empty for a job on one node.
     parts: list[JobPart] = Field(default_factory=list)
+
+    @property
+    def estimate_s(self) -> float | None:
+        """The runtime estimate the queue policy sees: what a preemption left of it, else the spec's."""
+        return self.spec.expected_runtime_s if self.estimate_left_s is None else self.estimate_left_s
 
     @property
     def nodes(self) -> list[str]:

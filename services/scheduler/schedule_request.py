@@ -75,7 +75,8 @@ def node_state(view: NodeView, alloc: Mapping[str, str]) -> NodeState:
     )
 
 
-def job_request(job_id: str, spec: JobSubmitted) -> JobRequest:
+def job_request(job_id: str, spec: JobSubmitted, estimate_s: float | None = None) -> JobRequest:
+    """The placement core's request for a job (`estimate_s`: what a preemption left of its estimate)."""
     labels = dict(spec.labels)
     pool = labels.pop("pool", None)
     return JobRequest(
@@ -89,7 +90,7 @@ def job_request(job_id: str, spec: JobSubmitted) -> JobRequest:
         preemptible=spec.preemptible,
         pool=pool,
         labels=tuple(sorted(labels.items())),
-        expected_runtime_s=spec.expected_runtime_s,
+        expected_runtime_s=spec.expected_runtime_s if estimate_s is None else estimate_s,
         # A job that need not sit on one NVLink node may run as a gang across nodes; the service's
         # profile splits only a job larger than any node it may use (see SchedulerSettings.policy_config).
         allow_multi_node=not spec.nvlink and spec.gpus > 1,
@@ -99,7 +100,8 @@ def job_request(job_id: str, spec: JobSubmitted) -> JobRequest:
 
 
 def pending_job(job: JobRecord, seq: int) -> PendingJob:
-    return PendingJob(job_request(job.job_id, job.spec), job.submitted_at.timestamp(), seq, job.preemptions)
+    request = job_request(job.job_id, job.spec, job.estimate_left_s)
+    return PendingJob(request, job.submitted_at.timestamp(), seq, job.preemptions, keeps_checkpoint(job.spec))
 
 
 def movable(job: JobRecord) -> bool:
@@ -110,13 +112,12 @@ def movable(job: JobRecord) -> bool:
     resume) or names its own `checkpoint_dir` (every job gets a default one, which proves nothing).
     It must be running (its process started) on one node: a gang is never moved.
     """
-    spec = job.spec
-    return (
-        job.state == "running"
-        and not job.parts
-        and spec.resume == "checkpoint"
-        and (spec.preemptible or spec.checkpoint_dir is not None)
-    )
+    return job.state == "running" and not job.parts and keeps_checkpoint(job.spec)
+
+
+def keeps_checkpoint(spec: JobSubmitted) -> bool:
+    """Whether the job resumes from a checkpoint of its own when stopped (`movable` says when it may be moved)."""
+    return spec.resume == "checkpoint" and (spec.preemptible or spec.checkpoint_dir is not None)
 
 
 def held(job: JobRecord, now: datetime) -> bool:
@@ -155,7 +156,7 @@ def running_job(job: JobRecord, cluster: ClusterState | None = None, now: float 
     request, speed = None, None
     node = cluster.nodes.get(job.node) if cluster is not None and job.node else None
     if cluster is not None and node is not None and node.cluster == job.cluster and movable(job):
-        request = job_request(job.job_id, job.spec)
+        request = job_request(job.job_id, job.spec, job.estimate_left_s)
         speed = candidate_speed(cluster, request, node)
     return RunningJob(
         job_id=job.job_id,

@@ -164,7 +164,7 @@ class SchedulerStore(RecordStore):
         It is sent even to a lost node: its agent finds it in its consumer when it
         comes back, and stops the old attempt rather than run it twice.
         """
-        back = transitions.requeue(job, cause, reason, hold_until, moved)
+        back = transitions.requeue(job, cause, reason, hold_until, moved, now)
         orders: list[Announcement] = []
         if stop_grace_s is not None:
             # Stop orders name the stopped attempt (the record's attempt is not bumped until placed again).

@@ -16,6 +16,7 @@ from whaleflux.shared.events import EventData, JobCancelled, JobPlaced, JobPreem
 from .gang import parts_of
 from .history import back_to_queue, record_cancel
 from .placement import Placement
+from .queueing.jobs import estimate_left
 from .records import ACTIVE, JobRecord
 
 # (rank, cluster, node) of one part of an attempt.
@@ -113,8 +114,15 @@ def cancel(job: JobRecord, reason: str, by: str | None, grace_s: float, now: dat
     return [*orders, Announcement(subjects.JOB_CANCELLED, event, f"cancelled-{job.job_id}")]
 
 
-def requeue(job: JobRecord, cause: str, reason: str, hold_until: datetime | None, moved: bool) -> Requeued:
-    """Back to the queue (changed in place): see `SchedulerStore.requeue`."""
+def requeue(job: JobRecord, cause: str, reason: str, hold_until: datetime | None, moved: bool,
+            now: datetime) -> Requeued:
+    """Back to the queue (changed in place): see `SchedulerStore.requeue`. A job the policy preempted (not moved)
+    that resumes from its checkpoint keeps as its estimate what the stopped attempt left of it, so the policy
+    does not take it for longer than it is (reservations, shortest remaining first)."""
+    left = None
+    if cause == "preempted" and not moved and job.spec.resume == "checkpoint" and job.placed_at is not None:
+        left = estimate_left(job.estimate_s, job.placed_at.timestamp(), job.expected_end, now.timestamp())
+        job.estimate_left_s = left
     attempt, cluster, node = job.attempt, job.cluster, job.node
     held = list(job.gpu_uuids)
     parts = [(p.rank, p.cluster, p.node) for p in job.parts] or [(0, cluster or "", node or "")]
@@ -127,5 +135,5 @@ def requeue(job: JobRecord, cause: str, reason: str, hold_until: datetime | None
         job.migrations += 1
         job.reason = f"moved: {(job.reason or '').removeprefix('requeued: ')}"
     requeued = JobRequeued(job_id=job.job_id, attempt=attempt, cluster=cluster, node=node, reason=reason, cause=cause,
-                           gang_nodes=gang)
+                           gang_nodes=gang, estimate_left_s=left)
     return Requeued(held, parts, Announcement(subjects.JOB_REQUEUED, requeued, f"requeued-{job.job_id}-{attempt}"))

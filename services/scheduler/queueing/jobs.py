@@ -21,6 +21,8 @@ class PendingJob:
     submit_time: float
     seq: int = 0  # ties between equal submit times, in arrival order
     preemptions: int = 0  # times it was preempted so far
+    # It resumes from a checkpoint of its own when stopped: once it runs on one node, the policy may move it.
+    checkpointable: bool = False
 
     @property
     def job_id(self) -> str:
@@ -99,6 +101,12 @@ class PolicyConfig:
     # needs that memory waits (unless the job itself has waited past the aging bound). Off: a gang that
     # waits days for every H200 then keeps them idle (Philly seed 3, bench/RESULTS.md).
     spare_largest_memory_while_needed: bool = False
+    # New placements keep a job that fits a smaller GPU and could not be moved once started (no checkpoint, or a
+    # gang over nodes) off the largest-memory model when its estimate is longer than this (or unknown; None: no
+    # such rule), unless it has waited past the aging bound: no move could take it off those GPUs again, so it
+    # would keep them from the jobs only they can hold for all of its run (Philly seed 3: a 655-hour job that
+    # fits 80 GB kept a 32-GPU gang of 83 GB waiting 27 h longer than under backfill, bench/RESULTS.md).
+    unmovable_on_largest_max_s: float | None = None
     # The first blocked job may have running checkpointable jobs moved off GPUs it needs to free GPUs
     # elsewhere, when the time they lose (GPU-seconds) is at most `make_room_budget` x its wait x its GPUs.
     make_room_by_migration: bool = True
@@ -118,6 +126,10 @@ class PolicyConfig:
     # Shortest remaining first for every blocked job of at most that estimate, not only the first: each
     # later one stops jobs only on nodes no reservation of the pass counts on, and starts within them.
     preempt_shorter_every_blocked: bool = False
+    # Victim searches for blocked jobs after the head in one pass (each walks the running jobs that may be
+    # stopped; the head's is not counted; None: no bound), as Slurm bounds the jobs one backfill pass tests:
+    # on 1,000 busy nodes an unbounded pass took up to 6 s (bench/RESULTS.md, issue 14, eighth pass).
+    max_preemption_searches: int | None = 8
 
 
 FIFO = PolicyConfig(
@@ -128,6 +140,8 @@ BACKFILL = PolicyConfig(
     name="backfill", profile=FIRST_FIT, use_priorities=False, fair_share=False, backfill=True,
     preemption=False, estimates_scale_with_speed=False, migrate_min_gain_s=None, make_room_by_migration=False,
 )
-# The default: every mechanism, waits bounded by aging after 4 h (bench/RESULTS.md, issue 14).
-WHALEFLUX = PolicyConfig(name="whaleflux", aging_s=4 * 3600.0)
+# The default: every mechanism, waits bounded by aging after 4 h, shortest remaining first for every blocked job
+# of up to a day, long jobs that could not be moved kept off the largest-memory GPUs (bench/RESULTS.md, issue 14).
+WHALEFLUX = PolicyConfig(name="whaleflux", aging_s=4 * 3600.0, preempt_shorter_max_s=24 * 3600.0,
+                         preempt_shorter_every_blocked=True, unmovable_on_largest_max_s=4 * 3600.0)
 POLICIES = {p.name: p for p in (FIFO, BACKFILL, WHALEFLUX)}

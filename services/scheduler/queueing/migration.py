@@ -228,11 +228,14 @@ def undo(cluster: ClusterState, moves: Moves, running: Mapping[str, RunningJob])
         cluster.allocate(m.job_id, back, req.service if req else None)
 
 
+# GPU memory sizes within 5 % of the largest are that tier too (an A100's 80 GiB, an H100's 79.6 GiB).
+SAME_TIER = 0.95
+
+
 def off_largest(cluster: ClusterState, req: JobRequest, profile: Profile) -> JobRequest:
     """The request kept off the largest-memory model when the job fits a smaller one."""
     view = eligible(cluster, req, profile)
     mem = {m: max(g.memory_total_mib for g in cluster.nodes[n].gpus) for m, n in view.firsts.items()}
-    if len(set(mem.values())) <= 1:
-        return req
-    largest = max(mem.values())
-    return replace(req, gpu_models=tuple(m for m, v in mem.items() if v < largest))
+    largest = max(mem.values(), default=0.0)
+    smaller = tuple(m for m, v in mem.items() if v < SAME_TIER * largest)
+    return replace(req, gpu_models=smaller) if smaller else req

@@ -84,14 +84,19 @@ class PendingQueue:
         With `config.aging_s` and `now`, every job that has waited that long
         comes first, oldest first, whatever its class or team: so no job waits
         behind an endless stream of higher-ranked ones (its wait is bounded as
-        under FIFO). Then, between teams of one class, the next job comes from
+        under FIFO). Among those, jobs never preempted come before preempted
+        ones: a preempted job has started once already, and if it went ahead
+        by its older submission, every preemption would push back the first
+        start of the oldest jobs that never ran. Then, between teams of one class, the next job comes from
         the team furthest below its quota, then the one using least per unit
         of weight; `usage` is read at each step, so placements made during the
         pass count.
         """
         aged, lanes_now, start = self._split(now)
         if aged:
-            yield from (job for _, job in heapq.merge(*aged, key=lambda e: e[0][1:]))
+            for preempted in (False, True):
+                lanes_of = [(e for e in lane if (e[1].preemptions > 0) is preempted) for lane in aged]
+                yield from (job for _, job in heapq.merge(*lanes_of, key=_by_age))
         for r in sorted({k[0] for k in lanes_now}):
             lanes = {team: lane for (lr, team), lane in lanes_now.items() if lr == r}
             pos = {team: start.get((r, team), 0) for team in lanes}
@@ -143,6 +148,10 @@ class PendingQueue:
                 aged.append(old)
             rest[key] = [e for e in lane if e[0][1] > cutoff] if old else lane
         return aged, rest, start
+
+
+def _by_age(entry: _Entry) -> tuple[float, int, str]:
+    return entry[0][1:]
 
 
 def _team_key(policy: TeamPolicy, used: int) -> tuple[int, float]:

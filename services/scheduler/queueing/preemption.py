@@ -97,24 +97,34 @@ def choose_victims(
     view = eligible(cluster, req, config.profile)
     if req.gpus > view.max_gpus_per_node:
         return None  # gang jobs do not preempt (whole-node sets of victims are not searched)
-    by_node: dict[str, list[tuple[RunningJob, str, int]]] = {}
+    by_node: dict[str, list[tuple[RunningJob, int]]] = {}
     longer = shorter(job, config)  # jobs that keep a checkpoint are victims too
     candidates = running
     if isinstance(running, RunningJobs):
         candidates = running.stoppable if longer else running.preemptible
+    # victim_reason's guards, and for a job that is not preemptible its shortest-remaining-first test, inline
+    # (a search may walk thousands of running jobs); its reason is written for the chosen victims only.
+    min_run, most = config.min_run_before_preemption_s, config.max_preemptions_per_job
+    ratio, runtime, job_rank = config.preempt_shorter_ratio, req.expected_runtime_s or 0.0, rank(req.priority)
+    members, holdings = view.members, cluster.holdings
     # (in any order: the best node is the least cost, ties by fleet order, and its victims are sorted)
     for r in candidates.values():
-        if not r.preemptible and not (longer and r.checkpointable):
-            continue  # never a victim (victim_reason), and most running jobs are not preemptible
-        shares = cluster.holdings.get(r.job_id, ())
+        if r.preemptions >= most or now - r.started_at < min_run:
+            continue
+        if not r.preemptible:
+            if not (longer and r.checkpointable) or r.expected_end is None or rank(r.priority) < job_rank:
+                continue  # never a victim (victim_reason), and most running jobs are not preemptible
+            if r.expected_end - now < ratio * runtime:
+                continue
+        shares = holdings.get(r.job_id, ())
         if not shares or (len(shares) > 1):
             continue  # victims span one node only, so freeing them frees GPUs where they are needed
         share = shares[0]
-        if share.node not in view.members or (avoid and share.node in avoid):
+        if share.node not in members or (avoid and share.node in avoid):
             continue
-        why = victim_reason(job, r, usage, teams, config, now)
-        if why:
-            by_node.setdefault(share.node, []).append((r, why, cluster.freeable(share)))
+        if r.preemptible and not victim_reason(job, r, usage, teams, config, now):
+            continue
+        by_node.setdefault(share.node, []).append((r, cluster.freeable(share)))
     best: tuple[tuple[int, int, int], list[Preemption]] | None = None
     for node, victims in by_node.items():
         if unavailable(cluster, req, cluster.nodes[node], config.profile, now):
@@ -123,10 +133,10 @@ def choose_victims(
         # Lowest priority first, then the most recently started (least work lost).
         victims.sort(key=lambda v: (-rank(v[0].priority), -v[0].started_at, v[0].job_id))
         chosen, freed = [], 0
-        for r, why, n in victims:
+        for r, n in victims:
             if have + freed >= req.gpus:
                 break
-            chosen.append(Preemption(r.job_id, req.job_id, why))
+            chosen.append(Preemption(r.job_id, req.job_id, victim_reason(job, r, usage, teams, config, now) or ""))
             freed += n
         if have + freed < req.gpus or not chosen:
             continue

@@ -19,7 +19,7 @@ from ..placement import ClusterState, Infeasible, JobRequest, Placement, place_o
 from ..placement.cluster import StaticView
 from ..placement.framework import REFUSED, eligible
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
-from .migration import Migration, make_room, off_largest, undo
+from .migration import SAME_TIER, Migration, make_room, off_largest, undo
 from .moves_up import plan_migrations
 from .pending import PendingQueue
 from .preemption import Preemption, choose_victims, shorter
@@ -98,8 +98,16 @@ class _Pass:
         self.misses = 0
         # Every blocked short job may stop longer ones, not only the head (`preempt_shorter_every_blocked`).
         self.every = request.config.preempt_shorter_every_blocked and request.config.preemption
+        # For later blocked jobs: shapes and classes that found no victims, at `cluster.freed` then, for a job
+        # of this estimate; what any victim could be (computed once, when first asked).
+        self.no_victims: dict[Shape, tuple[int, float]] = {}
+        self.victims_at_all: tuple[float, int] | None = None
+        self.searches = 0  # victim searches made for them (at most `max_preemption_searches`)
         # The memory above which only the largest-memory model fits, when a waiting job needs it (else 0).
-        self.largest_needed = _largest_needed(request) if request.config.spare_largest_memory_while_needed else 0.0
+        cfg = request.config
+        self.largest_needed = _largest_needed(request) if cfg.spare_largest_memory_while_needed else 0.0
+        # The same memory, when long jobs that could not be moved keep off the largest model (else 0).
+        self.unmovable_off = _runner_up(request.cluster) if cfg.unmovable_on_largest_max_s is not None else 0.0
 
     def run(self) -> ScheduleReply:
         cfg, cluster, reply, now = self.cfg, self.cluster, self.reply, self.now
@@ -118,22 +126,32 @@ class _Pass:
                 if not cfg.preemption or (cfg.use_priorities and not has_quotas and not every
                                           and _cannot_preempt(req.priority, cfg)):
                     break  # nothing is free and no later job may preempt either (classes come in rank order)
-                waiting[req.job_id] = "no GPU free"
-                self.misses += 1
+                self.misses += 1  # (no reason of its own: the shell explains jobs the pass did not examine)
                 continue
             examined += 1
-            # Most jobs after the head are of a shape already found blocked in this pass: `_consider` in short.
-            if not self.largest_needed:
+            if every and self.head_seen and cluster.total_free == 0 and not has_quotas and self._victims_at_all() == (
+                    0.0, -1):
+                break  # nothing is free and no running job may be stopped: no later job can start
+            if (every and shorter_now and self.head_seen and cluster.total_free == 0
+                    and (aging is None or now - job.submit_time < aging or len(held) >= cfg.max_reservations)):
+                # Nothing is free and it holds no reservation: it starts only by stopping longer jobs (as
+                # `_consider` would find after failing to place it), with no reason of its own otherwise.
+                self.misses += 1
+                if self._preempt_for_later(job):
+                    self.misses = 0
+                continue
+            if not self.largest_needed and not self.unmovable_off:
                 view = eligible(cluster, req, profile)
                 shape = _shape(cluster, req, view)
-                if self.head_seen and not shorter_now and (aging is None or now - job.submit_time < aging
-                                       or len(held) >= cfg.max_reservations) and (why := blocked.get(shape)):
-                    self.misses += 1
-                    waiting[req.job_id] = why
-                    continue
-                if self._consider(job, may_preempt, req, view, shape):
-                    break
-            elif self._consider(job, may_preempt, *self._request_for(job)):
+            else:
+                req, view, shape = self._request_for(job)
+            # Most jobs after the head are of a shape already found blocked in this pass: `_consider` in short.
+            if self.head_seen and not shorter_now and (aging is None or now - job.submit_time < aging
+                                   or len(held) >= cfg.max_reservations) and (why := blocked.get(shape)):
+                self.misses += 1
+                waiting[req.job_id] = why
+                continue
+            if self._consider(job, may_preempt, req, view, shape):
                 break
         if cfg.migrate_min_gain_s is not None and cluster.total_free:
             reply.migrated += plan_migrations(cluster, _unmoved(self.request, reply), cfg, self.now, self.reservations)
@@ -170,8 +188,7 @@ class _Pass:
         self.misses += 1
         if not self.head_seen:
             return self._head(job, may_preempt, why)
-        if self.every and shorter(job, cfg) and _try_preemption(self.request, reply, self.usage, job,
-                                                                self.reservations):
+        if self.every and shorter(job, cfg) and self._preempt_for_later(job):
             self.misses = 0
             return False
         aging = cfg.aging_s
@@ -186,16 +203,79 @@ class _Pass:
         reply.waiting[req.job_id] = why
         return False
 
+    def _preempt_for_later(self, job: PendingJob) -> bool:
+        """Shortest remaining first for a blocked job after the head (`_try_preemption` with the reservations),
+        skipped where the answer is known: no running job it could stop has `preempt_shorter_ratio` x its
+        estimate left, or a job of its shape and class with no longer an estimate found no victims since the
+        cluster last freed GPUs (victims only go in a pass, GPUs only get taken, and reservations only add nodes
+        to avoid, so the search would fail again). With quotas, victims depend on each team's use, which changes
+        in the pass: then every job searches."""
+        cfg, cluster, req = self.cfg, self.cluster, job.request
+        runtime = req.expected_runtime_s or 0.0
+        key = None if self.has_quotas else (id(eligible(cluster, req, cfg.profile)), req.gpus, req.min_memory_mib,
+                                            req.priority)
+        if not self._may_find_victims(job) or (key is not None and self._failed_before(key, runtime)):
+            return False
+        if cfg.max_preemption_searches is not None and self.searches >= cfg.max_preemption_searches:
+            return False
+        self.searches += 1
+        stopped = len(self.reply.preempted)
+        if _try_preemption(self.request, self.reply, self.usage, job, self.reservations):
+            return True
+        if key is not None and len(self.reply.preempted) == stopped:
+            self.no_victims[key] = (cluster.freed, runtime)
+        return False
+
+    def _failed_before(self, key: Shape, runtime: float) -> bool:
+        """A job of this key with no longer an estimate found no victims, and no GPU was freed since."""
+        failed = self.no_victims.get(key)
+        return failed is not None and failed[0] == self.cluster.freed and runtime >= failed[1]
+
+    def _may_find_victims(self, job: PendingJob) -> bool:
+        """False when no running job could be its victim, by class or as a longer job (quotas: always True)."""
+        if self.has_quotas:
+            return True
+        cfg, req = self.cfg, job.request
+        most_left, lowest = self._victims_at_all()
+        return ((req.priority in cfg.preempt_for and lowest > rank(req.priority))
+                or (shorter(job, cfg) and most_left >= cfg.preempt_shorter_ratio * (req.expected_runtime_s or 0.0)))
+
+    def _victims_at_all(self) -> tuple[float, int]:
+        """Of the running jobs the guards let stop (run long enough, preempted few enough times): the most time
+        one that keeps a checkpoint has left, and the lowest class (highest rank) of a preemptible one; once per
+        pass."""
+        if self.victims_at_all is None:
+            running, now, cfg = self.request.running, self.now, self.cfg
+            most_left, lowest = 0.0, -1
+            for r in (running.stoppable if isinstance(running, RunningJobs) else running).values():
+                if r.preemptions >= cfg.max_preemptions_per_job or now - r.started_at < cfg.min_run_before_preemption_s:
+                    continue
+                if r.checkpointable and r.expected_end is not None:
+                    most_left = max(most_left, r.expected_end - now)
+                if r.preemptible:
+                    lowest = max(lowest, rank(r.priority))
+            self.victims_at_all = (most_left, lowest)
+        return self.victims_at_all
+
     def _request_for(self, job: PendingJob) -> tuple[JobRequest, StaticView, Shape]:
         """The job's request, kept off the largest-memory model while a job that needs that memory waits
-        (`spare_largest_memory_while_needed`), unless it has waited past the aging bound itself; its view
-        and shape."""
+        (`spare_largest_memory_while_needed`) or when it runs long and could not be moved off again
+        (`unmovable_on_largest_max_s`), unless it has waited past the aging bound itself; its view and shape."""
         cfg, req = self.cfg, job.request
-        if (req.min_memory_mib <= self.largest_needed
-                and (cfg.aging_s is None or self.now - job.submit_time < cfg.aging_s)):
+        mib, needed, unmovable = req.min_memory_mib, self.largest_needed, self.unmovable_off
+        keep_off = (needed and mib <= needed) or (unmovable and mib <= unmovable and self._long_and_unmovable(job))
+        if keep_off and (cfg.aging_s is None or self.now - job.submit_time < cfg.aging_s):
             req = off_largest(self.cluster, req, cfg.profile)
         view = eligible(self.cluster, req, cfg.profile)
         return req, view, _shape(self.cluster, req, view)
+
+    def _long_and_unmovable(self, job: PendingJob) -> bool:
+        """Whether the job runs longer than `unmovable_on_largest_max_s` (or says nothing) and no move could take
+        it off its GPUs once it runs: it keeps no checkpoint, or it is a gang over nodes."""
+        limit, req = self.cfg.unmovable_on_largest_max_s, job.request
+        runtime = req.expected_runtime_s
+        long = limit is not None and (runtime is None or runtime > limit)
+        return long and (not job.checkpointable or req.gpus > _most_gpus_per_node(self.cluster))
 
     def _start_within(
         self, job: PendingJob, req: JobRequest, view: StaticView, decision: Placement | None, shape: Shape
@@ -256,7 +336,7 @@ class _Pass:
         cfg, cluster, now, reply = self.cfg, self.cluster, self.now, self.reply
         self.head_seen = True
         # Only the first blocked job preempts, so preemption never undercuts a reservation.
-        if may_preempt and _try_preemption(self.request, reply, self.usage, job):
+        if may_preempt and self._may_find_victims(job) and _try_preemption(self.request, reply, self.usage, job):
             self.misses = 0
             return False
         if not cfg.backfill:
@@ -273,13 +353,23 @@ class _Pass:
         return False
 
 
+def _runner_up(cluster: ClusterState) -> float:
+    """The fleet's largest GPU memory size below the largest tier (MiB; 0: none), kept until a node changes."""
+    def below() -> float:
+        sizes = sorted(set(cluster.memory.values()))
+        return max((s for s in sizes if s < SAME_TIER * sizes[-1]), default=0.0) if sizes else 0.0
+    return cluster.derived(("memory below the largest",), below)
+
+
+def _most_gpus_per_node(cluster: ClusterState) -> int:
+    return cluster.derived(("most GPUs per node",), lambda: max((len(n.gpus) for n in cluster.nodes.values()),
+                                                                default=0))
+
+
 def _largest_needed(request: ScheduleRequest) -> float:
     """The runner-up GPU memory size of the fleet if a waiting job needs more than it, else 0."""
-    sizes = sorted({max(g.memory_total_mib for g in n.gpus) for n in request.cluster.nodes.values() if n.gpus})
-    if len(sizes) < 2:
-        return 0.0
-    runner_up = sizes[-2]
-    return runner_up if request.queue.any_needs_memory_above(runner_up) else 0.0
+    runner_up = _runner_up(request.cluster)
+    return runner_up if runner_up and request.queue.any_needs_memory_above(runner_up) else 0.0
 
 
 def _cannot_preempt(priority: str, cfg: PolicyConfig) -> bool:

@@ -110,7 +110,8 @@ class _Replay:
         heapq.heappush(self.events, (t, self.seq, kind, job_id, version))
 
     def _enqueue(self, st: _Job) -> None:
-        pending = PendingJob(st.request, st.job.submit_time_s, st.seq, st.preemptions)
+        pending = PendingJob(st.request, st.job.submit_time_s, st.seq, st.preemptions,
+                             self.rules.move_any_job or st.job.keeps_checkpoint)
         self.queue.add(pending)
         self.usage.waiting(eligible(self.cluster, st.request, self.policy.profile), +1)
 

@@ -39,9 +39,10 @@ class ExecutorRules:
     stop_s: float = 5.0
     # Start-up latency and checkpoint load of a resumed attempt (no work done meanwhile).
     resume_s: float = 60.0
-    # A job stopped by a preemption (or a move) is queued again with the estimate its last attempt left
-    # of it (less the share of the attempt's expected length that ran); off, as live: its full estimate.
-    remaining_estimate_after_preemption: bool = False
+    # A job stopped by a preemption is queued again with the estimate its last attempt left of it (less the
+    # share of the attempt's expected length that ran), as live (`transitions.requeue`); a moved job keeps its
+    # full estimate, as live (on: what the shorter estimate would do).
+    remaining_estimate_after_preemption: bool = True
     remaining_estimate_after_move: bool = False
 
     def may_move(self, job: SimJob, placement: Placement) -> bool:

@@ -42,9 +42,7 @@ def victim_reason(
     now: float,
 ) -> str | None:
     """Why `victim` may be preempted for `job`, or None if it may not."""
-    if victim.preemptions >= config.max_preemptions_per_job:
-        return None
-    if now - victim.started_at < config.min_run_before_preemption_s:
+    if not guards_allow(victim, config, now):
         return None
     req = job.request
     if not victim.preemptible:
@@ -61,6 +59,45 @@ def victim_reason(
     ):
         return f"team {victim.team} borrows above its quota; team {req.team} reclaims it for job {req.job_id}"
     return _longer(job, victim, config, now)
+
+
+def guards_allow(victim: RunningJob, config: PolicyConfig, now: float) -> bool:
+    """The victim ran long enough and was not preempted too often (so no job starves by repeated stops)."""
+    return (victim.preemptions < config.max_preemptions_per_job
+            and now - victim.started_at >= config.min_run_before_preemption_s)
+
+
+@dataclass(frozen=True)
+class Stoppable:
+    """What a victim among the running jobs could be, found once per pass: the most time left of one that keeps a
+    checkpoint (shortest remaining first) and the lowest class (highest rank) of a preemptible one (-1: none);
+    the guards hold for both."""
+
+    most_left: float
+    lowest_rank: int
+
+    @classmethod
+    def among(cls, running: Mapping[str, RunningJob], config: PolicyConfig, now: float) -> Stoppable:
+        most_left, lowest = 0.0, -1
+        for r in (running.stoppable if isinstance(running, RunningJobs) else running).values():
+            if not guards_allow(r, config, now):
+                continue
+            if r.checkpointable and r.expected_end is not None:
+                most_left = max(most_left, r.expected_end - now)
+            if r.preemptible:
+                lowest = max(lowest, rank(r.priority))
+        return cls(most_left, lowest)
+
+    @property
+    def none(self) -> bool:
+        return self.most_left <= 0 and self.lowest_rank < 0
+
+    def may_have_victims_for(self, job: PendingJob, config: PolicyConfig) -> bool:
+        """False when no running job could be `job`'s victim by class or as a longer job (teams' quotas aside)."""
+        req = job.request
+        return ((req.priority in config.preempt_for and self.lowest_rank > rank(req.priority))
+                or (shorter(job, config)
+                    and self.most_left >= config.preempt_shorter_ratio * (req.expected_runtime_s or 0.0)))
 
 
 def shorter(job: PendingJob, config: PolicyConfig) -> bool:
@@ -104,12 +141,11 @@ def choose_victims(
         candidates = running.stoppable if longer else running.preemptible
     # victim_reason's guards, and for a job that is not preemptible its shortest-remaining-first test, inline
     # (a search may walk thousands of running jobs); its reason is written for the chosen victims only.
-    min_run, most = config.min_run_before_preemption_s, config.max_preemptions_per_job
     ratio, runtime, job_rank = config.preempt_shorter_ratio, req.expected_runtime_s or 0.0, rank(req.priority)
     members, holdings = view.members, cluster.holdings
     # (in any order: the best node is the least cost, ties by fleet order, and its victims are sorted)
     for r in candidates.values():
-        if r.preemptions >= most or now - r.started_at < min_run:
+        if not guards_allow(r, config, now):
             continue
         if not r.preemptible:
             if not (longer and r.checkpointable) or r.expected_end is None or rank(r.priority) < job_rank:

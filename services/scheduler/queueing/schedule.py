@@ -22,7 +22,7 @@ from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
 from .migration import SAME_TIER, Migration, make_room, off_largest, undo
 from .moves_up import plan_migrations
 from .pending import PendingQueue
-from .preemption import Preemption, choose_victims, shorter
+from .preemption import Preemption, Stoppable, choose_victims, shorter
 from .reservation import Reservation, Reservations, reserve
 from .running import RunningJobs
 
@@ -101,7 +101,7 @@ class _Pass:
         # For later blocked jobs: shapes and classes that found no victims, at `cluster.freed` then, for a job
         # of this estimate; what any victim could be (computed once, when first asked).
         self.no_victims: dict[Shape, tuple[int, float]] = {}
-        self.victims_at_all: tuple[float, int] | None = None
+        self._stoppable: Stoppable | None = None
         self.searches = 0  # victim searches made for them (at most `max_preemption_searches`)
         # The memory above which only the largest-memory model fits, when a waiting job needs it (else 0).
         cfg = request.config
@@ -129,17 +129,17 @@ class _Pass:
                 self.misses += 1  # (no reason of its own: the shell explains jobs the pass did not examine)
                 continue
             examined += 1
-            if every and self.head_seen and cluster.total_free == 0 and not has_quotas and self._victims_at_all() == (
-                    0.0, -1):
-                break  # nothing is free and no running job may be stopped: no later job can start
-            if (every and shorter_now and self.head_seen and cluster.total_free == 0
-                    and (aging is None or now - job.submit_time < aging or len(held) >= cfg.max_reservations)):
-                # Nothing is free and it holds no reservation: it starts only by stopping longer jobs (as
-                # `_consider` would find after failing to place it), with no reason of its own otherwise.
-                self.misses += 1
-                if self._preempt_for_later(job):
-                    self.misses = 0
-                continue
+            if every and self.head_seen and cluster.total_free == 0:
+                if not has_quotas and self.stoppable().none:
+                    break  # nothing is free and no running job may be stopped: no later job can start
+                if shorter_now and (aging is None or now - job.submit_time < aging
+                                    or len(held) >= cfg.max_reservations):
+                    # Nothing is free and it holds no reservation: it starts only by stopping longer jobs (as
+                    # `_consider` would find after failing to place it), with no reason of its own otherwise.
+                    self.misses += 1
+                    if self._preempt_for_later(job):
+                        self.misses = 0
+                    continue
             if not self.largest_needed and not self.unmovable_off:
                 view = eligible(cluster, req, profile)
                 shape = _shape(cluster, req, view)
@@ -233,29 +233,13 @@ class _Pass:
 
     def _may_find_victims(self, job: PendingJob) -> bool:
         """False when no running job could be its victim, by class or as a longer job (quotas: always True)."""
-        if self.has_quotas:
-            return True
-        cfg, req = self.cfg, job.request
-        most_left, lowest = self._victims_at_all()
-        return ((req.priority in cfg.preempt_for and lowest > rank(req.priority))
-                or (shorter(job, cfg) and most_left >= cfg.preempt_shorter_ratio * (req.expected_runtime_s or 0.0)))
+        return self.has_quotas or self.stoppable().may_have_victims_for(job, self.cfg)
 
-    def _victims_at_all(self) -> tuple[float, int]:
-        """Of the running jobs the guards let stop (run long enough, preempted few enough times): the most time
-        one that keeps a checkpoint has left, and the lowest class (highest rank) of a preemptible one; once per
-        pass."""
-        if self.victims_at_all is None:
-            running, now, cfg = self.request.running, self.now, self.cfg
-            most_left, lowest = 0.0, -1
-            for r in (running.stoppable if isinstance(running, RunningJobs) else running).values():
-                if r.preemptions >= cfg.max_preemptions_per_job or now - r.started_at < cfg.min_run_before_preemption_s:
-                    continue
-                if r.checkpointable and r.expected_end is not None:
-                    most_left = max(most_left, r.expected_end - now)
-                if r.preemptible:
-                    lowest = max(lowest, rank(r.priority))
-            self.victims_at_all = (most_left, lowest)
-        return self.victims_at_all
+    def stoppable(self) -> Stoppable:
+        """What a victim could be in this pass (victims only go during a pass, so it stays an upper bound)."""
+        if self._stoppable is None:
+            self._stoppable = Stoppable.among(self.request.running, self.cfg, self.now)
+        return self._stoppable
 
     def _request_for(self, job: PendingJob) -> tuple[JobRequest, StaticView, Shape]:
         """The job's request, kept off the largest-memory model while a job that needs that memory waits

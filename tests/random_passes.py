@@ -58,6 +58,10 @@ def run_passes(seed: int, running: MutableMapping[str, RunningJob] | None = None
                      preempt_shorter_max_s=rng.choice([None, None, 1_000.0]),
                      preempt_shorter_every_blocked=rng.random() < 0.5,
                      unmovable_on_largest_max_s=rng.choice([None, 500.0]))
+    # Speed counting more the longer a job runs, for every job: short jobs start on slower GPUs, and more of them
+    # move up (these states are to exercise every path of a pass, moves included).
+    weights = {("speed_by_runtime" if k == "speed" else k): v for k, v in policy.profile.weights.items()}
+    policy = replace(policy, profile=replace(policy.profile, weights=weights), pinned_weights={})
     teams = {"t0": TeamPolicy(quota_gpus=4), "t1": TeamPolicy(quota_gpus=2, weight=2.0)} if seed % 2 else {}
     interconnects = rng.choice([Interconnects(), Interconnects(1.0, 0.5, 0.8)])
     cluster, queue = ClusterState(fleet(rng), MODELS, interconnects), PendingQueue(policy)

@@ -233,3 +233,16 @@ def test_a_long_job_that_could_not_be_moved_keeps_off_the_largest_memory_model(j
         [(job, True)] if placed else [])
     if placed is None:
         assert "A100" in reply.waiting[job]
+
+
+@pytest.mark.parametrize(("checkpointable", "model"), [(True, "RTX4090"), (False, "A100")])
+def test_a_job_that_keeps_no_checkpoint_is_placed_by_speed_for_no_move_could_speed_it_up_later(checkpointable, model):
+    # A one-GPU small job fits every model. The last free GPU of the 4090 node fits best, and a 4090 runs small jobs
+    # 0.9x against the other classes' 0.45-0.6x (comparative advantage): a job that keeps a checkpoint takes it and
+    # may move up later. One that keeps none takes the faster A100 (the H200 is spared for larger jobs).
+    facts = {**MODELS, "RTX4090": ModelFacts("RTX4090", {"llm-train": 0.45, "small": 0.9})}
+    cluster = ClusterState(nodes(("r", "RTX4090", 1, 24), ("a", "A100", 8, 80), ("h", "H200", 8, 141)), facts)
+    queue = PendingQueue(POLICY)
+    queue.add(replace(pending("j", 0.0, runtime=4 * 3600.0, gb=5), checkpointable=checkpointable))
+    reply = schedule(ScheduleRequest(0.0, cluster, queue, {}, POLICY))
+    assert [(s.job.job_id, s.placement.model) for s in reply.started] == [("j", model)]

@@ -138,12 +138,12 @@ async def test_store_commits_one_placement_per_node_and_stops_every_part_in_one_
         await redis.aclose()
 
 
-def _start(clean_servers, tmp_path: Path):
+def _start(clean_servers, tmp_path: Path, **scheduler_env: str):
     cluster = make_cluster(clean_servers, tmp_path)
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(FLEET)
     try:
-        scheduler = cluster.service("scheduler", **FAST_FAILOVER)
+        scheduler = cluster.service("scheduler", **FAST_FAILOVER, **scheduler_env)
         billing = cluster.service("billing")
         agent = cluster.agent(interval_s=0.3, http=True, fleet=fleet)
         scheduler.wait_ready()
@@ -319,5 +319,37 @@ def test_a_failed_part_fails_the_gang_and_the_other_part_is_stopped(clean_server
         history = [e for e in asyncio.run(_job_history(clean_servers)) if getattr(e, "job_id", None) == job_id]
         assert [(e.node, e.attempt) for e in history if isinstance(e, JobPreempted)] == [(rank0, 1)]
         assert not [e for e in history if isinstance(e, JobRequeued)]
+    finally:
+        cluster.stop()
+
+
+def test_a_high_priority_gang_preempts_jobs_on_two_nodes_which_resume_from_their_checkpoints(clean_servers, tmp_path):
+    cluster, scheduler, billing, agent, script = _start(clean_servers, tmp_path,
+                                                        WHALEFLUX_MIN_RUN_BEFORE_PREEMPTION_S="0")
+    try:
+        # One low-priority preemptible job on each node, each long enough to be running when the gang arrives.
+        low = [_submit(scheduler, script, steps=400, gpus=8, priority="low", preemptible=True) for _ in range(3)]
+        wait_until(lambda: all(_job(scheduler, j)["state"] == "running" for j in low), timeout=60,
+                   what="three low-priority jobs running")
+        wait_until(lambda: all(_steps(tmp_path, j, 0) >= 3 for j in low), timeout=60, what="low jobs checkpointed")
+        gang = _submit(scheduler, script, steps=5, priority="high")
+        done = wait_until(lambda: (j := _job(scheduler, gang))["state"] in ("succeeded", "failed") and j, timeout=120,
+                          what="gang finished")
+        assert done["state"] == "succeeded" and done["attempt"] == 1, done
+        history = asyncio.run(_job_history(clean_servers))
+        stopped = sorted(e.job_id for e in history if isinstance(e, JobPreempted))
+        # Two whole jobs stopped (the fewest GPUs that make room: two nodes), on the nodes the gang then ran on.
+        assert len(stopped) == 2 and set(stopped) <= set(low), stopped
+        requeued = [e for e in history if isinstance(e, JobRequeued)]
+        assert sorted(e.job_id for e in requeued) == stopped
+        assert all(e.cause == "preempted" and f"preempted for high job {gang}" in e.reason for e in requeued)
+        for job_id in stopped:
+            resumed = wait_until(lambda job_id=job_id: (j := _job(scheduler, job_id))["attempt"] == 2
+                                 and _log(tmp_path, job_id, 2, 0) and j, timeout=90, what=f"{job_id} resumed")
+            assert resumed["state"] in ("placed", "running", "succeeded"), resumed
+            log = _log(tmp_path, job_id, 2, 0)
+            assert "resume=1" in log and int(log.split("from=")[1].split()[0]) >= 3, log
+        untouched = set(low) - set(stopped)
+        assert all(_job(scheduler, j)["attempt"] == 1 for j in untouched)
     finally:
         cluster.stop()

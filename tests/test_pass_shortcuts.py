@@ -130,7 +130,7 @@ def test_the_shortcuts_keep_every_decision_and_reason_over_random_states(monkeyp
                         (passes, "_kept_by_reservation", lambda *_: None),  # always place the job to know
                         (Reservations, "ends_after_all", lambda *_: False))  # always try the move
     text = "".join("".join(log) for log in with_shortcuts)
-    assert text.count("Started(") > 800 and text.count("would delay") > 1000 and text.count("Migration(") > 10, (
+    assert text.count("Started(") > 800 and text.count("would delay") > 1000 and text.count("Migration(") > 5, (
         text.count("Started("), text.count("would delay"), text.count("Migration("))
 
 
@@ -179,7 +179,7 @@ def test_candidates_all_on_refused_nodes_are_not_scored_to_be_refused(monkeypatc
 
     monkeypatch.setattr(core, "place_on", counted)
     with_shortcut = [run_passes(seed) for seed in SEEDS]
-    assert answers.count(True) > 10 and answers.count(False) > 10, (answers.count(True), answers.count(False))
+    assert answers.count(True) > 5 and answers.count(False) > 5, (answers.count(True), answers.count(False))
     assert_same_without(monkeypatch, with_shortcut, (owner, "_refuser", lambda *_: None))  # always score them
     text = "".join("".join(log) for log in with_shortcut)
     made = "backfilled=True" if module == "schedule" else "migrate to faster GPUs"

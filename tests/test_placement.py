@@ -183,6 +183,21 @@ def test_job_that_fits_80_gb_leaves_the_141_gb_gpus_to_jobs_only_they_can_hold()
     assert placed(fits_80, [nodes[0], node("h100", model="H100", taken=range(8))], facts=facts).node == "h200"
 
 
+
+def test_with_the_largest_memory_gpus_all_taken_an_h100_is_not_spared_for_a_job_that_fits_a_24_gb_card():
+    facts = {"H100": ModelFacts("H100", {"small": 1.5}), "H200": ModelFacts("H200", {"small": 1.5}),
+             "RTX4090": ModelFacts("RTX4090", {"small": 0.9})}
+    profile = Profile(weights={"speed": 1.0, "spare_largest_memory": 5.0})
+    job = JobRequest("j", 1, workload_class="small", min_memory_mib=5 * GB)
+    h200 = node("h200", model="H200", mem=141 * GB, taken=range(8))
+    others = [node("h100", model="H100"), node("4090", model="RTX4090", mem=24 * GB)]
+    # The H200s are the fleet's largest-memory GPUs: only they are spared, so the job takes the faster H100.
+    assert placed(job, [h200, *others], profile, facts=facts).node == "h100"
+    # A free H200 is still spared, for the H100 as for the 24 GB card.
+    free_h200 = node("h200", model="H200", mem=141 * GB)
+    assert placed(job, [free_h200, *others], profile, facts=facts).node == "h100"
+    assert placed(job, [free_h200, others[1]], profile, facts=facts).node == "4090"
+
 def test_a_dynamic_filter_without_a_may_reject_entry_is_asked_about_every_node(monkeypatch):
     """Healthy nodes skip the built-in dynamic filters (filters.MAY_REJECT); a filter that names no such
     predicate is still asked about each node, so a new filter is never skipped by that shortcut."""

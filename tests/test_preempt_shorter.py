@@ -67,11 +67,46 @@ def test_off_without_a_bound_and_never_a_job_without_a_checkpoint_with_less_left
 def test_the_guards_hold_a_young_job_or_one_stopped_too_often():
     young = run(SRPT, {"long": (30 * HOUR, True, "normal")}, waiting("short", HOUR), now=300.0)
     assert young.preempted == []  # it ran less than min_run_before_preemption_s
-    cluster, running = holding({"long": (30 * HOUR, True, "normal")}, preemptions=3)
+    cluster, running = holding({"long": (30 * HOUR, True, "normal")}, preemptions=SRPT.max_preemptions_per_job)
     queue = PendingQueue(SRPT)
     queue.add(waiting("short", HOUR))
     assert run_pass(ScheduleRequest(HOUR, cluster, queue, running, SRPT)).preempted == []
 
+
+
+def gang(job_id, gpus, runtime):
+    return PendingJob(JobRequest(job_id, gpus, expected_runtime_s=runtime, allow_multi_node=True), 0.0)
+
+
+def test_a_short_gang_stops_longer_jobs_on_several_nodes_and_starts_across_them():
+    victims = {"long1": (30 * HOUR, True, "normal"), "long2": (40 * HOUR, True, "normal"),
+               "pinned": (30 * HOUR, False, "normal")}
+    reply = run(SRPT, victims, gang("gang", 2, HOUR))
+    assert sorted(p.victim for p in reply.preempted) == ["long1", "long2"]
+    assert [s.job.job_id for s in reply.started] == ["gang"] and reply.started[0].placement.gpu_count == 2
+    # All or nothing: three GPUs would need the job without a checkpoint too, so nothing is stopped.
+    assert run(SRPT, victims, gang("gang", 3, HOUR)).preempted == []
+
+
+@pytest.mark.parametrize("split", ["cluster", "model"])
+def test_a_gang_stops_jobs_only_on_nodes_of_one_model_within_one_cluster_and_pool(split):
+    # Two clusters (or models) of two one-GPU nodes, each with a long job that keeps a checkpoint and one that does
+    # not: the two stoppable jobs would make room for the gang only across clusters (or models).
+    halves = ("c0", "c1") if split == "cluster" else ("A100", "H100")
+    nodes = [replace(n, **{split: halves[i // 2]}) for i, n in enumerate(one_gpu_nodes(4))]
+    cluster, running = ClusterState(nodes), RunningJobs()
+    for i, node in enumerate(nodes):
+        job_id = f"{node.name}-{'long' if i % 2 == 0 else 'pinned'}"
+        req = JobRequest(job_id, 1, expected_runtime_s=30 * HOUR)
+        d = place_on(ClusterState([node]), req, SRPT.profile, 0.0)
+        assert isinstance(d, Placement)
+        cluster.allocate(job_id, d)
+        running[job_id] = RunningJob(job_id, "t", "normal", False, 1, 0.0, HOUR + 30 * HOUR, request=req,
+                                     speed=1.0, checkpointable=i % 2 == 0)
+    queue = PendingQueue(SRPT)
+    queue.add(gang("gang", 2, HOUR))
+    reply = run_pass(ScheduleRequest(HOUR, cluster, queue, running, SRPT))
+    assert reply.preempted == [] and reply.started == [] and "gang" in reply.waiting
 
 @pytest.mark.parametrize("every", [False, True])
 def test_only_the_first_blocked_job_stops_a_longer_one_unless_every_blocked_job_may(every):

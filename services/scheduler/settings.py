@@ -28,8 +28,9 @@ class SchedulerSettings(CommonSettings):
     # or a YAML file `teams: {nlp: {quota_gpus: 8}}` (the file wins for teams in both).
     teams: dict[str, TeamSettings] = Field(default_factory=dict)
     teams_file: Path | None = None
-    min_run_before_preemption_s: float = Field(600.0, ge=0)
-    max_preemptions_per_job: int = Field(3, ge=0)
+    # Unset: the policy's own (queueing/jobs.py), as the simulator replays it.
+    min_run_before_preemption_s: float | None = Field(None, ge=0)
+    max_preemptions_per_job: int | None = Field(None, ge=0)
     preemption_grace_s: float = Field(5.0, ge=0, le=3600)
     heartbeat_suspect_s: float = Field(5.0, gt=0)
     heartbeat_lost_s: float = Field(10.0, gt=0)
@@ -86,9 +87,11 @@ class SchedulerSettings(CommonSettings):
             # A job that fits on one node runs on one node: its command need not be written for
             # several (the simulator may split such a job when that is faster; the service never does).
             profile=dataclasses.replace(policy.profile, split_min_speed_ratio=None),
-            min_run_before_preemption_s=self.min_run_before_preemption_s,
-            max_preemptions_per_job=self.max_preemptions_per_job,
         )
+        if self.min_run_before_preemption_s is not None:
+            config = dataclasses.replace(config, min_run_before_preemption_s=self.min_run_before_preemption_s)
+        if self.max_preemptions_per_job is not None:
+            config = dataclasses.replace(config, max_preemptions_per_job=self.max_preemptions_per_job)
         if not self.migration:  # moves as the policy has them (the simulator's defaults), unless turned off
             config = dataclasses.replace(config, migrate_min_gain_s=None, make_room_by_migration=False)
         return config

@@ -27,7 +27,7 @@ class Profile:
     dynamic_filters: tuple[str, ...] = tuple(F.DYNAMIC_FILTERS)
     weights: Mapping[str, float] = field(
         default_factory=lambda: {
-            "speed_by_runtime": 6.0, "comparative_advantage": 2.0, "best_fit": 2.0, "nvlink_locality": 2.0,
+            "speed": 6.0, "comparative_advantage": 2.0, "best_fit": 2.0, "nvlink_locality": 2.0,
             "cost": 1.0, "spread_replicas": 2.0, "spare_largest_memory": 5.0,
         }
     )
@@ -269,6 +269,7 @@ def _select(cluster: ClusterState, req: JobRequest, profile: Profile, cands: lis
         min(mems) or 1.0,
         max(mems) or 1.0,
         max((m for m in mems if m < max(mems)), default=max(mems)) or 1.0,
+        cluster.derived(("largest memory",), lambda: max(cluster.memory.values(), default=1.0)),
     )
     total_weight = sum(profile.weights.values()) or 1.0
     scorers = [(S.SCORERS[n], w) for n, w in profile.weights.items()]

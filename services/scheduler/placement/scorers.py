@@ -32,6 +32,12 @@ class ScoreContext:
     # Largest GPU memory among candidates, and the largest below it (equal when all are alike).
     largest_memory_mib: float = 1.0
     runner_up_memory_mib: float = 1.0
+    # The fleet's largest GPU memory (free or not): only candidates of that tier are its largest-memory GPUs.
+    fleet_largest_memory_mib: float = 1.0
+
+
+# Memory sizes within 5 % of each other are one tier (an A100's 81,920 MiB and an H100's 81,559 MiB).
+SAME_TIER = 0.95
 
 
 LONG_JOB_S = 48 * 3600.0  # from this runtime on, speed counts fully
@@ -87,10 +93,12 @@ def spare_largest_memory(req: JobRequest, cand: Candidate, ctx: ScoreContext) ->
     speed: a job that fits in 80 GB avoids a 141 GB H200 (needed by the jobs
     above 80 GB, which nothing else can run) but is not pushed from an H100 to
     a 24 GB card. A job that needs the largest memory has no smaller candidate,
-    so it is never penalized.
+    so it is never penalized. Only the fleet's largest tier is spared: when those GPUs are all taken, an H100
+    is the largest candidate but not a GPU only the largest jobs can use, so it is scored like any other.
     """
     mem = ctx.cluster.memory[cand.node.name]
-    if mem < ctx.largest_memory_mib or ctx.runner_up_memory_mib >= ctx.largest_memory_mib:
+    if (mem < ctx.largest_memory_mib or ctx.runner_up_memory_mib >= ctx.largest_memory_mib
+            or mem < SAME_TIER * ctx.fleet_largest_memory_mib):
         return 100.0
     return 100.0 * ctx.runner_up_memory_mib / ctx.largest_memory_mib
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..placement import FIRST_FIT, JobRequest, Profile
@@ -130,6 +131,9 @@ class PolicyConfig:
     # stopped; the head's is not counted; None: no bound), as Slurm bounds the jobs one backfill pass tests:
     # on 1,000 busy nodes an unbounded pass took up to 6 s (bench/RESULTS.md, issue 14, eighth pass).
     max_preemption_searches: int | None = 8
+    # Score weights that replace the profile's for a job that keeps no checkpoint: no move can take it to a
+    # faster GPU once it runs, so its first placement is the one it keeps.
+    pinned_weights: Mapping[str, float] = field(default_factory=dict)
 
 
 FIFO = PolicyConfig(
@@ -141,7 +145,10 @@ BACKFILL = PolicyConfig(
     preemption=False, estimates_scale_with_speed=False, migrate_min_gain_s=None, make_room_by_migration=False,
 )
 # The default: every mechanism, waits bounded by aging after 4 h, shortest remaining first for every blocked job
-# of up to a day, long jobs that could not be moved kept off the largest-memory GPUs (bench/RESULTS.md, issue 14).
+# of up to a day (gangs included) with up to 6 stops per job, long jobs that could not be moved kept off the
+# largest-memory GPUs, and a job that keeps no checkpoint placed by speed, not by comparative advantage or best fit
+# (bench/RESULTS.md, issue 14).
 WHALEFLUX = PolicyConfig(name="whaleflux", aging_s=4 * 3600.0, preempt_shorter_max_s=24 * 3600.0,
-                         preempt_shorter_every_blocked=True, unmovable_on_largest_max_s=4 * 3600.0)
+                         preempt_shorter_every_blocked=True, unmovable_on_largest_max_s=4 * 3600.0,
+                         max_preemptions_per_job=6, pinned_weights={"comparative_advantage": 0.0, "best_fit": 0.0})
 POLICIES = {p.name: p for p in (FIFO, BACKFILL, WHALEFLUX)}

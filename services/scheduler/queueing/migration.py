@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from ..placement import ClusterState, JobRequest, NodeShare, Placement, Profile, place_on
 from ..placement.cluster import StaticView
 from ..placement.framework import available, eligible, may_be_unavailable, unavailable, usable
+from ..placement.scorers import SAME_TIER
 from .jobs import PendingJob, PolicyConfig, RunningJob
 
 
@@ -226,10 +227,6 @@ def undo(cluster: ClusterState, moves: Moves, running: Mapping[str, RunningJob])
                          others=tuple(others))
         req = running[m.job_id].request
         cluster.allocate(m.job_id, back, req.service if req else None)
-
-
-# GPU memory sizes within 5 % of the largest are that tier too (an A100's 80 GiB, an H100's 79.6 GiB).
-SAME_TIER = 0.95
 
 
 def off_largest(cluster: ClusterState, req: JobRequest, profile: Profile) -> JobRequest:

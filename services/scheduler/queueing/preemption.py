@@ -13,14 +13,21 @@ most that estimate may also stop a job of no higher class that keeps a
 checkpoint (it resumes with its work) and has at least
 `preempt_shorter_ratio` x the job's estimate left. It cannot turn around
 either: the victim has at least twice the work left of its preemptor.
+
+Victims are whole jobs on one node each. A job that fits one node stops
+victims on one node; a gang (larger than any node it may use) stops victims
+on nodes of one model within one cluster and pool, as many as it needs with
+the GPUs free there, so a short gang does not wait days with all but one of
+its GPUs idle for a long job that could resume elsewhere later.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from ..placement import ClusterState
+from ..placement import ClusterState, NodeShare
+from ..placement.cluster import StaticView
 from ..placement.framework import eligible, unavailable, usable
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
 from .running import RunningJobs
@@ -128,13 +135,37 @@ def choose_victims(
     now: float,
     avoid: Mapping[str, int] | None = None,
 ) -> list[Preemption] | None:
-    """The fewest GPUs of victims on one node that let a one-node job start (never on a node of `avoid`:
-    nodes a reservation counts on); None if impossible."""
+    """The fewest GPUs of victims that let the job start: on one node for a job that fits one, on nodes of one
+    model within one cluster and pool for a gang (never on a node of `avoid`: nodes a reservation counts on);
+    None if impossible."""
     req = job.request
     view = eligible(cluster, req, config.profile)
-    if req.gpus > view.max_gpus_per_node:
-        return None  # gang jobs do not preempt (whole-node sets of victims are not searched)
     by_node: dict[str, list[tuple[RunningJob, int]]] = {}
+    for r, share in _candidates(cluster, job, view, running, usage, teams, config, now, avoid):
+        by_node.setdefault(share.node, []).append((r, cluster.freeable(share)))
+    if req.gpus > view.max_gpus_per_node:
+        return _for_gang(cluster, job, view, by_node, usage, teams, config, now, avoid)
+    best: tuple[tuple[int, int, int], list[Preemption]] | None = None
+    for node, victims in by_node.items():
+        if unavailable(cluster, req, cluster.nodes[node], config.profile, now):
+            continue
+        chosen = _fewest(job, len(usable(cluster, req, node)), victims, usage, teams, config, now)
+        if chosen is None:
+            continue
+        cost = (chosen[1], len(chosen[0]), cluster.order[node])
+        if best is None or cost < best[0]:
+            best = (cost, chosen[0])
+    return best[1] if best else None
+
+
+def _candidates(
+    cluster: ClusterState, job: PendingJob, view: StaticView, running: Mapping[str, RunningJob],
+    usage: Mapping[str, int], teams: Mapping[str, TeamPolicy], config: PolicyConfig, now: float,
+    avoid: Mapping[str, int] | None,
+) -> Iterator[tuple[RunningJob, NodeShare]]:
+    """Every running job that may be stopped for `job`, on one node the job may use (not one of `avoid`), with
+    its share of that node."""
+    req = job.request
     longer = shorter(job, config)  # jobs that keep a checkpoint are victims too
     candidates = running
     if isinstance(running, RunningJobs):
@@ -143,7 +174,7 @@ def choose_victims(
     # (a search may walk thousands of running jobs); its reason is written for the chosen victims only.
     ratio, runtime, job_rank = config.preempt_shorter_ratio, req.expected_runtime_s or 0.0, rank(req.priority)
     members, holdings = view.members, cluster.holdings
-    # (in any order: the best node is the least cost, ties by fleet order, and its victims are sorted)
+    # (in any order: the best set is the least cost, ties by fleet order, and victims are sorted)
     for r in candidates.values():
         if not guards_allow(r, config, now):
             continue
@@ -160,23 +191,48 @@ def choose_victims(
             continue
         if r.preemptible and not victim_reason(job, r, usage, teams, config, now):
             continue
-        by_node.setdefault(share.node, []).append((r, cluster.freeable(share)))
-    best: tuple[tuple[int, int, int], list[Preemption]] | None = None
-    for node, victims in by_node.items():
-        if unavailable(cluster, req, cluster.nodes[node], config.profile, now):
+        yield r, share
+
+
+def _fewest(
+    job: PendingJob, have: int, victims: list[tuple[RunningJob, int]], usage: Mapping[str, int],
+    teams: Mapping[str, TeamPolicy], config: PolicyConfig, now: float,
+) -> tuple[list[Preemption], int] | None:
+    """Victims among `victims` (each with the GPUs it frees) that free what `have` free GPUs lack for the job,
+    lowest priority first, then the most recently started (least work lost); and the GPUs they free."""
+    req = job.request
+    victims.sort(key=lambda v: (-rank(v[0].priority), -v[0].started_at, v[0].job_id))
+    chosen, freed = [], 0
+    for r, n in victims:
+        if have + freed >= req.gpus:
+            break
+        chosen.append(Preemption(r.job_id, req.job_id, victim_reason(job, r, usage, teams, config, now) or ""))
+        freed += n
+    if have + freed < req.gpus or not chosen:
+        return None
+    return chosen, freed
+
+
+def _for_gang(
+    cluster: ClusterState, job: PendingJob, view: StaticView, by_node: dict[str, list[tuple[RunningJob, int]]],
+    usage: Mapping[str, int], teams: Mapping[str, TeamPolicy], config: PolicyConfig, now: float,
+    avoid: Mapping[str, int] | None,
+) -> list[Preemption] | None:
+    """Victims for a gang: on nodes of one model within one cluster and pool (a gang stays within one, and one
+    model sets no slower pace), where they free the fewest GPUs, counting the GPUs free there now."""
+    req, profile = job.request, config.profile
+    have: dict[tuple[str, str, str], int] = {}
+    victims: dict[tuple[str, str, str], list[tuple[RunningJob, int]]] = {}
+    for name in dict.fromkeys([*cluster.with_free(view), *by_node]):
+        node = cluster.nodes[name]
+        if (avoid and name in avoid) or unavailable(cluster, req, node, profile, now):
             continue
-        have = len(usable(cluster, req, node))
-        # Lowest priority first, then the most recently started (least work lost).
-        victims.sort(key=lambda v: (-rank(v[0].priority), -v[0].started_at, v[0].job_id))
-        chosen, freed = [], 0
-        for r, n in victims:
-            if have + freed >= req.gpus:
-                break
-            chosen.append(Preemption(r.job_id, req.job_id, victim_reason(job, r, usage, teams, config, now) or ""))
-            freed += n
-        if have + freed < req.gpus or not chosen:
-            continue
-        cost = (freed, len(chosen), cluster.order[node])
-        if best is None or cost < best[0]:
-            best = (cost, chosen)
+        group = (node.cluster, node.pool or "default", node.model)
+        have[group] = have.get(group, 0) + len(usable(cluster, req, name))
+        victims.setdefault(group, []).extend(by_node.get(name, ()))
+    best: tuple[tuple[int, int], list[Preemption]] | None = None
+    for group, free in have.items():
+        chosen = _fewest(job, free, victims[group], usage, teams, config, now)
+        if chosen is not None and (best is None or (chosen[1], len(chosen[0])) < best[0]):
+            best = ((chosen[1], len(chosen[0])), chosen[0])
     return best[1] if best else None

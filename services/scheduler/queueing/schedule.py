@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ..placement import ClusterState, Infeasible, JobRequest, Placement, place_on
+from ..placement import ClusterState, Infeasible, JobRequest, Placement, Profile, place_on
 from ..placement.cluster import StaticView
 from ..placement.framework import REFUSED, eligible
+from ..placement.scorers import SAME_TIER
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
-from .migration import SAME_TIER, Migration, make_room, off_largest, undo
+from .migration import Migration, make_room, off_largest, undo
 from .moves_up import plan_migrations
 from .pending import PendingQueue
 from .preemption import Preemption, Stoppable, choose_victims, shorter
@@ -108,6 +109,9 @@ class _Pass:
         self.largest_needed = _largest_needed(request) if cfg.spare_largest_memory_while_needed else 0.0
         # The same memory, when long jobs that could not be moved keep off the largest model (else 0).
         self.unmovable_off = _runner_up(request.cluster) if cfg.unmovable_on_largest_max_s is not None else 0.0
+        # How a job that keeps no checkpoint is placed (no move could take it to a faster GPU later).
+        self.pinned = (replace(cfg.profile, weights={**cfg.profile.weights, **cfg.pinned_weights})
+                       if cfg.pinned_weights else cfg.profile)
 
     def run(self) -> ScheduleReply:
         cfg, cluster, reply, now = self.cfg, self.cluster, self.reply, self.now
@@ -169,12 +173,13 @@ class _Pass:
         if why is None:
             why = self._kept_by_reservation(job, req, view, shape)
         if why is None:
-            decision = place_on(cluster, req, cfg.profile, now, refused=self._refuser(job, req, view))
+            profile = cfg.profile if job.checkpointable else self.pinned
+            decision = place_on(cluster, req, profile, now, refused=self._refuser(job, req, view))
             if isinstance(decision, Infeasible) and req is not job.request:
                 req = job.request  # only the largest-memory model could ever hold it after all
                 view = eligible(cluster, req, cfg.profile)
                 shape = _shape(cluster, req, view)
-                decision = place_on(cluster, req, cfg.profile, now)
+                decision = place_on(cluster, req, profile, now)
             if isinstance(decision, Infeasible):
                 reply.infeasible[req.job_id] = decision.reason
                 return False
@@ -271,7 +276,8 @@ class _Pass:
         if decision is None or (self.reservations and not self.reservations.allows(decision, end)):
             held = self.reservations.held
             blocking = held[0] if decision is None else self.reservations.blocking(decision, end)
-            within = _place_within(cluster, req, cfg, now, self.reservations, shape, self.no_room)
+            profile = cfg.profile if job.checkpointable else self.pinned
+            within = _place_within(cluster, req, profile, now, self.reservations, shape, self.no_room)
             if within is None:
                 # (known for this job too when computed as free GPUs are now, for a job needing no more memory)
                 if len(self.reservations.held) == 1 and self.no_room[shape] == (cluster.freed, req.min_memory_mib):
@@ -410,13 +416,13 @@ def _end(now: float, job: PendingJob, placement: Placement, cfg: PolicyConfig) -
 
 
 def _place_within(
-    cluster: ClusterState, req: JobRequest, cfg: PolicyConfig, now: float, reservation: Reservations, shape: Shape,
+    cluster: ClusterState, req: JobRequest, profile: Profile, now: float, reservation: Reservations, shape: Shape,
     no_room: dict[Shape, tuple[int, float]],
 ) -> Placement | None:
     """Place using only GPUs the reservation can spare (cached per shape like any failure, with `cluster.freed`)."""
     if shape in no_room:
         return None
-    decision = place_on(cluster, req, cfg.profile, now, caps=reservation.spare)
+    decision = place_on(cluster, req, profile, now, caps=reservation.spare)
     if isinstance(decision, Placement):
         return decision
     no_room[shape] = (cluster.freed, req.min_memory_mib)

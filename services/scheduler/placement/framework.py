@@ -298,13 +298,13 @@ def _group_sizes(cluster: ClusterState, view: StaticView) -> dict[tuple[str, str
         sizes: dict[tuple[str, str], int] = {}
         for name in view.nodes:
             node = cluster.nodes[name]
-            sizes[_group(node)] = sizes.get(_group(node), 0) + len(node.gpus)
+            sizes[gang_group(node)] = sizes.get(gang_group(node), 0) + len(node.gpus)
         return sizes
 
     return cluster.derived(("group sizes", id(view)), build)
 
 
-def _group(node: NodeState) -> tuple[str, str]:
+def gang_group(node: NodeState) -> tuple[str, str]:
     """What a gang stays within: a cluster (its network) and a pool (whose GPUs, at what price)."""
     return node.cluster, node.pool or "default"
 
@@ -322,7 +322,7 @@ def _place_gang(
             continue
         usable = _usable(cluster, req, name, caps)
         if usable:
-            groups.setdefault(_group(node), []).append((node, usable))
+            groups.setdefault(gang_group(node), []).append((node, usable))
     fits = {g: pools for g, pools in groups.items() if sum(len(u) for _, u in pools) >= req.gpus}
     if not fits:
         most = max((sum(len(u) for _, u in pools) for pools in groups.values()), default=0)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from ..placement import FIRST_FIT, JobRequest, Profile
 
@@ -134,6 +135,14 @@ class PolicyConfig:
     # Score weights that replace the profile's for a job that keeps no checkpoint: no move can take it to a
     # faster GPU once it runs, so its first placement is the one it keeps.
     pinned_weights: Mapping[str, float] = field(default_factory=dict)
+
+    def profile_for(self, job: PendingJob) -> Profile:
+        """How the job is placed: with `pinned_weights` over the profile's when it keeps no checkpoint."""
+        return self.profile if job.checkpointable or not self.pinned_weights else self._pinned_profile
+
+    @cached_property
+    def _pinned_profile(self) -> Profile:
+        return replace(self.profile, weights={**self.profile.weights, **self.pinned_weights})
 
 
 FIFO = PolicyConfig(

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..placement import ClusterState, NodeShare
 from ..placement.cluster import StaticView
-from ..placement.framework import eligible, unavailable, usable
+from ..placement.framework import eligible, gang_group, unavailable, usable
 from .jobs import PendingJob, PolicyConfig, RunningJob, TeamPolicy, rank
 from .running import RunningJobs
 
@@ -227,7 +227,7 @@ def _for_gang(
         node = cluster.nodes[name]
         if (avoid and name in avoid) or unavailable(cluster, req, node, profile, now):
             continue
-        group = (node.cluster, node.pool or "default", node.model)
+        group = (*gang_group(node), node.model)
         have[group] = have.get(group, 0) + len(usable(cluster, req, name))
         victims.setdefault(group, []).extend(by_node.get(name, ()))
     best: tuple[tuple[int, int], list[Preemption]] | None = None

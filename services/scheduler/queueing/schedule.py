@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..placement import ClusterState, Infeasible, JobRequest, Placement, Profile, place_on
 from ..placement.cluster import StaticView
@@ -109,9 +109,6 @@ class _Pass:
         self.largest_needed = _largest_needed(request) if cfg.spare_largest_memory_while_needed else 0.0
         # The same memory, when long jobs that could not be moved keep off the largest model (else 0).
         self.unmovable_off = _runner_up(request.cluster) if cfg.unmovable_on_largest_max_s is not None else 0.0
-        # How a job that keeps no checkpoint is placed (no move could take it to a faster GPU later).
-        self.pinned = (replace(cfg.profile, weights={**cfg.profile.weights, **cfg.pinned_weights})
-                       if cfg.pinned_weights else cfg.profile)
 
     def run(self) -> ScheduleReply:
         cfg, cluster, reply, now = self.cfg, self.cluster, self.reply, self.now
@@ -173,7 +170,7 @@ class _Pass:
         if why is None:
             why = self._kept_by_reservation(job, req, view, shape)
         if why is None:
-            profile = cfg.profile if job.checkpointable else self.pinned
+            profile = cfg.profile_for(job)
             decision = place_on(cluster, req, profile, now, refused=self._refuser(job, req, view))
             if isinstance(decision, Infeasible) and req is not job.request:
                 req = job.request  # only the largest-memory model could ever hold it after all
@@ -276,8 +273,7 @@ class _Pass:
         if decision is None or (self.reservations and not self.reservations.allows(decision, end)):
             held = self.reservations.held
             blocking = held[0] if decision is None else self.reservations.blocking(decision, end)
-            profile = cfg.profile if job.checkpointable else self.pinned
-            within = _place_within(cluster, req, profile, now, self.reservations, shape, self.no_room)
+            within = _place_within(cluster, req, cfg.profile_for(job), now, self.reservations, shape, self.no_room)
             if within is None:
                 # (known for this job too when computed as free GPUs are now, for a job needing no more memory)
                 if len(self.reservations.held) == 1 and self.no_room[shape] == (cluster.freed, req.min_memory_mib):

@@ -203,6 +203,19 @@ def test_a_long_job_that_fits_80_gb_takes_a_free_h100_rather_than_an_h200_even_w
     assert isinstance(d, Placement) and d.node == "x"
 
 
+@pytest.mark.parametrize(("checkpointable", "model"), [(False, "H200"), (True, "H100")])
+def test_a_short_job_that_keeps_no_checkpoint_takes_a_free_h200_where_its_class_runs_much_faster(checkpointable, model):
+    # Inference runs 1.44x as fast on an H200 as on an H100. A two-hour inference job that keeps no checkpoint keeps
+    # its first GPU to the end, so speed counts more (weight 10): it takes the free H200 (and leaves it within the
+    # unmovable bound). One that keeps a checkpoint leaves the H200 to the jobs only it can hold.
+    facts = {"H100": ModelFacts("H100", {"inference": 1.6}), "H200": ModelFacts("H200", {"inference": 2.3})}
+    cluster = ClusterState(nodes(("h", "H100", 1, 80), ("x", "H200", 1, 141)), facts)
+    queue = PendingQueue(POLICY)
+    queue.add(replace(pending("j", 0.0, runtime=2 * 3600.0, gb=40, klass="inference"), checkpointable=checkpointable))
+    reply = schedule(ScheduleRequest(0.0, cluster, queue, {}, POLICY))
+    assert [(s.job.job_id, s.placement.model) for s in reply.started] == [("j", model)]
+
+
 @pytest.mark.parametrize(("job", "now", "limit", "placed"), [
     ("long-unmovable", 100.0, 4 * 3600.0, None),  # kept off the H200: no move could take it off again
     ("long-unmovable", 100.0, None, "x"),  # the rule off: it takes the free H200
@@ -235,13 +248,13 @@ def test_a_long_job_that_could_not_be_moved_keeps_off_the_largest_memory_model(j
         assert "A100" in reply.waiting[job]
 
 
-@pytest.mark.parametrize(("checkpointable", "model"), [(True, "RTX4090"), (False, "A100")])
+@pytest.mark.parametrize(("checkpointable", "model"), [(True, "RTX4090"), (False, "H100")])
 def test_a_job_that_keeps_no_checkpoint_is_placed_by_speed_for_no_move_could_speed_it_up_later(checkpointable, model):
     # A one-GPU small job fits every model. The last free GPU of the 4090 node fits best, and a 4090 runs small jobs
     # 0.9x against the other classes' 0.45-0.6x (comparative advantage): a job that keeps a checkpoint takes it and
-    # may move up later. One that keeps none takes the faster A100 (the H200 is spared for larger jobs).
+    # may move up later. One that keeps none takes the fastest, an H100.
     facts = {**MODELS, "RTX4090": ModelFacts("RTX4090", {"llm-train": 0.45, "small": 0.9})}
-    cluster = ClusterState(nodes(("r", "RTX4090", 1, 24), ("a", "A100", 8, 80), ("h", "H200", 8, 141)), facts)
+    cluster = ClusterState(nodes(("r", "RTX4090", 1, 24), ("a", "A100", 8, 80), ("h", "H100", 8, 80)), facts)
     queue = PendingQueue(POLICY)
     queue.add(replace(pending("j", 0.0, runtime=4 * 3600.0, gb=5), checkpointable=checkpointable))
     reply = schedule(ScheduleRequest(0.0, cluster, queue, {}, POLICY))

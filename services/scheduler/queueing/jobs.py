@@ -155,9 +155,10 @@ BACKFILL = PolicyConfig(
 )
 # The default: every mechanism, waits bounded by aging after 4 h, shortest remaining first for every blocked job
 # of up to a day (gangs included) with up to 6 stops per job, long jobs that could not be moved kept off the
-# largest-memory GPUs, and a job that keeps no checkpoint placed by speed, not by comparative advantage or best fit
-# (bench/RESULTS.md, issue 14).
+# largest-memory GPUs, and a job that keeps no checkpoint placed by speed (weight 10, not 6), not by comparative
+# advantage or best fit: its first placement is the one it keeps (bench/RESULTS.md, issue 14).
 WHALEFLUX = PolicyConfig(name="whaleflux", aging_s=4 * 3600.0, preempt_shorter_max_s=24 * 3600.0,
                          preempt_shorter_every_blocked=True, unmovable_on_largest_max_s=4 * 3600.0,
-                         max_preemptions_per_job=6, pinned_weights={"comparative_advantage": 0.0, "best_fit": 0.0})
+                         max_preemptions_per_job=6,
+                         pinned_weights={"comparative_advantage": 0.0, "best_fit": 0.0, "speed": 10.0})
 POLICIES = {p.name: p for p in (FIFO, BACKFILL, WHALEFLUX)}

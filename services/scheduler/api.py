@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
-from whaleflux.shared import subjects
+from whaleflux.shared import job_paths, subjects
 from whaleflux.shared.deps import NowDep, OperatorDep, RuntimeDep, Submitter, ViewerDep, require_team
 from whaleflux.shared.events import JobSubmitted, NodeDrainRequested
 from whaleflux.shared.runtime import BadRequest
@@ -207,6 +207,7 @@ async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep
         submitted = [JobSubmitted(job_id=i, submitted_by="api", **fields) for i in replica_ids(base, body.replicas)]
     except ValidationError as exc:
         raise BadRequest(str(exc)) from exc
+    _own_paths(scheduler, submitted[0])
     reason = await _never_fits(scheduler, submitted[0])
     if reason:
         raise HTTPException(422, f"infeasible: {reason}")
@@ -224,8 +225,16 @@ async def check(body: SubmitRequest, scheduler: SchedulerDep) -> dict[str, Any]:
         job = JobSubmitted(job_id="check", submitted_by="api", **body.job_fields())
     except ValidationError as exc:
         raise BadRequest(str(exc)) from exc
+    _own_paths(scheduler, job)
     reason = await _never_fits(scheduler, job)
     return {"feasible": reason is None, "reason": reason}
+
+
+def _own_paths(scheduler: Scheduler, job: JobSubmitted) -> None:
+    """400 naming the field when a folder the job names is not its own (shared/job_paths.py)."""
+    refused = job_paths.refusals(job.model_dump(), job.team, scheduler.settings.team_roots)
+    if refused:
+        raise BadRequest("; ".join(f"{field}: {reason}" for field, reason in refused.items()))
 
 
 async def _never_fits(scheduler: Scheduler, job: JobSubmitted) -> str | None:

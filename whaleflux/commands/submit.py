@@ -73,13 +73,15 @@ def submit(
     """Submit a job:  whaleflux submit --gpus 1 -- python train.py"""
     import uuid
 
+    from whaleflux.shared.job_events import default_name
+
     models = [_gpu_model(m) for m in model or []]
     environment, labels = _pairs(env, "--env"), _pairs(label, "--label")
     job_id = uuid.uuid4().hex[:12]
     # Replicas of a service are one job each, `<id>-r<i>`, spread across nodes by the scheduler.
     ids = [job_id] if replicas == 1 else [f"{job_id}-r{i}" for i in range(replicas)]
     spec = dict(
-        name=name or " ".join(command)[:128], team=team, project=project, command=command, env=environment,
+        name=name or default_name(command), team=team, project=project, command=command, env=environment,
         workdir=workdir, gpus=gpus, gpu_models=models, min_memory_mib=min_memory_gb * 1024,
         expected_runtime_s=expected_hours * 3600 if expected_hours else None, submitted_by="cli",
         workload_class=workload.value, priority=priority.value, preemptible=preemptible,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import uuid
 
 import httpx
@@ -131,5 +133,50 @@ async def test_posts_retried_with_one_key_through_a_nats_stall_make_one_job_run_
     finally:
         if stalled:
             os.kill(nats_pid, signal.SIGCONT)
+        cluster.stop()
+        own.local.stop()
+
+
+async def test_the_cli_retries_through_a_nats_stall_and_its_job_runs_once(tmp_path):
+    own = own_servers(tmp_path)
+    cluster = make_cluster(own.servers, tmp_path)
+    nats_pid = own._proc("nats-server").pid
+    marks, out = tmp_path / "ran", tmp_path / "submit.out"
+    stalled, cli = False, None
+    try:
+        scheduler = cluster.service("scheduler")
+        cluster.agent(NODE, interval_s=0.5)
+        await asyncio.to_thread(scheduler.wait_ready)
+        await asyncio.to_thread(wait_until, lambda: httpx.get(scheduler.url + "/v1/nodes", headers=AUTH).json(),
+                                60, what="the node registered")
+        os.kill(nats_pid, signal.SIGSTOP)
+        stalled = True
+        argv = [sys.executable, "-m", "whaleflux", "submit", "--name", "cli-stalled", "--", "sh", "-c",
+                f"echo ran >> {marks}"]
+        with out.open("w") as sink:
+            cli = await asyncio.to_thread(subprocess.Popen, argv, env=cluster.cli_env(), stdout=sink,
+                                          stderr=subprocess.STDOUT)
+        await until(lambda: "retrying" in out.read_text(), 60, "the CLI retrying")
+        os.kill(nats_pid, signal.SIGCONT)
+        stalled = False
+        assert await asyncio.to_thread(cli.wait, 90) == 0, out.read_text()
+        job_id = out.read_text().split("submitted job ")[1].split()[0]
+
+        async with httpx.AsyncClient(base_url=scheduler.url, headers=AUTH, timeout=30) as http:
+            async def succeeded() -> bool:
+                r = await http.get(f"/v1/jobs/{job_id}")
+                return r.status_code == 200 and r.json()["state"] == "succeeded"
+
+            await until(succeeded, 120, "the job run")
+            named = [j for j in (await http.get("/v1/jobs", params={"limit": 1000})).json()
+                     if j["spec"]["name"] == "cli-stalled"]
+        assert [j["job_id"] for j in named] == [job_id]
+        assert marks.read_text().splitlines() == ["ran"]
+    finally:
+        if stalled:
+            os.kill(nats_pid, signal.SIGCONT)
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+            cli.wait()
         cluster.stop()
         own.local.stop()

@@ -213,3 +213,9 @@ class JobCancelled(EventData):
     attempt: Count = Field(0, description="the attempt that was running (0: it never ran)")
     reason: str
     cancelled_by: str | None = None
+
+
+def submitted_event_id(job_id: str) -> str:
+    """The event id of a job's job.submitted: fixed by the job, so publishing it again (a retry after an
+    unanswered publish) is a duplicate that JetStream drops."""
+    return f"submitted-{job_id}"

@@ -1,0 +1,100 @@
+"""Production by default where it matters (issue 36, part 8), each through the real service: a silent fleet is
+`unknown`, never `healthy`; a threshold outside its physical range is refused with its file, line and key."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import httpx
+
+from whaleflux.agent.simulated import SimulatedNode
+from whaleflux.shared import subjects
+from whaleflux.shared.bus import Bus
+from whaleflux.shared.catalog import gpu_models
+from whaleflux.shared.events import GpuTelemetry, NodeRegistered
+from whaleflux.telemetry.app import TelemetrySettings, build
+
+from .processes import ADMIN_TOKEN, Clock, make_cluster, until, wait_until
+
+T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+
+
+async def test_a_fleet_whose_telemetry_went_silent_is_unknown_not_healthy(env):
+    clock = Clock(T0)
+    settings = TelemetrySettings(maintenance_interval_s=3600, stale_after_s=15)
+    app, svc = build(settings, clock=clock)
+    await svc.start()
+    bus = await Bus.connect(env.nats_url, source="test", user=env.nats_user, password=env.nats_password)
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://telemetry")
+    try:
+        await until(lambda: asyncio.sleep(0, "telemetry-gpu" in svc.runtime.bus.bound), what="consumers")
+        assert (await http.get("/v1/fleet")).json()["health"] == "unknown"  # nothing heard yet
+        node = SimulatedNode("h100-01", gpu_models()["H100"], 2, interconnect="nvlink")
+        await bus.publish(subjects.node_registered("onprem", "h100-01"),
+                          NodeRegistered(cluster="onprem", node="h100-01", agent_version="t", gpus=node.identities()))
+        await bus.publish(subjects.gpu_telemetry("onprem", "h100-01"),
+                          GpuTelemetry(cluster="onprem", node="h100-01", seq=1, sample_time=T0, gpus=node.sample(T0)))
+
+        async def fleet() -> dict:
+            return (await http.get("/v1/fleet")).json()
+
+        async def heard() -> bool:
+            return (await fleet())["gpus"] == 2
+
+        await until(heard, what="the batch stored")
+        assert (await fleet())["health"] == "healthy"
+        assert [n["health"] for n in (await http.get("/v1/nodes")).json()] == ["healthy"]
+
+        # No sample within the freshness window: silence, which is not health.
+        clock.now = T0 + timedelta(seconds=settings.stale_after_s + 1)
+        assert (await fleet())["health"] == "unknown"
+        assert [n["health"] for n in (await http.get("/v1/nodes")).json()] == ["unknown"]
+        assert (await http.get("/v1/nodes/h100-01")).json()["summary"]["health"] == "unknown"
+    finally:
+        await http.aclose()
+        await bus.close()
+        await svc.stop()
+
+
+RULES = """\
+rules:
+  - name: Overheating
+    kind: threshold
+    metric: temperature_c
+    threshold: {value: %s}
+    actions: [drain]
+    summary: "GPU {gpu} on {node} at {value:.0f} C"
+route: {receiver: hook}
+receivers:
+  - {name: hook, type: webhook, url: "http://127.0.0.1:9/hook"}
+"""
+
+
+def test_a_threshold_outside_its_physical_range_is_refused_naming_file_line_and_key(clean_servers, tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES % 90)
+    cluster = make_cluster(clean_servers, tmp_path)
+    proc = cluster.service("alerting", WHALEFLUX_ALERTING_RULES_FILE=str(rules))
+    try:
+        proc.wait_ready()
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        # 0 °C would fire on every GPU and drain every node: refused, the 90 °C rule stays in force.
+        rules.write_text(RULES % 0)
+        refused = httpx.post(proc.url + "/admin/rules/reload", headers=admin)
+        assert refused.status_code == 422, refused.text
+        [problem] = refused.json()["detail"]
+        assert problem.startswith(f"{rules}:5: rules[0].threshold.value:"), problem
+        assert "outside the physical range of temperature_c (30–120 °C)" in problem
+        assert [r["name"] for r in httpx.get(proc.url + "/v1/rules").json()["rules"]] == ["Overheating"]
+        rules.write_text(RULES % 95)
+        assert httpx.post(proc.url + "/admin/rules/reload", headers=admin).status_code == 200
+
+        # At start-up too: a service given such a file stops, naming the line, instead of draining the fleet.
+        rules.write_text(RULES % 500)
+        bad = cluster.service("alerting", "bad", WHALEFLUX_ALERTING_RULES_FILE=str(rules))
+        wait_until(lambda: bad.process.poll() is not None, timeout=120, what="alerting refusing the file")
+        assert bad.process.returncode != 0
+        assert f"{rules}:5: rules[0].threshold.value" in bad.log_path.read_text()
+    finally:
+        cluster.stop()

@@ -98,3 +98,28 @@ def test_a_threshold_outside_its_physical_range_is_refused_naming_file_line_and_
         assert f"{rules}:5: rules[0].threshold.value" in bad.log_path.read_text()
     finally:
         cluster.stop()
+
+
+def _login_cookie(url: str, **headers: str) -> str:
+    answer = httpx.get(url + "/login", headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.headers["set-cookie"]
+
+
+def test_the_consoles_cookies_are_secure_behind_tls_and_a_forwarded_header_counts_only_when_trusted(
+        clean_servers, tmp_path):
+    cluster = make_cluster(clean_servers, tmp_path)
+    plain = cluster.service("console", "plain")
+    proxied = cluster.service("console", "proxied", WHALEFLUX_TRUST_FORWARDED_PROTO="true")
+    try:
+        plain.wait_ready()
+        proxied.wait_ready()
+        assert "secure" not in _login_cookie(plain.url).lower()
+        # A header anyone could send is not TLS: without a trusted proxy it changes nothing.
+        assert "secure" not in _login_cookie(plain.url, **{"X-Forwarded-Proto": "https"}).lower()
+        # Behind the proxy it trusts, HTTPS at the proxy makes the cookies HTTPS-only...
+        assert "; secure" in _login_cookie(proxied.url, **{"X-Forwarded-Proto": "https"}).lower()
+        # ...and the proxy's plain HTTP does not.
+        assert "secure" not in _login_cookie(proxied.url, **{"X-Forwarded-Proto": "http"}).lower()
+    finally:
+        cluster.stop()

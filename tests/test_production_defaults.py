@@ -4,6 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -16,6 +21,9 @@ from whaleflux.shared.events import GpuTelemetry, NodeRegistered
 from whaleflux.telemetry.app import TelemetrySettings, build
 
 from .processes import ADMIN_TOKEN, Clock, make_cluster, until, wait_until
+from .rootjobs import ROOT_JOBS
+
+SERVICES = ("telemetry", "scheduler", "alerting", "billing", "inventory")
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -123,3 +131,42 @@ def test_the_consoles_cookies_are_secure_behind_tls_and_a_forwarded_header_count
         assert "secure" not in _login_cookie(proxied.url, **{"X-Forwarded-Proto": "http"}).lower()
     finally:
         cluster.stop()
+
+
+def test_up_production_starts_every_service_with_authenticated_reads(tmp_path):
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))} | ROOT_JOBS
+    env["WHALEFLUX_HOME"] = str(home)
+    with open(tmp_path / "up.out", "wb") as out_file:
+        up = subprocess.Popen([sys.executable, "-m", "whaleflux", "up", "--production"], env=env, stdout=out_file,
+                              stderr=subprocess.STDOUT)
+    try:
+        config = home / "config.json"
+
+        def all_ready() -> bool:
+            if up.poll() is not None:
+                raise AssertionError((tmp_path / "up.out").read_text()[-3000:])
+            services = json.loads(config.read_text())["services"] if config.exists() else {}
+            return set(SERVICES) <= set(services) and all(
+                httpx.get(services[s] + "/readyz", timeout=1).status_code == 200 for s in SERVICES)
+
+        wait_until(all_ready, timeout=180, what="all five services ready in production mode")
+        cfg = json.loads(config.read_text())
+        token = {"Authorization": f"Bearer {cfg['admin_token']}"}
+        reads = {"telemetry": "/v1/fleet", "scheduler": "/v1/jobs", "alerting": "/v1/alerts",
+                 "billing": "/v1/costs", "inventory": "/v1/assets"}
+        for name, path in reads.items():
+            assert httpx.get(cfg["services"][name] + path, timeout=10).status_code == 401, name
+        assert httpx.get(cfg["services"]["scheduler"] + "/v1/jobs", headers=token, timeout=10).status_code == 200
+        # The CLI carries the token from the config file: it works as before.
+        done = subprocess.run([sys.executable, "-m", "whaleflux", "submit", "--wait", "--", "true"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "succeeded" in done.stdout, done.stdout + done.stderr
+        assert "production" in (tmp_path / "up.out").read_text()
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()

@@ -205,14 +205,15 @@ async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep
     fields = body.job_fields()
     try:
         submitted = [JobSubmitted(job_id=i, submitted_by="api", **fields) for i in replica_ids(base, body.replicas)]
-    except ValidationError as exc:
+        subject = subjects.job_submitted(body.team)
+    except ValueError as exc:  # a ValidationError, or a team that is no subject (`a..b`)
         raise BadRequest(str(exc)) from exc
     reason = await _never_fits(scheduler, submitted[0])
     if reason:
         raise HTTPException(422, f"infeasible: {reason}")
     for data in submitted:
         env = runtime.envelope(data, subject=data.job_id, correlation_id=data.job_id)
-        await runtime.bus.publish_envelope(subjects.JOB_SUBMITTED, env)
+        await runtime.bus.publish_envelope(subject, env)
     return {"job_id": submitted[0].job_id, "job_ids": [j.job_id for j in submitted]}
 
 

@@ -146,7 +146,8 @@ def _publish(conn: Connection, jobs: list[JobSubmitted]) -> None:
         bus = await conn.bus()
         try:
             for one in jobs:
-                await bus.publish(subjects.JOB_SUBMITTED, one, subject=one.job_id, correlation_id=one.job_id)
+                await bus.publish(subjects.job_submitted(one.team), one, subject=one.job_id,
+                                  correlation_id=one.job_id)
         finally:
             await bus.close()
 

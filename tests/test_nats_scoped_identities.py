@@ -250,3 +250,17 @@ async def test_the_scheduler_dead_letters_a_submission_whose_subject_names_anoth
     assert (dead.subject, dead.headers["WhaleFlux-Stage"], dead.headers[REASON_HEADER]) == (
         "deadletter.job.submitted.vision", "validation", "subject names team vision but data names default")
     assert dead.headers["WhaleFlux-Consumer"] == "scheduler-jobs"
+
+
+async def test_the_schedulers_rebuild_folds_team_submissions_and_skips_one_naming_another_team(bus_and_redis):
+    """The rebuild reads the stream itself: submissions on their team's subject and bare ones of older history are
+    folded, one whose subject names another team than its data is not."""
+    from whaleflux.scheduler.rebuild import JOB_HISTORY, read_stream
+
+    bus, _ = bus_and_redis
+    for job_id, subject, team in (("forged", s.job_submitted("vision"), "default"),
+                                  ("own", s.job_submitted("vision"), "vision"),
+                                  ("old-history", s.JOB_SUBMITTED, "default")):
+        await bus.publish(subject, _job(job_id, team))
+    read = [getattr(data, "job_id", None) async for _, _, data in read_stream(bus, JOBS, JOB_HISTORY)]
+    assert read == ["own", "old-history"]

@@ -22,7 +22,7 @@ def default_name(command: Sequence[str]) -> str:
 
 
 class JobSubmitted(EventData):
-    """A request to run a job. Any system may publish it (see docs/events/)."""
+    """A request to run a job, on subject `job.submitted.<team>`: any system may publish it for its teams."""
 
     event_name: ClassVar[str] = "job.submitted"
     job_id: JobId

@@ -223,7 +223,7 @@ async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep
         envs = _envelopes(runtime, submitted)
         mine = idem.Claim(fingerprint=print_, job_ids=[j.job_id for j in submitted])
         if digest is None or (claim := await scheduler.store.claim(digest, mine)) is None:
-            await _publish(runtime, envs)
+            await _publish(runtime, body.team, envs)
             if digest is not None:
                 await scheduler.store.mark_durable(digest, mine)
             return _answer(mine.job_ids)
@@ -233,7 +233,7 @@ async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep
     response.headers[idem.REPLAYED_HEADER] = "true"
     if not claim.durable and digest is not None:
         # Its first publish went unacknowledged (stored or not, nobody knows): the very same events again.
-        await _publish(runtime, _envelopes(runtime, _submissions(body, claim.job_ids)))
+        await _publish(runtime, body.team, _envelopes(runtime, _submissions(body, claim.job_ids)))
         await scheduler.store.mark_durable(digest, claim)
     return _answer(claim.job_ids)
 
@@ -242,9 +242,11 @@ def _submissions(body: SubmitRequest, job_ids: list[str]) -> list[JobSubmitted]:
     """The job.submitted of each of the submission's jobs; 400 if the body makes no valid job."""
     fields = body.job_fields()
     try:
-        return [JobSubmitted(job_id=i, submitted_by="api", **fields) for i in job_ids]
-    except ValidationError as exc:
+        submitted = [JobSubmitted(job_id=i, submitted_by="api", **fields) for i in job_ids]
+        subjects.job_submitted(body.team)  # a team that is no subject (`a..b`) is refused here
+    except ValueError as exc:  # a ValidationError, or that
         raise BadRequest(str(exc)) from exc
+    return submitted
 
 
 def _envelopes(runtime: Runtime, submitted: list[JobSubmitted]) -> list[Envelope]:
@@ -259,10 +261,10 @@ def _envelopes(runtime: Runtime, submitted: list[JobSubmitted]) -> list[Envelope
     return envs
 
 
-async def _publish(runtime: Runtime, envs: list[Envelope]) -> None:
+async def _publish(runtime: Runtime, team: str, envs: list[Envelope]) -> None:
     """Returns once JetStream has stored every one (a re-publish of one is a duplicate it drops)."""
     for env in envs:
-        await runtime.bus.publish_envelope(subjects.JOB_SUBMITTED, env)
+        await runtime.bus.publish_envelope(subjects.job_submitted(team), env)
 
 
 def _answer(job_ids: list[str]) -> dict[str, Any]:

@@ -164,8 +164,8 @@ def _publish(conn: Connection, jobs: list[JobSubmitted], retry_for: float) -> No
         bus = await conn.bus()
         try:
             for one in jobs:
-                await bus.publish(subjects.JOB_SUBMITTED, one, subject=one.job_id, correlation_id=one.job_id,
-                                  event_id=submitted_event_id(one.job_id))
+                await bus.publish(subjects.job_submitted(one.team), one, subject=one.job_id,
+                                  correlation_id=one.job_id, event_id=submitted_event_id(one.job_id))
         finally:
             await bus.close()
 

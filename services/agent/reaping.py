@@ -67,16 +67,16 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def reap_children(keep: int | None = None) -> None:
+def reap_children(keep: int | None = None) -> bool:
     """Collect every child of this process that has ended (orphans reparented here), except `keep` (the job's
-    main process, which `subprocess` waits for itself); stops at `keep` if it has ended."""
+    main process, which `subprocess` waits for itself); whether a child is left, running or `keep`."""
     while True:
         try:  # WNOWAIT: look which child it is before collecting it
             ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:  # no child at all
-            return
+            return False
         if ended is None or ended.si_pid == keep:
-            return
+            return True
         os.waitpid(ended.si_pid, 0)
 
 
@@ -95,10 +95,11 @@ def end_descendants(grace_s: float) -> None:
     kill_at = time.monotonic() + grace_s
     termed: set[int] = set()
     while True:
-        reap_children()
-        left = descendants(me)
-        if not left:
+        # Each process left has a chain of parents up to a child of this one (its first, the job's main process,
+        # is collected): no child, nothing left, and no need to read all of /proc, the common case.
+        if not reap_children():
             return
+        left = descendants(me)
         killing = time.monotonic() >= kill_at
         for pid in left:
             if killing:

@@ -1,14 +1,17 @@
 """Every process of a job ends with it (issue 36, item 7; services/agent/reaping.py): real supervisors whose jobs
 leave a `setsid` child and a double-forked daemon behind, after which nothing of the job may remain by the time
 its exit is recorded, whether it exited, was stopped by the agent or stopped by its own supervisor; as root also
-with the job run as an unprivileged user."""
+with the job run as an unprivileged user, and with the supervisor itself unprivileged (an agent that is not root)."""
 
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -166,3 +169,29 @@ async def test_a_job_stopped_by_the_agent_leaves_nothing_running_once_its_end_is
     assert ended is not None and attempts.read_exit(job.dir) == ended
     assert _job_processes(marker) == []
     assert (ended.exit_code, ended.interrupted) == (-signal.SIGTERM, "cancelled")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a supervisor as another user needs root")
+def test_an_unprivileged_supervisor_ends_the_escaped_processes_too(tmp_path, marker):
+    # As under an agent that is not root: the subreaper needs no privilege, and its job runs as its own user.
+    nobody = pwd.getpwnam("nobody")
+    home = Path(tempfile.mkdtemp(prefix="whaleflux-reap-"))  # tmp_path's parents are root's only
+    try:
+        os.chown(home, nobody.pw_uid, nobody.pw_gid)
+        attempt_dir = home / "job-1.1"
+        attempt_dir.mkdir()
+        attempts.write_spec(attempt_dir, attempts.Spec(
+            argv=_argv("exit"), env=_env(marker, None), cwd="/", alive=str(home / attempts.ALIVE), grace_s=1.0,
+            fence_after_s=300.0))
+        for path in (attempt_dir, attempt_dir / attempts.SPEC):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        with open(tmp_path / "job.log", "ab") as out:
+            supervisor = subprocess.Popen(supervise.command(attempt_dir), stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True, user=nobody.pw_uid,
+                                          group=nobody.pw_gid, extra_groups=[], cwd="/")
+        ended = wait_until(lambda: attempts.read_exit(attempt_dir), what="exit.json")
+        assert _job_processes(marker) == []
+        assert ended.exit_code == 3
+        assert supervisor.wait(timeout=30) == 0
+    finally:
+        shutil.rmtree(home)

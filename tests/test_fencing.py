@@ -149,3 +149,16 @@ def test_a_rebuild_from_history_keeps_the_placements_start_by():
 
     job = fold_(ev(0, submitted()), ev(0.5, _placed(30)))["j1"]
     assert job.state == "placed" and job.start_by == at(30)
+
+
+def test_a_refusal_from_the_node_it_was_placed_on_ends_the_hold_of_a_job_requeued_meanwhile():
+    held = record(state="pending", started=None, placed_at=0)
+    held.held_until = at(95)
+    refused = AttemptReport(job_id="j1", attempt=1, state="refused", finished_at=at(40))
+    assert [j.job_id for j in reconcile(heartbeat(refused), at(40), [], {"j1": held}, at(40), 30).released] == ["j1"]
+    elsewhere = held.model_copy(update={"node": "n2"})
+    placed_again = held.model_copy(update={"attempt": 2})
+    part = refused.model_copy(update={"rank": 1})  # a gang's part: its other parts may still run
+    assert not reconcile(heartbeat(refused), at(40), [], {"j1": elsewhere}, at(40), 30).released
+    assert not reconcile(heartbeat(refused), at(40), [], {"j1": placed_again}, at(40), 30).released
+    assert not reconcile(heartbeat(part), at(40), [], {"j1": held}, at(40), 30).released

@@ -16,7 +16,7 @@ import pytest
 from whaleflux.shared.events import JobFinished, JobPlaced, JobRequeued, JobStarted
 
 from .lifecycle import assert_ran_once_each, own_servers, runs, start_stack, submit, wait_all_ended
-from .processes import wait_until
+from .processes import make_cluster, wait_until
 from .test_crash_recovery import _job_history
 
 # A placement not started this long after it was made never will be (its start-by): short, so a freeze passes it.
@@ -104,6 +104,44 @@ def test_an_agent_frozen_past_its_placements_start_by_runs_none_of_them_and_noth
     finally:
         if stopped:
             os.kill(agent.process.pid, signal.SIGCONT)
+        cluster.stop()
+
+
+def test_a_frozen_agent_whose_node_is_declared_lost_runs_nothing_its_jobs_run_elsewhere(own, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cluster = make_cluster(own.servers, tmp_path)
+    # One budget for all: the supervisors fence after 20 s of silence, the scheduler holds a lost node's jobs longer.
+    cluster.base_env["WHALEFLUX_FENCE_AFTER_S"] = "20"
+    scheduler = cluster.service("scheduler", WHALEFLUX_PASS_INTERVAL_S="0.3", WHALEFLUX_HEARTBEAT_SUSPECT_S="3",
+                                WHALEFLUX_HEARTBEAT_LOST_S="5", WHALEFLUX_PREEMPTION_GRACE_S="2",
+                                WHALEFLUX_PLACEMENT_REPORT_S=str(START_WITHIN_S))
+    frozen = cluster.agent("a100-01", name="agent-a100")
+    cluster.agent("h100-01", name="agent-h100")
+    stopped = False
+    try:
+        scheduler.wait_ready()
+        wait_until(lambda: len(httpx.get(scheduler.url + "/v1/nodes").json()) == 2, what="both nodes registered")
+        early = submit(scheduler.url, marks, 4.0, 12)
+        wait_until(lambda: _running(marks, early) >= 10, timeout=120, what="jobs running on both nodes")
+        os.kill(frozen.process.pid, signal.SIGSTOP)
+        stopped = True
+        only_there = submit(scheduler.url, marks, 1.0, 4, gpu_models=["A100"])
+        anywhere = submit(scheduler.url, marks, 1.0, 8)
+        wait_until(lambda: _silent_for(scheduler.url, "a100-01", 12), timeout=60, what="the node lost, frozen on")
+        nodes = {n["node"]: n["status"] for n in httpx.get(scheduler.url + "/v1/nodes", timeout=10).json()}
+        assert nodes == {"a100-01": "lost", "h100-01": "healthy"}
+        os.kill(frozen.process.pid, signal.SIGCONT)
+        stopped = False
+        ids = early + only_there + anywhere
+        records = wait_all_ended(scheduler.url, ids, timeout=240)
+        assert_ran_once_each(marks, ids, records)
+        history = asyncio.run(_job_history(own.servers))
+        _assert_attempts_never_overlap_and_one_succeeded(history, ids)
+        assert any(isinstance(e, JobRequeued) and e.cause == "node_lost" for e in history)
+    finally:
+        if stopped:
+            os.kill(frozen.process.pid, signal.SIGCONT)
         cluster.stop()
 
 

@@ -25,7 +25,7 @@ from datetime import datetime
 
 from whaleflux.shared.events import AttemptReport, JobFinished, NodeHeartbeat
 
-from .fencing import Unstarted, refused, unstarted
+from .fencing import Unstarted, refused, releases_hold, unstarted
 from .records import ACTIVE, TERMINAL, JobRecord
 
 # A started attempt missing from a heartbeat the node sent this much later than its start is lost
@@ -40,6 +40,8 @@ class Plan:
     # Placed attempts given up on before they started: requeued at once when the node confirmed it will not start
     # them, else with a stop order and a hold.
     unstarted: list[tuple[JobRecord, Unstarted]] = field(default_factory=list)
+    # Jobs held after a requeue whose held attempt the node lists as refused: placed again at once.
+    released: list[JobRecord] = field(default_factory=list)
     stop: list[AttemptReport] = field(default_factory=list)
 
 
@@ -95,6 +97,9 @@ def reconcile(hb: NodeHeartbeat, sent_at: datetime, ours: list[JobRecord], other
             plan.unstarted.append((job, verdict))
     mine = {j.job_id: j for j in ours}
     for a in hb.attempts or []:
+        if a.state == "refused" and (held := others.get(a.job_id)) is not None:
+            if releases_hold(held, a, hb.cluster, hb.node):
+                plan.released.append(held)
         if a.state != "running":
             continue
         record = mine.get(a.job_id) or others.get(a.job_id)

@@ -118,6 +118,12 @@ class Failover:
                 await store.requeue(job, "attempt_lost", why, now, settings.preemption_grace_s if held else None,
                                     hold_until=settings.stop_hold(now) if held else None)
                 self.s.dirty.set()
+            for job in plan.released:
+                self.s.log.info("job.stopped", job_id=job.job_id, attempt=job.attempt, node=key,
+                                reason="its node refused the attempt: it never started")
+                job.held_until = None
+                await store.save(job)
+                self.s.dirty.set()
         for a in plan.stop:
             await self._stop_stray(hb, a.job_id, a.attempt, "this attempt is not the job's current one here")
         if plan.ended or plan.lost or plan.unstarted:

@@ -10,13 +10,15 @@ list it, or one that lists it as refused. An attempt placed without a token
 is requeued after `placement_report_s` with a stop order behind the placement
 and a hold. A node declared lost holds its jobs `hold_s` (its supervisors'
 self-fence and grace), counted from `start_by` for an attempt that may not
-have started yet.
+have started yet, unless the node lists it as refused when it is heard again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+from whaleflux.shared.events import AttemptReport
 
 from .records import JobRecord
 
@@ -46,6 +48,14 @@ def unstarted(job: JobRecord, node: str, sent_at: datetime, now: datetime, windo
 def refused(job: JobRecord, node: str, reason: str | None) -> Unstarted:
     """The node listed the attempt as refused: it never started it, and never will."""
     return Unstarted(f"node {node} refused attempt {job.attempt}: {reason or 'its start-by had passed'}", True)
+
+
+def releases_hold(job: JobRecord, report: AttemptReport, cluster: str, node: str) -> bool:
+    """Whether a refusal the node lists ends the hold of a job requeued while the attempt was placed there: the
+    node confirmed it never started it (one node's attempt only: a gang's other parts may still run)."""
+    return (report.state == "refused" and report.rank is None and job.state == "pending"
+            and job.held_until is not None and job.attempt == report.attempt
+            and job.cluster == cluster and job.node == node)
 
 
 def may_start_later(job: JobRecord) -> bool:

@@ -106,6 +106,10 @@ class NodeRegistered(EventData):
     interconnect: Literal["nvlink", "pcie"] = "pcie"
     agent_version: str
     gpus: list[GpuIdentity]
+    # Added in v1 before release: the node's self-fence budget (its supervisors stop their jobs after this long
+    # without a heartbeat out) and their grace, so the scheduler holds a lost node's jobs long enough; None: older.
+    fence_after_s: float | None = Field(None, gt=0, le=86_400)
+    stop_grace_s: float | None = Field(None, ge=0, le=3600)
 
 
 class AttemptReport(BaseModel):

@@ -162,3 +162,17 @@ def test_a_refusal_from_the_node_it_was_placed_on_ends_the_hold_of_a_job_requeue
     assert not reconcile(heartbeat(refused), at(40), [], {"j1": elsewhere}, at(40), 30).released
     assert not reconcile(heartbeat(refused), at(40), [], {"j1": placed_again}, at(40), 30).released
     assert not reconcile(heartbeat(part), at(40), [], {"j1": held}, at(40), 30).released
+
+
+def test_a_node_announcing_a_longer_self_fence_budget_has_its_lost_jobs_held_for_it():
+    from whaleflux.scheduler.fencing import node_hold_s
+    from whaleflux.shared.events import NodeRegistered
+
+    def reg(fence_after_s=None, stop_grace_s=None):
+        return NodeRegistered(cluster="c", node="n1", agent_version="t", gpus=[], fence_after_s=fence_after_s,
+                              stop_grace_s=stop_grace_s)
+
+    assert node_hold_s(65, 10, None) == 65 and node_hold_s(65, 10, reg()) == 65  # an older agent: the settings'
+    assert node_hold_s(65, 10, reg(60, 5)) == 65  # the same budget
+    assert node_hold_s(65, 10, reg(120, 10)) == 130  # set on the agents only: its own, never shorter
+    assert node_hold_s(65, 10, reg(30, 5)) == 65

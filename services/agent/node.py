@@ -138,7 +138,8 @@ class NodeAgent:
         await self._publish(
             subjects.node_registered(self.node.cluster, self.node.name),
             NodeRegistered(cluster=self.node.cluster, node=self.node.name, rack=self.node.rack, pool=self.node.pool,
-                           interconnect=self.node.interconnect, agent_version=__version__, gpus=gpus),
+                           interconnect=self.node.interconnect, agent_version=__version__, gpus=gpus,
+                           fence_after_s=self.fence_after_s, stop_grace_s=self.stop_grace_s),
         )
         for attempt in left:
             if attempt.reported_at is None:

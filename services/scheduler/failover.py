@@ -22,7 +22,7 @@ from whaleflux.shared.events import (
 )
 
 from . import attempts
-from .fencing import lost_hold
+from .fencing import lost_hold, node_hold_s
 from .liveness import Liveness, LivenessPolicy, assess, judged_from, watch_start
 from .progress import Progress
 from .records import NodeCondition
@@ -58,6 +58,12 @@ class Failover:
     async def on_node_event(self, env: Envelope, data: EventData) -> None:
         if isinstance(data, NodeRegistered):
             await self.s.store.register(data)
+            settings = self.s.settings
+            if node_hold_s(settings.hold_s, settings.heartbeat_lost_s, data) > settings.hold_s:
+                self.s.log.error("node.fence_budget_longer", node=f"{data.cluster}/{data.node}",
+                                 node_fence_after_s=data.fence_after_s, node_stop_grace_s=data.stop_grace_s,
+                                 scheduler_fence_after_s=settings.fence_after_s,
+                                 note="its lost jobs are held for its budget; set WHALEFLUX_FENCE_AFTER_S alike")
             self._registered[f"{data.cluster}/{data.node}"] = self.s.clock().timestamp()
         elif isinstance(data, NodeDrainRequested):
             await self.drain(f"{data.cluster}/{data.node}", data.reason)
@@ -215,7 +221,9 @@ class Failover:
 
     async def _declare_lost(self, live: Liveness) -> None:
         settings, store, now = self.s.settings, self.s.store, self.s.clock()
+        regs = await store.registrations()
         for key in sorted(live.lost):
+            hold_s = node_hold_s(settings.hold_s, settings.heartbeat_lost_s, regs.get(key))
             age = live.silent_ages[key]
             reason = f"node lost: no heartbeat for {age:.0f} s"
             await store.set_condition(key, NodeCondition(state="lost", reason=reason, since=now))
@@ -226,7 +234,7 @@ class Failover:
                 # silent for fence_after_s, so the job is held until then, never run twice; an attempt not
                 # started yet is held from its start-by, the latest its node may start it.
                 await store.requeue(job, "node_lost", reason, now, settings.preemption_grace_s,
-                                    hold_until=lost_hold(job, now, settings.hold_s))
+                                    hold_until=lost_hold(job, now, hold_s))
             self.s.log.error("node.lost", node=key, silent_s=round(age, 1), jobs_requeued=len(jobs))
 
     async def liveness_loop(self) -> None:

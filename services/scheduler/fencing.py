@@ -9,7 +9,8 @@ list it, or one that lists it as refused. An attempt placed without a token
 (by an older scheduler) may start whenever its placement reaches the node: it
 is requeued after `placement_report_s` with a stop order behind the placement
 and a hold. A node declared lost holds its jobs `hold_s` (its supervisors'
-self-fence and grace), counted from `start_by` for an attempt that may not
+self-fence and grace, the longer of the scheduler's and what the node
+announced in its registration), counted from `start_by` for an attempt that may not
 have started yet, unless the node lists it as refused when it is heard again.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from whaleflux.shared.events import AttemptReport
+from whaleflux.shared.events import AttemptReport, NodeRegistered
 
 from .records import JobRecord
 
@@ -63,6 +64,14 @@ def may_start_later(job: JobRecord) -> bool:
     if job.parts:
         return any(p.started_at is None for p in job.parts)
     return job.started_at is None
+
+
+def node_hold_s(hold_s: float, heartbeat_lost_s: float, reg: NodeRegistered | None) -> float:
+    """How long a lost node's jobs are held: the scheduler's `hold_s`, or longer if the node announced a longer
+    self-fence budget and grace than the scheduler's settings assume (a budget set on the agents only)."""
+    if reg is None or reg.fence_after_s is None:
+        return hold_s
+    return max(hold_s, (reg.stop_grace_s or 0.0) + max(heartbeat_lost_s, reg.fence_after_s))
 
 
 def lost_hold(job: JobRecord, now: datetime, hold_s: float) -> datetime:

@@ -100,6 +100,11 @@ class JobPlaced(EventData):
     )
     gang_gpus: Annotated[int, Field(ge=2, le=1_000_000)] | None = Field(
         None, description="GPUs of the whole gang, all nodes")
+    # Added in v1 before release: the placement's fencing token. The node never starts it later than this (by its
+    # own clock), so the scheduler can requeue an attempt it never heard of once the node's clock is past it.
+    start_by: AwareDatetime | None = Field(
+        None, description="the node must not start this attempt after this time; absent: no deadline (older"
+        " schedulers)")
 
     @property
     def part(self) -> int:

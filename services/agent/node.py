@@ -32,7 +32,7 @@ from whaleflux.shared.events import (
 from whaleflux.shared.streams import agent_consumer
 from whaleflux.shared.version import __version__
 
-from . import attempts, jobuser, recovery, runner, virtual
+from . import attempts, fencing, jobuser, recovery, runner, virtual
 from .backend import GpuBackend
 from .burnin.gate import NodeGate
 
@@ -54,9 +54,10 @@ def _base(placed: JobPlaced) -> dict:
 
 @dataclass(frozen=True)
 class EndedAttempt:
-    """An attempt whose end was published: listed in heartbeats until LISTED_AFTER_END_S after `reported_at`."""
+    """An attempt whose end was published, or that was refused: listed in heartbeats until LISTED_AFTER_END_S after
+    `reported_at`."""
 
-    dir: Path | None  # None: a virtual attempt (no folder)
+    dir: Path | None  # None: a virtual or refused attempt (no folder)
     report: AttemptReport
     reported_at: datetime
 
@@ -72,7 +73,7 @@ class NodeAgent:
         log_dir: Path,
         attempts_dir: Path,
         stop_grace_s: float = 5.0,
-        fence_after_s: float = 10.0,
+        fence_after_s: float = 60.0,
         clock: Clock = system_clock,
         virtual_jobs: bool = False,
         gate: NodeGate | None = None,
@@ -99,6 +100,9 @@ class NodeAgent:
         self.places = places or runner.JobPlaces(areas=(log_dir.parent / "areas").absolute())
         self.jobs: dict[tuple[str, int], runner.RunningJob | virtual.VirtualJob] = {}
         self.ended: dict[tuple[str, int], EndedAttempt] = {}
+        # Placements past their start-by check and not yet in `jobs`: listed as running, so a heartbeat sent
+        # after their start_by never leaves out an attempt that is about to start.
+        self.starting: dict[tuple[str, int], JobPlaced] = {}
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
         self._waiters: list[asyncio.Task] = []  # one per running job: reports how it ended
@@ -137,7 +141,8 @@ class NodeAgent:
         await self._publish(
             subjects.node_registered(self.node.cluster, self.node.name),
             NodeRegistered(cluster=self.node.cluster, node=self.node.name, rack=self.node.rack, pool=self.node.pool,
-                           interconnect=self.node.interconnect, agent_version=__version__, gpus=gpus),
+                           interconnect=self.node.interconnect, agent_version=__version__, gpus=gpus,
+                           fence_after_s=self.fence_after_s, stop_grace_s=self.stop_grace_s),
         )
         for attempt in left:
             if attempt.reported_at is None:
@@ -233,10 +238,14 @@ class NodeAgent:
         (self.node_dir / attempts.ALIVE).touch()
 
     def attempt_reports(self) -> list[AttemptReport]:
-        """Every attempt running here, and those that ended within LISTED_AFTER_END_S of their report."""
+        """Every attempt running (or starting) here, and those that ended or were refused within LISTED_AFTER_END_S
+        of their report."""
         running = [AttemptReport(job_id=j.placed.job_id, attempt=j.placed.attempt, rank=j.placed.rank, state="running",
                                  started_at=j.running.started_at) for j in self.jobs.values()]
-        return sorted([*running, *(e.report for e in self.ended.values())], key=lambda r: (r.job_id, r.attempt))
+        starting = [AttemptReport(job_id=p.job_id, attempt=p.attempt, rank=p.rank, state="running")
+                    for k, p in self.starting.items() if k not in self.jobs]
+        listed = [*running, *starting, *(e.report for e in self.ended.values())]
+        return sorted(listed, key=lambda r: (r.job_id, r.attempt))
 
     def _list_ended(self, attempt_dir: Path | None, placed: JobPlaced, running: attempts.Running, ended: attempts.Exit,
                     reported_at: datetime) -> None:
@@ -288,8 +297,8 @@ class NodeAgent:
 
     async def on_placed(self, env: Envelope, placed: JobPlaced) -> None:
         key = (placed.job_id, placed.attempt)
-        if key in self.jobs or key in self.ended:
-            return  # redelivered placement: the attempt runs or ran here
+        if key in self.jobs or key in self.ended or key in self.starting:
+            return  # redelivered placement: the attempt runs, ran or was refused here
         if self._stopping:
             # Not acked: the next agent of this node takes it.
             raise Retry("the agent is stopping", delay_s=5.0)
@@ -305,9 +314,16 @@ class NodeAgent:
                 if not any(k in self.jobs for k, _ in holders):
                     break
                 await asyncio.sleep(0.01)
+        # The fencing check, then the attempt listed as starting with no await between: a heartbeat is either
+        # sent before the check (and the check then sees a clock no later than the heartbeat's) or lists it.
+        refused = fencing.refusal(placed, self.clock())
+        if refused is not None:
+            self._refuse(placed, refused)
+            return
         if self.virtual_jobs:
             await self._start_virtual(placed)
             return
+        self.starting[key] = placed
         try:
             job = await runner.launch(placed, self.log_dir, self.node_dir, self.places, grace_s=self.stop_grace_s,
                                       fence_after_s=self.fence_after_s, run_as=self._job_user(placed))
@@ -315,6 +331,8 @@ class NodeAgent:
             attempt_dir = self.node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
             await self._report_failed(attempt_dir, placed, str(exc), self.clock())
             return
+        finally:
+            self.starting.pop(key, None)
         self.jobs[key] = job
         self.backend.job_started(placed.gpu_uuids, placed.job_id, job.running.job_pid)
         await self._publish_started(placed, job.running)
@@ -328,6 +346,15 @@ class NodeAgent:
             return self.job_users.for_job(placed.team, placed.project)
         except (OSError, RuntimeError, ValueError) as exc:
             raise runner.CannotStart(f"no user for team {placed.team!r}: {exc}") from exc
+
+    def _refuse(self, placed: JobPlaced, reason: str) -> None:
+        """A stale placement: never started, listed as refused in heartbeats for LISTED_AFTER_END_S (the scheduler
+        requeues the attempt on that, or on the first heartbeat sent after its start_by that lists nothing)."""
+        now = self.clock()
+        report = AttemptReport(job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank, state="refused",
+                               finished_at=now, interrupted=reason)
+        self.ended[(placed.job_id, placed.attempt)] = EndedAttempt(None, report, now)
+        log.warning("job.refused", job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank, reason=reason)
 
     async def _start_virtual(self, placed: JobPlaced) -> None:
         """A virtual attempt (bench/test mode): no process, no folder; reported and listed like a real one."""

@@ -156,6 +156,7 @@ class Fold:
             return
         if p.attempt > job.attempt:
             job.attempt, job.state, job.reason, job.placed_at = p.attempt, "placed", None, env.time
+            job.start_by = p.start_by
             job.parts, job.gpu_uuids = [], []
             job.started_at = job.finished_at = job.exit_code = job.held_until = None
             job.cluster, job.node = p.cluster, (p.gang_nodes or [p.node])[0]

@@ -111,7 +111,8 @@ class JobRequeued(EventData):
     cluster: Token
     node: Token
     reason: str
-    cause: Literal["preempted", "node_lost", "node_drained", "restart_on_failure", "interrupted", "attempt_lost"]
+    cause: Literal["preempted", "node_lost", "node_drained", "restart_on_failure", "interrupted", "attempt_lost",
+                   "node_fault"]
     # Added in v1 before release: every node of a gang's attempt in rank order (`node` is rank 0); None for one node.
     gang_nodes: list[Token] | None = None
     # Added in v1 before release: after a preemption of a job that resumes from its checkpoint, the runtime
@@ -180,6 +181,9 @@ class JobFailed(EventData):
     failed_at: AwareDatetime
     # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
     rank: Count | None = None
+    # Added in v1 before release: the node could not start the attempt for a fault of its own (a full, read-only
+    # or failing disk): the command never ran, the job is not to blame, and the scheduler requeues it.
+    node_fault: bool = Field(False, description="not started for a fault of the node (its disk), not the job's")
 
 
 

@@ -57,6 +57,8 @@ class AgentSettings(CommonSettings):
     # A job's supervisor stops it once the agent has got no heartbeat out for this long: the
     # scheduler's heartbeat_lost_s (10 s by default), after which it may run the job elsewhere.
     fence_after_s: float = Field(10.0, gt=0)
+    # No attempt starts unless the attempt store and the log directory each have this much free (disk.py).
+    min_free_mib: float = Field(16.0, ge=0)
     seed: int = 0
     # Bench/test mode of simulated nodes (virtual.py): a placed job starts no process and "runs" for the
     # duration its command states (`sleep N`), reporting and obeying stop orders like a real one.
@@ -122,7 +124,7 @@ def _job_settings(settings: AgentSettings) -> dict:
     """Where jobs keep their logs and attempt folders, and how they are stopped."""
     return dict(interval_s=settings.interval_s, log_dir=home() / "jobs", attempts_dir=home() / "attempts",
                 stop_grace_s=settings.stop_grace_s, fence_after_s=settings.fence_after_s,
-                job_users=settings.users())
+                job_users=settings.users(), min_free_bytes=int(settings.min_free_mib * 1024 * 1024))
 
 
 ExerciserFactory = Callable[[list[GpuIdentity]], Exerciser]

@@ -32,7 +32,7 @@ from whaleflux.shared.events import (
 from whaleflux.shared.streams import agent_consumer
 from whaleflux.shared.version import __version__
 
-from . import attempts, jobuser, recovery, runner, virtual
+from . import attempts, disk, jobuser, recovery, runner, virtual
 from .backend import GpuBackend
 from .burnin.gate import NodeGate
 
@@ -77,6 +77,7 @@ class NodeAgent:
         virtual_jobs: bool = False,
         gate: NodeGate | None = None,
         job_users: jobuser.JobUsers | None = None,
+        min_free_bytes: int = disk.MIN_FREE_BYTES,
     ):
         self.bus = bus
         self.node = node
@@ -94,6 +95,11 @@ class NodeAgent:
         self.gate = gate
         # Who its jobs run as (jobuser.py): by team/project, else the default; None: the agent's own user.
         self.job_users = job_users or jobuser.JobUsers()
+        # Where it writes (disk.py): an attempt starts only with min_free_bytes free in each.
+        self.stores = [disk.Store(runner.ATTEMPT_STORE, self.node_dir), disk.Store(runner.LOG_STORE, log_dir)]
+        self.min_free_bytes = min_free_bytes
+        # Why the node takes no new work (a disk fault), said in every heartbeat; None: healthy.
+        self.fault: str | None = None
         self.jobs: dict[tuple[str, int], runner.RunningJob | virtual.VirtualJob] = {}
         self.ended: dict[tuple[str, int], EndedAttempt] = {}
         self._stopping = False
@@ -221,13 +227,37 @@ class NodeAgent:
             self.gate.watch(batch.gpus, now)
         env = make_envelope(batch, source=self.source, time=now)
         await self._publish_live(subjects.gpu_telemetry(cluster, name), env)
-        heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq,
+        if not self.virtual_jobs:  # a virtual attempt writes nothing
+            await self._check_disks()
+        heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq, fault=self.fault,
                                   running_jobs=sorted({k[0] for k in self.jobs}), attempts=self.attempt_reports())
         beat = make_envelope(heartbeat, source=self.source, time=now)
         await self._publish_live(subjects.node_heartbeat(cluster, name), beat)
         # Only a heartbeat the bus took counts as a sign of life: a node the scheduler no longer
         # hears is declared lost, and its supervisors stop their jobs (supervise.py).
-        (self.node_dir / attempts.ALIVE).touch()
+        try:
+            (self.node_dir / attempts.ALIVE).touch()
+        except OSError as exc:
+            why = disk.fault_of_write(self.stores[0], exc)
+            if why is None:
+                raise
+            self._disk_fault(why)
+
+    async def _check_disks(self) -> None:
+        """Look at the stores again: a fault found takes the node out of work; once a faulty node's stores have
+        space and take a write again, it takes work again."""
+        why = await asyncio.to_thread(disk.check, self.stores, self.min_free_bytes, write=self.fault is not None)
+        if why is not None:
+            self._disk_fault(why)
+        elif self.fault is not None:
+            log.warning("node.disk_recovered", node=self.node.name, was=self.fault)
+            self.fault = None
+
+    def _disk_fault(self, why: str) -> None:
+        """The node takes no new work until a later check finds its stores usable (said in its heartbeats)."""
+        if why != self.fault:
+            log.error("node.disk_fault", node=self.node.name, reason=why, note="no new work until it clears")
+        self.fault = why
 
     def attempt_reports(self) -> list[AttemptReport]:
         """Every attempt running here, and those that ended within LISTED_AFTER_END_S of their report."""
@@ -305,13 +335,28 @@ class NodeAgent:
         if self.virtual_jobs:
             await self._start_virtual(placed)
             return
+        attempt_dir = self.node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
+        if self.fault is None:  # free space first: an attempt must not start where its records cannot go
+            why = await asyncio.to_thread(disk.check, self.stores, self.min_free_bytes)
+            if why is not None:
+                self._disk_fault(why)
+        if self.fault is not None:
+            await self._report_failed(attempt_dir, placed, self.fault, self.clock(), node_fault=True)
+            return
         try:
             job = await runner.launch(placed, self.log_dir, self.node_dir, grace_s=self.stop_grace_s,
                                       fence_after_s=self.fence_after_s,
                                       run_as=self.job_users.for_job(placed.team, placed.project))
+        except disk.DiskFault as exc:
+            self._disk_fault(str(exc))
+            await self._report_failed(attempt_dir, placed, str(exc), self.clock(), node_fault=True)
+            return
         except runner.CannotStart as exc:
-            attempt_dir = self.node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
-            await self._report_failed(attempt_dir, placed, str(exc), self.clock())
+            # A supervisor that died before it could say so may have met the disk: then it is the node's fault.
+            why = await asyncio.to_thread(disk.check, self.stores, self.min_free_bytes, write=True)
+            if why is not None:
+                self._disk_fault(why)
+            await self._report_failed(attempt_dir, placed, why or str(exc), self.clock(), node_fault=why is not None)
             return
         self.jobs[key] = job
         self.backend.job_started(placed.gpu_uuids, placed.job_id, job.running.job_pid)
@@ -339,6 +384,8 @@ class NodeAgent:
         placed = job.placed
         key = (placed.job_id, placed.attempt)
         self.backend.job_stopped(placed.gpu_uuids)
+        if ended is None and not self.virtual_jobs:
+            ended = await self._end_seen_on_a_faulty_disk(job)
         if ended is None:
             # Its supervisor died without recording the end: report and list nothing, so the
             # scheduler, no longer seeing the attempt in heartbeats, ends it as lost.
@@ -350,6 +397,17 @@ class NodeAgent:
         await self._report_end(job.dir, placed, job.running, ended)
         self.jobs.pop(key, None)
 
+    async def _end_seen_on_a_faulty_disk(self, job: runner.RunningJob | virtual.VirtualJob) -> attempts.Exit | None:
+        """The end of an attempt whose supervisor recorded none, where the node's disk failed it: the attempt ran
+        (and is billed) from its recorded start to now, stopped by the node's fault; None where the disk is fine
+        (then the supervisor died for another reason, and the attempt is lost as before)."""
+        why = await asyncio.to_thread(disk.check, self.stores, self.min_free_bytes, write=True)
+        if why is None:
+            return None
+        self._disk_fault(why)
+        # Its job was killed with it (runner._recorded_exit): SIGKILL is how it ended.
+        return attempts.Exit(finished_at=self.clock(), exit_code=-9, interrupted=f"node fault: {why}")
+
     async def _report_end(self, attempt_dir: Path | None, placed: JobPlaced, running: attempts.Running | None,
                           ended: attempts.Exit) -> None:
         """Publish how the attempt ended, as its supervisor recorded it, and list it in heartbeats for a while."""
@@ -357,6 +415,15 @@ class NodeAgent:
             reason = ended.error or "the command never started"
             await self._report_failed(attempt_dir, placed, reason, ended.finished_at)
             return
+        if ended.failed and attempt_dir is not None:
+            # A job that failed while its log could not be written (a full log disk) failed for the node's fault:
+            # it is requeued, not failed, and billed for what it ran.
+            logs = [s for s in self.stores if s.name == runner.LOG_STORE]
+            why = await asyncio.to_thread(disk.check, logs, self.min_free_bytes, write=True)
+            if why is not None:
+                self._disk_fault(why)
+                ended = attempts.Exit(finished_at=ended.finished_at, exit_code=ended.exit_code,
+                                      interrupted=f"node fault: {why}")
         tail = None if not ended.failed else (  # the job's own failure: its last log lines
             virtual.log_tail(placed) if attempt_dir is None else await runner.log_tail(placed, self.log_dir))
         finished = JobFinished(**_base(placed), exit_code=ended.exit_code, started_at=running.started_at,
@@ -364,19 +431,32 @@ class NodeAgent:
         await self._report(subjects.job_finished(placed.cluster, placed.node), finished, placed)
         reported_at = self.clock()
         if attempt_dir is not None:  # a virtual attempt has no folder; fsynced, so off the loop (and awaited first)
-            await asyncio.to_thread(attempts.mark_reported, attempt_dir, reported_at)
+            try:
+                await asyncio.to_thread(attempts.mark_reported, attempt_dir, reported_at)
+            except OSError as exc:
+                # Published all the same (a later agent reports it again under the same event id, one event).
+                why = disk.fault_of_write(self.stores[0], exc)
+                if why is None:
+                    raise
+                self._disk_fault(why)
         self._list_ended(attempt_dir, placed, running, ended, reported_at)
         log.info("job.finished", job_id=placed.job_id, attempt=placed.attempt, exit_code=ended.exit_code,
                  interrupted=ended.interrupted)
 
     async def _report_failed(self, attempt_dir: Path | None, placed: JobPlaced, reason: str,
-                             failed_at: datetime) -> None:
-        """The command never ran: job.failed, and nothing to list (the scheduler never saw it start)."""
-        failed = JobFailed(**_base(placed), reason=reason, failed_at=failed_at)
+                             failed_at: datetime, *, node_fault: bool = False) -> None:
+        """The command never ran: job.failed, and nothing to list (the scheduler never saw it start).
+
+        `node_fault`: not started for a fault of the node's (its disk), which the scheduler requeues: the job's
+        reason says so, and no alert blames the job."""
+        if node_fault:
+            reason = f"not started: node fault: {reason}"
+        failed = JobFailed(**_base(placed), reason=reason, failed_at=failed_at, node_fault=node_fault)
         await self._report(subjects.job_failed(placed.cluster, placed.node), failed, placed)
         if attempt_dir is not None:
             shutil.rmtree(attempt_dir, ignore_errors=True)
-        log.warning("job.failed_to_start", job_id=placed.job_id, attempt=placed.attempt, reason=reason)
+        log.warning("job.failed_to_start", job_id=placed.job_id, attempt=placed.attempt, reason=reason,
+                    node_fault=node_fault)
 
     async def stop(self) -> None:
         """A planned stop: no more orders taken, every attempt here stopped and reported interrupted, telemetry."""

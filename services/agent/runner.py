@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from whaleflux.shared.events import JobPlaced
 
-from . import attempts, jobuser, logtail, supervise
+from . import attempts, disk, jobuser, logtail, supervise
 
 # The agent's own connection secrets must never leak into a job's environment.
 _PRIVATE_ENV = ("WHALEFLUX_", "NATS_", "REDIS_")
@@ -93,8 +94,37 @@ async def log_tail(placed: JobPlaced, log_dir: Path) -> list[str] | None:
     return logtail.tail_lines(end[0], placed.env, truncated=end[1]) or None
 
 
+ATTEMPT_STORE, LOG_STORE = "attempt store", "log directory"  # the node's stores, as its reasons name them
+
+
 class CannotStart(Exception):
     """The attempt's command did not start; the message says why."""
+
+
+@dataclass
+class RecordsPipe:
+    """The read end of the pipe on which a supervisor sends the records its attempt store could not take."""
+
+    fd: int
+    got: bytes = field(default=b"")
+
+    def records(self) -> tuple[attempts.Running | None, attempts.Exit | None]:
+        """What the supervisor sent so far (never blocks)."""
+        while self.fd >= 0:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:  # the supervisor (and any copy of the write end) is gone
+                self.close()
+                break
+            self.got += chunk
+        return attempts.records_of(self.got)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 @dataclass
@@ -108,29 +138,48 @@ class RunningJob:
     ended: asyncio.Task[attempts.Exit | None]
 
 
+@contextmanager
+def _writing(store: disk.Store) -> Iterator[None]:
+    """A write to `store`: a disk fault (full, read-only, failing) raises DiskFault with the node's reason."""
+    try:
+        yield
+    except OSError as exc:
+        why = disk.fault_of_write(store, exc)
+        if why is None:
+            raise
+        raise disk.DiskFault(why) from exc
+
+
 def _supervisor_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV)}
 
 
 def _prepare(placed: JobPlaced, log_dir: Path, node_dir: Path, grace_s: float,
              fence_after_s: float, run_as: str | None = None) -> tuple[Path, BinaryIO]:
-    """The attempt's folder with its placement and spec (local files, fsynced), and the job's log, open."""
-    log_dir.mkdir(parents=True, exist_ok=True)
+    """The attempt's folder with its placement and spec (local files, fsynced), and the job's log, open.
+
+    A disk fault on the way raises DiskFault naming the store (`attempt store`, `log directory`)."""
+    logs = disk.Store(LOG_STORE, log_dir)
+    with _writing(logs):
+        log_dir.mkdir(parents=True, exist_ok=True)
     # Logs live in <home>/jobs, default checkpoints in <home>/checkpoints.
     # A job switched to another user keeps only an allow-list of the agent's environment (jobuser.scrubbed).
     base = jobuser.scrubbed(os.environ) if run_as is not None else None
     env = {**job_environment(placed, base, home=log_dir.parent), **jobuser.environment(run_as)}
-    Path(env["WHALEFLUX_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
+    with _writing(disk.Store("checkpoint directory", Path(env["WHALEFLUX_CHECKPOINT_DIR"]).parent)):
+        Path(env["WHALEFLUX_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
     jobuser.give(Path(env["WHALEFLUX_CHECKPOINT_DIR"]), run_as)
     attempt_dir = node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
-    attempt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # The job's environment may hold its secrets: they go in a 0600 file, never on a command line.
     spec = attempts.Spec(argv=placed.command, env=env, cwd=placed.workdir, alive=str(node_dir / attempts.ALIVE),
                          grace_s=grace_s, fence_after_s=fence_after_s, user=run_as)
-    # Both before the supervisor starts, one folder sync for the two (neither counts without its running.json).
-    attempts.write_files(attempt_dir, {attempts.PLACED: placed.model_dump_json(),
-                                       attempts.SPEC: attempts.spec_text(spec)})
-    return attempt_dir, (log_dir / log_name(placed.job_id, placed.attempt, placed.part)).open("ab")
+    with _writing(disk.Store(ATTEMPT_STORE, node_dir)):
+        attempt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Both before the supervisor starts, one folder sync for the two (neither counts without its running.json).
+        attempts.write_files(attempt_dir, {attempts.PLACED: placed.model_dump_json(),
+                                           attempts.SPEC: attempts.spec_text(spec)})
+    with _writing(logs):
+        return attempt_dir, (log_dir / log_name(placed.job_id, placed.attempt, placed.part)).open("ab")
 
 
 async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, *, grace_s: float,
@@ -138,31 +187,44 @@ async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, *, grace_s: f
     """Start the command under a supervisor (supervise.py) and wait until it runs; raise CannotStart if it cannot."""
     # The files are fsynced: off the event loop, which carries every other job's events meanwhile.
     attempt_dir, log = await asyncio.to_thread(_prepare, placed, log_dir, node_dir, grace_s, fence_after_s, run_as)
+    # The records' second way here, should the attempt store fail while the job runs (attempts.RECORDS_FD).
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    pipe = RecordsPipe(read_end)
     with log:
         try:
             supervisor = await asyncio.create_subprocess_exec(
                 *supervise.command(attempt_dir),
-                env=_supervisor_env(),
+                env={**_supervisor_env(), attempts.RECORDS_FD: str(write_end)},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
+                pass_fds=(write_end,),
                 # Its own session: the terminal's Ctrl-C never reaches it, and it outlives the agent.
                 start_new_session=True,
             )
         except OSError as exc:
+            pipe.close()
             raise CannotStart(f"cannot start the supervisor: {exc.strerror or exc}") from exc
-    running = await _started(attempt_dir, supervisor)
-    ended = asyncio.create_task(_exit_of_child(attempt_dir, supervisor, running.job_pid))
+        finally:
+            os.close(write_end)  # the supervisor holds its own copy: end of file once it is gone
+    try:
+        running = await _started(attempt_dir, supervisor, pipe)
+    except CannotStart:
+        pipe.close()
+        raise
+    ended = asyncio.create_task(_exit_of_child(attempt_dir, supervisor, running.job_pid, pipe))
     return RunningJob(placed, attempt_dir, running, ended)
 
 
-async def _started(attempt_dir: Path, supervisor: asyncio.subprocess.Process) -> attempts.Running:
+async def _started(attempt_dir: Path, supervisor: asyncio.subprocess.Process, pipe: RecordsPipe) -> attempts.Running:
     while True:
         gone = supervisor.returncode is not None  # before reading, so that what it wrote before exiting is seen
-        ended = attempts.read_exit(attempt_dir)
+        sent_running, sent_exit = pipe.records()
+        ended = attempts.read_exit(attempt_dir) or sent_exit
         if ended is not None and ended.error:
             raise CannotStart(ended.error)
-        running = attempts.read_running(attempt_dir)
+        running = attempts.read_running(attempt_dir) or sent_running
         if running is not None:
             return running
         if gone:
@@ -177,9 +239,13 @@ def adopt(placed: JobPlaced, attempt_dir: Path, running: attempts.Running) -> Ru
 
 
 async def _exit_of_child(attempt_dir: Path, supervisor: asyncio.subprocess.Process,
-                         job_pid: int) -> attempts.Exit | None:
+                         job_pid: int, pipe: RecordsPipe) -> attempts.Exit | None:
     await supervisor.wait()
-    return _recorded_exit(attempt_dir, job_pid)
+    try:
+        sent = pipe.records()[1]  # what it could not write to the attempt store, it sent here
+    finally:
+        pipe.close()
+    return attempts.read_exit(attempt_dir) or sent or _recorded_exit(attempt_dir, job_pid)
 
 
 async def _exit_of_adopted(attempt_dir: Path, running: attempts.Running) -> attempts.Exit | None:

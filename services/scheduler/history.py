@@ -59,6 +59,9 @@ def after_end(job: JobRecord, report: JobFinished | JobFailed, max_restarts: int
     """
     if isinstance(report, JobFinished) and report.interrupted:
         return EndDecision(True, "interrupted", f"interrupted: {report.interrupted}")
+    if isinstance(report, JobFailed) and report.node_fault:
+        # The node could not start it (its disk): the job never ran and is not to blame.
+        return EndDecision(True, "node_fault", report.reason)
     ok = isinstance(report, JobFinished) and report.exit_code == 0
     if not ok and job.spec.restart_on_failure and len(job.requeues) < max_restarts:
         why = report.reason if isinstance(report, JobFailed) else f"exit code {report.exit_code}"
@@ -80,9 +83,14 @@ def record_end(job: JobRecord, report: JobFinished | JobFailed) -> None:
 def late_end(job: JobRecord, report: EventData) -> bool:
     """A lost attempt of a job on one node reported its own end after all (not a stop): that end decides the job,
     as if it had arrived in time, instead of running the job again."""
-    if not isinstance(report, (JobFinished, JobFailed)) or (isinstance(report, JobFinished) and report.interrupted):
+    if not isinstance(report, (JobFinished, JobFailed)) or node_stopped(report):
         return False
     return job.state == "pending" and not job.parts and job.lost_attempt == report.attempt == job.attempt
+
+
+def node_stopped(report: JobFinished | JobFailed) -> bool:
+    """The node ended the attempt, not the job: a planned stop, or a fault of the node that kept it from starting."""
+    return bool(report.interrupted) if isinstance(report, JobFinished) else report.node_fault
 
 
 def from_attempt_node(job: JobRecord, report: JobStarted | JobFinished | JobFailed) -> bool:
@@ -185,8 +193,8 @@ class Fold:
         if r.attempt != job.attempt or job.state not in ACTIVE:
             return
         if job.parts:
-            if isinstance(r, JobFinished) and r.interrupted:
-                return  # a planned stop of one part: the requeue that follows moves the whole gang
+            if not isinstance(r, JobStarted) and node_stopped(r):
+                return  # a planned stop of one part or a node's fault: the requeue that follows moves the whole gang
             step = on_part_report(job, r)
             if step.action == "failed":
                 if job.spec.restart_on_failure and len(job.requeues) < self.max_restarts:

@@ -1,0 +1,112 @@
+"""A full disk on a node is a node fault, not a job failure (issue 36): real agents, scheduler and billing, with a
+small tmpfs over one node's attempt store or log directory, filled while a stream of short jobs runs there.
+
+Every job runs once and succeeds, every attempt that ran is billed to its end (its job.finished went out even
+where the supervisor could not write its exit), the node says it is unhealthy and why, the jobs go on on another
+node, and the node takes work again once space returns. Mounting needs root: the tests skip without it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .lifecycle import assert_billed_what_ran, assert_ran_once_each, runs, submit, wait_all_ended
+from .processes import make_cluster, wait_until
+
+FAULTY, HEALTHY = "a100-01", "h100-01"  # 8 GPUs each (the default fleet)
+MODELS = {"gpu_models": ["A100", "H100"]}  # either node will do
+STORES = {"attempt store": "attempts", "log directory": "jobs"}  # the reason's name: the folder in WHALEFLUX_HOME
+
+
+def _mount_tmpfs(where: Path, size: str = "2m") -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
+
+
+def _fill(where: Path) -> Path:
+    """Write a file in `where` until its file system has no block left; the file, to remove to free it."""
+    filler = where / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        chunk = 64 * 1024
+        while chunk:
+            try:
+                os.write(fd, b"\0" * chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                chunk //= 2
+    finally:
+        os.close(fd)
+    st = os.statvfs(where)
+    assert st.f_bavail == 0, st
+    return filler
+
+
+@pytest.fixture
+def faulty_home(tmp_path: Path) -> Iterator[Path]:
+    """The faulty node's WHALEFLUX_HOME, with a 2 MiB tmpfs over its attempt store and one over its log directory."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs over the agent's folders needs root")
+    home = tmp_path / "home-faulty"
+    mounted = []
+    try:
+        for folder in STORES.values():
+            _mount_tmpfs(home / folder)
+            mounted.append(home / folder)
+        yield home
+    finally:
+        for where in mounted:
+            subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _node(scheduler_url: str, name: str) -> dict:
+    return next(n for n in httpx.get(scheduler_url + "/v1/nodes", timeout=10).json() if n["node"] == name)
+
+
+@pytest.mark.parametrize("store", list(STORES))
+def test_a_node_whose_disk_fills_under_a_stream_of_jobs_is_unhealthy_and_no_job_runs_twice_or_unbilled(
+        clean_servers, tmp_path, faulty_home, store):
+    cluster = make_cluster(clean_servers, tmp_path)
+    scheduler = cluster.service("scheduler", WHALEFLUX_PASS_INTERVAL_S="0.3")
+    billing = cluster.service("billing")
+    # Its own home (so that only its stores are small), and a minimum free space the 2 MiB tmpfs can hold.
+    cluster.agent(FAULTY, name="faulty", WHALEFLUX_HOME=str(faulty_home), WHALEFLUX_MIN_FREE_MIB="0.25")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    try:
+        scheduler.wait_ready()
+        billing.wait_ready()
+        wait_until(lambda: _node(scheduler.url, FAULTY), what="the faulty node registered")
+        # A stream: its eight GPUs busy, more queued behind them.
+        first = submit(scheduler.url, marks, 2.0, 8, **MODELS)
+        wait_until(lambda: all(runs(marks, j) for j in first), what="the first jobs running on the faulty node")
+        queued = submit(scheduler.url, marks, 0.3, 8, **MODELS)
+        filler = _fill(faulty_home / STORES[store])
+
+        # The node says why it takes no work; the jobs go on elsewhere.
+        reason = f"{store}: no space left on device, 0 B free"
+        wait_until(lambda: _node(scheduler.url, FAULTY)["status"] == "unhealthy", what="the faulty node unhealthy")
+        assert _node(scheduler.url, FAULTY)["reason"] == reason
+        cluster.agent(HEALTHY, name="healthy")
+        ids = first + queued
+        records = wait_all_ended(scheduler.url, ids, timeout=120)
+        assert_ran_once_each(marks, ids, records)
+        assert_billed_what_ran(billing.url, marks, ids)
+        assert {records[j]["node"] for j in queued} & {HEALTHY}, "no queued job ran on the healthy node"
+        # None blamed on the job: every job succeeded (above), none with a failure reason of the node's.
+        assert _node(scheduler.url, FAULTY)["status"] == "unhealthy"
+
+        # Space returns: the node takes work again on its own.
+        filler.unlink()
+        wait_until(lambda: _node(scheduler.url, FAULTY)["status"] == "healthy", what="the faulty node healthy again")
+        log = (cluster.log_dir / "faulty.log").read_text()
+        assert "node.disk_fault" in log and "node.disk_recovered" in log
+    finally:
+        cluster.stop()

@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from whaleflux.agent import attempts, supervise
+
 from .lifecycle import assert_billed_what_ran, assert_ran_once_each, runs, submit, wait_all_ended
 from .processes import make_cluster, wait_until
 
@@ -110,3 +112,32 @@ def test_a_node_whose_disk_fills_under_a_stream_of_jobs_is_unhealthy_and_no_job_
         assert "node.disk_fault" in log and "node.disk_recovered" in log
     finally:
         cluster.stop()
+
+
+def test_a_supervisor_whose_attempt_store_is_full_sends_its_start_and_exit_to_the_agent_on_the_pipe(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs over an attempt store needs root")
+    store = tmp_path / "attempts"
+    _mount_tmpfs(store, "1m")
+    try:
+        attempt_dir = store / "job-1.1"
+        attempt_dir.mkdir()
+        spec = attempts.Spec(argv=["sh", "-c", "exit 7"], env={"PATH": os.environ["PATH"]}, cwd=str(tmp_path),
+                             alive=str(store / attempts.ALIVE), grace_s=5.0, fence_after_s=300.0)
+        attempts.write_spec(attempt_dir, spec)
+        _fill(store)
+        read_end, write_end = os.pipe()
+        env = {**os.environ, attempts.RECORDS_FD: str(write_end)}
+        with (tmp_path / "job.log").open("ab") as log:
+            supervisor = subprocess.Popen(supervise.command(attempt_dir), env=env, pass_fds=(write_end,), stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        os.close(write_end)
+        assert supervisor.wait(30) == 0, (tmp_path / "job.log").read_text()
+        with os.fdopen(read_end, "rb") as pipe:
+            running, ended = attempts.records_of(pipe.read())
+        # Neither record fitted on the disk; both reached the agent, with the job's own exit code.
+        assert attempts.read_running(attempt_dir) is None and attempts.read_exit(attempt_dir) is None
+        assert running is not None and running.supervisor_pid == supervisor.pid
+        assert ended is not None and ended.exit_code == 7 and ended.finished_at >= running.started_at
+    finally:
+        subprocess.run(["umount", "-l", str(store)], check=False)

@@ -114,6 +114,35 @@ def test_a_node_whose_disk_fills_under_a_stream_of_jobs_is_unhealthy_and_no_job_
         cluster.stop()
 
 
+def test_placements_on_a_node_whose_disk_is_already_full_go_back_as_not_started_and_run_elsewhere(
+        clean_servers, tmp_path, faulty_home):
+    cluster = make_cluster(clean_servers, tmp_path)
+    scheduler = cluster.service("scheduler", WHALEFLUX_PASS_INTERVAL_S="0.3")
+    billing = cluster.service("billing")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    try:
+        scheduler.wait_ready()
+        billing.wait_ready()
+        # Jobs wait for a node; the first to come has a full attempt store: what it is given, it hands back.
+        ids = submit(scheduler.url, marks, 0.3, 6, **MODELS)
+        _fill(faulty_home / "attempts")
+        cluster.agent(FAULTY, name="faulty", WHALEFLUX_HOME=str(faulty_home), WHALEFLUX_MIN_FREE_MIB="0.25")
+        wait_until(lambda: _node(scheduler.url, FAULTY)["status"] == "unhealthy", what="the faulty node unhealthy")
+        assert _node(scheduler.url, FAULTY)["reason"] == "attempt store: no space left on device, 0 B free"
+        cluster.agent(HEALTHY, name="healthy")
+        records = wait_all_ended(scheduler.url, ids, timeout=120)
+        assert_ran_once_each(marks, ids, records)
+        assert_billed_what_ran(billing.url, marks, ids)
+        assert {records[j]["node"] for j in ids} == {HEALTHY}
+        # Whatever reached the faulty node came back as its fault, never as the job's failure.
+        log = (cluster.log_dir / "faulty.log").read_text()
+        assert '"job.failed_to_start"' not in log or '"node_fault": true' in log
+        assert '"node_fault": false' not in log
+    finally:
+        cluster.stop()
+
+
 def test_a_supervisor_whose_attempt_store_is_full_sends_its_start_and_exit_to_the_agent_on_the_pipe(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs over an attempt store needs root")

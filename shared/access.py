@@ -97,11 +97,18 @@ def read_tokens(path: Path) -> TokenFile:
     """The tokens file; a missing file has no tokens. A file others can read or write is refused: whoever
     can write it can make themselves admin."""
     try:
-        mode = path.stat().st_mode
+        found = path.stat()
     except FileNotFoundError:
         return TokenFile()
-    if mode & 0o022:
+    if found.st_mode & 0o022:
         raise Refused(f"{path}: group or others may write it (chmod 600)")
+    # Its owner and its folder's too: a file someone else owns, or that someone else could have replaced,
+    # is theirs, whatever its mode.
+    for what, stat_result in ((path, found), (path.parent, path.parent.stat())):
+        if stat_result.st_uid not in (0, os.geteuid()):
+            raise Refused(f"{what}: owned by uid {stat_result.st_uid}, not by this service's user or root (chown it)")
+    if path.parent.stat().st_mode & 0o022:
+        raise Refused(f"{path.parent}: group or others may write in it (chmod 700)")
     try:
         return TokenFile.model_validate_json(path.read_bytes())
     except ValidationError as exc:

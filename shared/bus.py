@@ -69,6 +69,17 @@ def _header_safe(text: str, limit: int = 1000) -> str:
     return " ".join(text.split())[:limit]
 
 
+class ConsumerNeedsReplacing(RuntimeError):
+    """A consumer whose owner may not delete it (a node's) has a config the server will not change in place."""
+
+    def __init__(self, spec: ConsumerSpec, reason: str) -> None:
+        super().__init__(
+            f"consumer {spec.durable} of {spec.stream} must be replaced ({reason}) and its identity may not delete "
+            f"it: an operator deletes it with an identity allowed to (`nats consumer rm {spec.stream} "
+            f"{spec.durable}`), and it is created again at the next start")
+        self.spec = spec
+
+
 class Bus:
     """One NATS connection with JetStream, used by one process; envelopes it makes are timed by `clock`."""
 
@@ -167,6 +178,8 @@ class Bus:
                 log.info("bus.consumer_updated", consumer=spec.durable, filters=spec.filter_subjects)
                 return
             except BadRequestError as exc:
+                if not spec.replaceable:
+                    raise ConsumerNeedsReplacing(spec, exc.description or str(exc)) from exc
                 log.warning("bus.consumer_replaced", consumer=spec.durable, reason=exc.description)
             await self.js.delete_consumer(spec.stream, spec.durable)
         try:

@@ -36,7 +36,7 @@ from .job_events import (
     JobSubmitted,
 )
 from .lease_alert_events import AlertRaised, AlertResolved, LeaseExpired, LeaseExpiring
-from .subjects import node_mismatch
+from .subjects import node_mismatch, team_mismatch
 
 EVENT_MODELS: tuple[type[EventData], ...] = (
     GpuTelemetry,
@@ -115,9 +115,11 @@ def decode_typed(raw: bytes) -> tuple[Envelope, EventData]:
 
 
 def misaddressed(subject: str, data: EventData) -> None:
-    """Raise InvalidEvent if the event names another node than its subject does: NATS lets a node's identity
-    publish only its own nodes' subjects, and this keeps it from reporting about other nodes in the data."""
-    why = node_mismatch(subject, getattr(data, "cluster", None), getattr(data, "node", None))
+    """Raise InvalidEvent if the event names another node or team than its subject does: NATS lets a node's
+    identity publish only its own nodes' subjects and a submitter's only its teams' submissions, and this keeps
+    them from reporting about other nodes, or submitting for other teams, in the data."""
+    why = (node_mismatch(subject, getattr(data, "cluster", None), getattr(data, "node", None))
+           or team_mismatch(subject, getattr(data, "team", None)))
     if why is not None:
         raise InvalidEvent(why)
 

@@ -21,11 +21,16 @@ Count = Annotated[int, Field(ge=0, le=MAX_INT)]
 Attempt = Annotated[int, Field(ge=1, le=1_000_000)]
 NonNeg = Annotated[float, Field(ge=0)]
 Percent = Annotated[float, Field(ge=0, le=100)]
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
+# Names and job ids become file names on a node (a job's area, its logs): a first character that is not a dot
+# keeps "." and ".." (and hidden files) out; no slash can appear.
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")]
 # Names that become NATS subject tokens (cluster, node): no dots.
 Token = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 # Short enough that derived event ids ("placed-<job>-<attempt>") fit the envelope's id.
-JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")]
+# A job's display name: printable text without a slash or a backslash, never "." or "..".
+JobName = Annotated[str, Field(min_length=1, max_length=128,
+                               pattern=r"^[^/\\\x00-\x1f\x7f]*[^/\\.\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*$")]
 # Text that reaches a process or a file system (command words, paths, environment): no NUL byte.
 OsText = Annotated[str, Field(max_length=65536, pattern=r"^[^\x00]*$")]
 

@@ -5,24 +5,34 @@ Their schemas: docs/events/.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, Field, field_validator
 
-from .event_data import Attempt, Count, EventData, Int, JobId, Name, NonNeg, OsText, Token
+from .event_data import Attempt, Count, EventData, Int, JobId, JobName, Name, NonNeg, OsText, Token
+
+
+def default_name(command: Sequence[str]) -> str:
+    """A job's name when none is given: its command as a name may hold it (slashes and control characters
+    become spaces, at most 128 characters)."""
+    text = " ".join(re.sub(r"[/\\\x00-\x1f\x7f]+", " ", " ".join(command)).split())[:128]
+    return text if text.strip(".") else "job"
 
 
 class JobSubmitted(EventData):
-    """A request to run a job. Any system may publish it (see docs/events/)."""
+    """A request to run a job, on subject `job.submitted.<team>`: any system may publish it for its teams."""
 
     event_name: ClassVar[str] = "job.submitted"
     job_id: JobId
-    name: str = Field(min_length=1, max_length=128)
+    name: JobName
     team: Name = "default"
     project: Name = "default"
     command: list[OsText] = Field(min_length=1)
     env: dict[OsText, OsText] = Field(default_factory=dict)
-    workdir: OsText | None = None
+    workdir: OsText | None = Field(
+        None, description="relative to the job's area on the node (its default), or inside a root allowed its team")
     gpus: int = Field(default=1, ge=1, le=1024)
     gpu_models: list[str] = Field(default_factory=list, description="allowed models; empty means any")
     min_memory_mib: NonNeg = 0
@@ -37,7 +47,8 @@ class JobSubmitted(EventData):
     preemptible: bool = Field(
         False, description="may be stopped (SIGTERM, grace, then requeued) for higher-priority work")
     checkpoint_dir: OsText | None = Field(
-        None, description="passed as WHALEFLUX_CHECKPOINT_DIR; default <agent home>/checkpoints/<job_id>"
+        None, description="passed as WHALEFLUX_CHECKPOINT_DIR; relative to the job's area (default: its"
+        " `checkpoints` folder), or inside a root allowed its team"
     )
     resume: Literal["checkpoint", "restart"] = Field(
         "checkpoint", description="after a preemption or failover: resume from the checkpoint dir, or start over"
@@ -51,6 +62,17 @@ class JobSubmitted(EventData):
         default_factory=dict, description="placement constraints, e.g. {\"pool\": \"onprem\"}")
     service: Name | None = Field(None, description="inference service name: its replicas are spread across nodes")
     restart_on_failure: bool = Field(False, description="requeue the job when it exits non-zero or fails")
+
+    @field_validator("workdir", "checkpoint_dir")
+    @classmethod
+    def _no_way_up(cls, value: str | None) -> str | None:
+        # The rest of the rule (absolute paths only inside the team's allowed roots) needs the site's
+        # settings: the scheduler and the agent apply it (shared/job_paths.py).
+        if value is not None and ".." in value.split("/"):
+            raise ValueError("must not contain '..'")
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty")
+        return value
 
 
 class JobPlaced(EventData):
@@ -195,3 +217,9 @@ class JobCancelled(EventData):
     attempt: Count = Field(0, description="the attempt that was running (0: it never ran)")
     reason: str
     cancelled_by: str | None = None
+
+
+def submitted_event_id(job_id: str) -> str:
+    """The event id of a job's job.submitted: fixed by the job, so publishing it again (a retry after an
+    unanswered publish) is a duplicate that JetStream drops."""
+    return f"submitted-{job_id}"

@@ -8,6 +8,10 @@ what each service publishes is declared in `PUBLISHES` below, next to the subjec
 JetStream is reached through request subjects (`$JS.API.…`, docs.nats.io "JetStream API"): each
 identity gets only the API subjects of its own durable consumers (info, create, delete, next message),
 the acks of its own consumers (`$JS.ACK.<stream>.<durable>.>`) and its own replies on `_INBOX.<user>.>`.
+A node's agent gets less (`node_consumer_api`): it may create its consumer only on the API subject that names
+its one filter (`CONSUMER.CREATE.<stream>.<durable>.<filter>`; nats-server refuses a request whose config's
+filter differs from the subject's), and may not delete it, so it can never widen what it reads.
+Submissions carry their team (`job.submitted.<team>`): a submitter may publish only its teams' subjects.
 """
 
 from __future__ import annotations
@@ -27,12 +31,16 @@ OPERATOR = "operator"
 # The scheduler keeps its folded job history in a JetStream object store (services/scheduler/rebuild.py).
 SCHEDULER_BUCKET = "WHALEFLUX_SCHEDULER_SNAPSHOTS"
 
+# The team a submitter of `up` (and of the compose deployment) submits for: a job's default team.
+DEFAULT_TEAM = "default"
+
 # What each service publishes (grep `publish` in services/<name>): its events, and nothing else.
 PUBLISHES: dict[str, tuple[str, ...]] = {
     "telemetry": (),
-    # job.submitted and job.cancelled from its API; placements, stop orders, rejections and requeues; drains and
-    # undrains; GPU cordons (an operator's, or its quarantine of a faulty GPU) and their ends.
-    "scheduler": (s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", f"{s.JOB_PREEMPTED}.>", s.JOB_REJECTED, s.JOB_REQUEUED,
+    # job.submitted (for any team: its API checks the caller's teams) and job.cancelled from its API; placements,
+    # stop orders, rejections and requeues; drains and undrains; GPU cordons (an operator's, or its quarantine of
+    # a faulty GPU) and their ends.
+    "scheduler": (f"{s.JOB_SUBMITTED}.>", f"{s.JOB_PLACED}.>", f"{s.JOB_PREEMPTED}.>", s.JOB_REJECTED, s.JOB_REQUEUED,
                   s.JOB_CANCELLED, f"{s.NODE_DRAIN_REQUESTED}.>", f"{s.NODE_UNDRAINED}.>", f"{s.GPU_CORDONED}.>",
                   f"{s.GPU_UNCORDONED}.>"),
     # Alerts, and the drains its auto-drain rules ask for.
@@ -83,6 +91,18 @@ def consumer_api(stream: str, durable: str) -> list[str]:
         f"{API}.CONSUMER.DELETE.{stream}.{durable}",
         f"{API}.CONSUMER.MSG.NEXT.{stream}.{durable}",
         f"$JS.ACK.{stream}.{durable}.>",
+    ]
+
+
+def node_consumer_api(spec: ConsumerSpec) -> list[str]:
+    """Run a node's own consumer and nothing more: look it up, create or update it with its one filter only,
+    fetch from it, ack its messages. No delete, no legacy `DURABLE.CREATE`, no create without the filter."""
+    [only] = spec.filter_subjects  # one filter, so that nats-py names it in the create subject
+    return [
+        f"{API}.CONSUMER.INFO.{spec.stream}.{spec.durable}",
+        f"{API}.CONSUMER.CREATE.{spec.stream}.{spec.durable}.{only}",
+        f"{API}.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}",
+        f"$JS.ACK.{spec.stream}.{spec.durable}.>",
     ]
 
 
@@ -154,13 +174,18 @@ def agent_identity(nodes: Sequence[tuple[str, str]], user: str | None = None) ->
         publish += [s.gpu_telemetry(cluster, node), s.node_heartbeat(cluster, node), s.node_registered(cluster, node),
                     s.gpu_validated(cluster, node),  # its burn-in's report cards
                     s.job_started(cluster, node), s.job_finished(cluster, node), s.job_failed(cluster, node)]
-        publish += _consuming([agent_consumer(cluster, node)])
+        orders = agent_consumer(cluster, node)
+        publish += [*node_consumer_api(orders), *(s.deadletter(f) for f in orders.filter_subjects)]
     return Identity(user, _unique(publish), (inbox(user),), f"the agent of {', '.join(f'{c}/{n}' for c, n in nodes)}")
 
 
-def submitter_identity(user: str = "submitter") -> Identity:
-    """Another system that submits jobs: `job.submitted` and its publish acknowledgements, nothing else."""
-    return Identity(user, (s.JOB_SUBMITTED,), (inbox(user),), "an external system that submits jobs")
+def submitter_identity(teams: Sequence[str] = (DEFAULT_TEAM,), user: str = "submitter") -> Identity:
+    """Another system that submits jobs for `teams`: `job.submitted.<team>` of each and its publish
+    acknowledgements, nothing else (as over HTTP, where a submitter's token submits only for its teams)."""
+    if not teams:
+        raise ValueError("a submitter needs at least one team")
+    return Identity(user, _unique(s.job_submitted(team) for team in teams), (inbox(user),),
+                    f"an external system that submits jobs (teams: {', '.join(teams)})")
 
 
 def console_identity() -> Identity:
@@ -173,12 +198,13 @@ def operator_identity(user: str = OPERATOR) -> Identity:
     """A person's CLI: submits jobs and reads the streams' and consumers' state; changes nothing else."""
     inspect = [f"{API}.INFO", f"{API}.STREAM.NAMES", f"{API}.STREAM.LIST", f"{API}.STREAM.INFO.*",
                f"{API}.CONSUMER.NAMES.*", f"{API}.CONSUMER.LIST.*", f"{API}.CONSUMER.INFO.*.*"]
-    return Identity(user, (s.JOB_SUBMITTED, *inspect), (inbox(user),), "a person's CLI (whaleflux submit, inspection)")
+    return Identity(user, (f"{s.JOB_SUBMITTED}.>", *inspect), (inbox(user),),
+                    "a person's CLI (whaleflux submit for any team, inspection)")
 
 
 def stack_identities(agent_nodes: Sequence[tuple[str, str]], agent_user_name: str = "agent") -> list[Identity]:
     """Every identity of a whole system: the five services, the console, the operator, the agent of
-    `agent_nodes` (one user for a simulated fleet) and a submitter."""
+    `agent_nodes` (one user for a simulated fleet) and a submitter for the default team."""
     return [*(service_identity(name) for name in SERVICES), console_identity(), operator_identity(),
             agent_identity(agent_nodes, agent_user_name), submitter_identity()]
 

@@ -197,7 +197,8 @@ async def _consumer_positions(runtime: Runtime) -> dict[str, dict[str, Any]]:
 
 
 def add_error_handlers(app: FastAPI, runtime: Runtime) -> None:
-    """StateUnavailable, Redis and NATS trouble -> 503 with Retry-After; BadRequest -> 400."""
+    """StateUnavailable, Redis and NATS trouble -> 503 with Retry-After; BadRequest -> 400; an event over the
+    bus's message limit -> 413."""
 
     async def state_unavailable(request: Request, exc: Exception) -> Response:
         return JSONResponse({"detail": f"{runtime.name} cannot answer now: {exc}"}, status_code=503,
@@ -212,12 +213,19 @@ def add_error_handlers(app: FastAPI, runtime: Runtime) -> None:
         return JSONResponse({"detail": f"{runtime.name} cannot answer now: the bus is unreachable "
                              f"({type(exc).__name__})"}, status_code=503, headers=RETRY_SOON)
 
+    async def too_large(request: Request, exc: Exception) -> Response:
+        # The bus's message limit (1 MB by default) is below the request body limit: a request whose event
+        # would exceed it is the client's to make smaller, not a bus outage.
+        return JSONResponse({"detail": "request body: too large to publish as one event (over the bus's "
+                             "message limit)"}, status_code=413)
+
     async def bad_request(request: Request, exc: Exception) -> Response:
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
     app.add_exception_handler(StateUnavailable, state_unavailable)
     app.add_exception_handler(RedisError, store_error)
     app.add_exception_handler(nats.errors.Error, bus_error)
+    app.add_exception_handler(nats.errors.MaxPayloadError, too_large)
     app.add_exception_handler(BadRequest, bad_request)
 
 

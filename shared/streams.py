@@ -129,6 +129,9 @@ class ConsumerSpec:
     # A partition's consumer taken over from a replica that died holding events unacked: wait for their
     # redelivery (ack_wait) before fetching, so they are handled before the newer ones, in order.
     takeover: bool = False
+    # False for a node's consumer: its NATS identity may create it, and update it in place with its own filter,
+    # but never delete it (shared/permissions.py), so a change the server will not make in place is an operator's.
+    replaceable: bool = True
 
     def partition(self, k: int) -> ConsumerSpec:
         """Partition `k`'s durable consumer. It fetches an eighth of the whole feed's batch: a replica holding
@@ -156,6 +159,9 @@ class ConsumerSpec:
     def config(self) -> ConsumerConfig:
         filters = self.filter_subjects
         return ConsumerConfig(
+            # Named, nats-py creates it on `CONSUMER.CREATE.<stream>.<name>[.<filter>]`, not the legacy
+            # `CONSUMER.DURABLE.CREATE`; a single filter goes into that subject, which permissions can pin.
+            name=self.durable,
             durable_name=self.durable,
             deliver_policy=DeliverPolicy.NEW if self.deliver_new else DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT,
@@ -176,6 +182,12 @@ def reports(*bases: str) -> tuple[str, ...]:
     return tuple(x for base in bases or (s.JOB_STARTED, s.JOB_FINISHED, s.JOB_FAILED) for x in (f"{base}.>", base))
 
 
+def submissions() -> tuple[str, ...]:
+    """Filters for submissions as sent now (`job.submitted.<team>`, so a submitter's identity may submit only for
+    its teams) and as older history holds them (bare `job.submitted`, which no identity may publish now)."""
+    return (f"{s.JOB_SUBMITTED}.>", s.JOB_SUBMITTED)
+
+
 def _c(durable: str, stream: str, *filters: str, **kw: Any) -> ConsumerSpec:
     return ConsumerSpec(durable=durable, stream=stream, filter_subjects=list(filters), **kw)
 
@@ -187,10 +199,10 @@ CONSUMERS: dict[str, ConsumerSpec] = {
            linger_s=0.005, partitioned=True),
         _c("telemetry-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>"),
         # Job names, teams and GPUs, so samples and /metrics carry job labels and per-job usage.
-        _c("telemetry-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", *reports()),
+        _c("telemetry-jobs", "WHALEFLUX_JOBS", *submissions(), f"{s.JOB_PLACED}.>", *reports()),
         # In batches (a burst of submissions is recorded in one MULTI) and without the per-event id dedup
         # marker: every scheduler job handler is idempotent by nature (SET NX, attempt and state guards).
-        _c("scheduler-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, *reports(), batch=256, dedup=False),
+        _c("scheduler-jobs", "WHALEFLUX_JOBS", *submissions(), *reports(), batch=256, dedup=False),
         _c("scheduler-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_DRAIN_REQUESTED}.>"),
         # Measured free memory per GPU, for placement: only the latest sample matters (no id dedup).
         _c("scheduler-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
@@ -212,7 +224,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         # Event rules: live only, so a replay never re-raises last month's failures. Submissions and ends:
         # each running job's workload class, for baselines per GPU model and workload class.
         # (Live only: the nodes' reports on their node subjects; bare ones are history from before those.)
-        _c("alerting-jobs", "WHALEFLUX_JOBS", f"{s.JOB_FAILED}.>", s.JOB_REJECTED, s.JOB_SUBMITTED,
+        _c("alerting-jobs", "WHALEFLUX_JOBS", f"{s.JOB_FAILED}.>", s.JOB_REJECTED, *submissions(),
            f"{s.JOB_FINISHED}.>", deliver_new=True),
         _c("alerting-leases", "WHALEFLUX_LEASES", s.LEASE_EXPIRING, s.LEASE_EXPIRED, deliver_new=True),
         # In batches (read once, decided in stream order, one MULTI, acked after it), without the per-event
@@ -223,7 +235,7 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("billing-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
            dedup=False, partitioned=True),
         _c("inventory-nodes", "WHALEFLUX_NODES", f"{s.NODE_REGISTERED}.>", f"{s.NODE_HEARTBEAT}.>", dedup=False),
-        _c("inventory-jobs", "WHALEFLUX_JOBS", s.JOB_SUBMITTED, s.JOB_REJECTED, f"{s.JOB_PLACED}.>",
+        _c("inventory-jobs", "WHALEFLUX_JOBS", *submissions(), s.JOB_REJECTED, f"{s.JOB_PLACED}.>",
            *reports(s.JOB_FINISHED, s.JOB_FAILED)),
         _c("inventory-validations", "WHALEFLUX_VALIDATIONS", f"{s.GPU_VALIDATED}.>"),
         # The scheduler's GPU cordons and quarantines: such a GPU is counted unhealthy, not active.
@@ -243,10 +255,13 @@ def agent_consumer(cluster: str, node: str) -> ConsumerSpec:
     """
     # Placements and stop orders on one consumer: the agent handles them in the order
     # the scheduler published them (a preempted job stops before its GPUs are reused).
+    # One filter, `job.*.<cluster>.<node>`: the node's identity may create this consumer only on the API
+    # subject that names it, so the server refuses any other filter (`job.>`) or name. It also brings the
+    # node's own reports (started, finished, failed), which the agent acks and ignores.
     return _c(
         f"agent-{s.token(cluster)}-{s.token(node)}",
         "WHALEFLUX_JOBS",
-        s.job_placed(cluster, node),
-        s.job_preempted(cluster, node),
+        s.node_jobs(cluster, node),
         deliver_new=True,
+        replaceable=False,
     )

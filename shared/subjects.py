@@ -90,6 +90,18 @@ def job_failed(cluster: str, node: str) -> str:
     return f"{JOB_FAILED}.{token(cluster)}.{token(node)}"
 
 
+def job_submitted(team: str) -> str:
+    """Submissions carry their team (`job.submitted.<team>`), so a submitter's NATS identity may submit only for its
+    teams (older history holds them bare, `job.submitted`: consumers take both). A dotted team is several tokens."""
+    return f"{JOB_SUBMITTED}.{'.'.join(token(part) for part in team.split('.'))}"
+
+
+def node_jobs(cluster: str, node: str) -> str:
+    """Every job subject of one node, its orders (placed, preempted) and its own reports: the agent's consumer
+    takes them with this one filter, the only one its NATS identity may create that consumer with."""
+    return f"job.*.{token(cluster)}.{token(node)}"
+
+
 def job_preempted(cluster: str, node: str) -> str:
     """Stop orders carry the node, like placements, so the node's agent consumes them in order with its placements."""
     return f"{JOB_PREEMPTED}.{token(cluster)}.{token(node)}"
@@ -125,6 +137,22 @@ def node_mismatch(subject: str, cluster: object, node: object) -> str | None:
     if named is None or named == (cluster, node):
         return None
     return f"subject names node {named[0]}/{named[1]} but data names {cluster}/{node}"
+
+
+def subject_team(subject: str) -> str | None:
+    """The team a submission's subject names (`job.submitted.<team>`); None for any other subject (a bare
+    `job.submitted` of older history included)."""
+    prefix = f"{JOB_SUBMITTED}."
+    return subject.removeprefix(prefix) if subject.startswith(prefix) else None
+
+
+def team_mismatch(subject: str, team: object) -> str | None:
+    """Why a submission for `team` may not travel on `subject` (its subject names another team), or None.
+    A submitter's identity may publish only its own teams' subjects: the data must not name another team."""
+    named = subject_team(subject)
+    if named is None or named == team:
+        return None
+    return f"subject names team {named} but data names {team}"
 
 
 def deadletter(subject: str) -> str:

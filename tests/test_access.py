@@ -68,6 +68,26 @@ def test_a_tokens_file_others_may_write_is_refused_and_a_submitter_needs_teams(t
         access.issue(tmp_path / "other.json", "carol", "submitter")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving the file to another user needs root")
+def test_a_tokens_file_another_user_owns_or_could_replace_is_refused_whatever_its_mode(tmp_path):
+    # A job that once owned the folder could have put its own file there, mode 0600 and all (issue 36).
+    path = tmp_path / "secrets" / "tokens.json"
+    access.issue(path, "bob", "viewer")
+    os.chown(path, 61184, 61184)
+    with pytest.raises(Refused, match="owned by uid 61184"):
+        access.read_tokens(path)
+    os.chown(path, 0, 0)
+    os.chown(path.parent, 61184, 61184)
+    with pytest.raises(Refused, match=r"secrets: owned by uid 61184"):
+        access.read_tokens(path)
+    os.chown(path.parent, 0, 0)
+    path.parent.chmod(0o777)
+    with pytest.raises(Refused, match="may write in it"):
+        access.read_tokens(path)
+    path.parent.chmod(0o700)
+    assert access.read_tokens(path).tokens
+
+
 def test_claims_map_to_a_role_and_teams_by_the_documented_claim_names():
     names = ClaimNames()
     p = principal_from_claims({"sub": "u1", "preferred_username": "dana", "whaleflux_role": ["viewer", "submitter"],

@@ -205,7 +205,8 @@ def test_a_command_that_cannot_start_is_recorded_with_the_reason_and_never_runs(
     supervisor = _supervise(attempt_dir, tmp_path / "job.log")
     assert supervisor.wait(timeout=30) == 0
     ended = _exit(attempt_dir)
-    assert ended.exit_code is None and ended.error == "cannot start command: No such file or directory"
+    assert ended.exit_code is None  # the reason names the command it could not start
+    assert ended.error == f"cannot start command: No such file or directory: {tmp_path / 'no-such-program'}"
     assert attempts.read_running(attempt_dir) is None
 
 
@@ -276,5 +277,6 @@ def test_a_command_whose_folder_is_missing_is_recorded_as_not_started(tmp_path):
     supervisor = _supervise(attempt_dir, tmp_path / "job.log")
     assert supervisor.wait(timeout=30) == 0
     ended = _exit(attempt_dir)
-    assert ended.exit_code is None and ended.error == "cannot start command: No such file or directory"
+    assert ended.exit_code is None  # the reason names the folder it could not enter
+    assert ended.error == f"cannot start command: No such file or directory: {tmp_path / 'no-such-folder'}"
     assert attempts.read_running(attempt_dir) is None and _mark(tmp_path, "start") is None

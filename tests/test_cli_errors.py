@@ -46,7 +46,7 @@ def test_a_bad_choice_names_the_flag_and_lists_the_allowed_values(tmp_path):
 def test_choices_and_model_names_take_any_case_and_an_unknown_model_is_called_unknown(tmp_path):
     # Everything valid, in odd case: it gets as far as the bus (nothing runs here), past every check.
     ok = _cli(tmp_path, "submit", "--priority", "HIGH", "--workload", "FineTune", "--model", "h100",
-              "--model", "rtx 4090", "--", "true")
+              "--model", "rtx 4090", "--retry-for", "0", "--", "true")
     assert ok.returncode == 1 and "cannot reach NATS" in ok.stdout, ok.stdout + ok.stderr
     unknown = _cli(tmp_path, "submit", "--model", "b200", "--", "true")
     assert unknown.returncode == 1
@@ -63,7 +63,7 @@ def test_a_job_command_with_options_but_no_double_dash_gets_a_hint(tmp_path):
     out = _cli(tmp_path, "submit", "python", "-c", "print(1)")
     assert out.returncode == 2 and "No such option: -c" in out.stderr
     assert "hint: put the job's command after `--`" in out.stderr
-    fine = _cli(tmp_path, "submit", "--", "python", "-c", "print(1)")
+    fine = _cli(tmp_path, "submit", "--retry-for", "0", "--", "python", "-c", "print(1)")
     assert "hint" not in fine.stderr
 
 

@@ -107,11 +107,18 @@ def test_every_consumer_of_the_nodes_reports_takes_them_on_their_node_subjects()
 
 
 def test_submitter_console_and_operator_are_narrow():
-    assert submitter_identity().publish == (s.JOB_SUBMITTED,)
+    assert submitter_identity().publish == ("job.submitted.default",)
+    vision = submitter_identity(["vision", "ml.nlp"], user="ci")
+    assert vision.publish == ("job.submitted.vision", "job.submitted.ml.nlp") and vision.user == "ci"
+    for other in (s.JOB_SUBMITTED, "job.submitted.default", "job.submitted.ml", "job.submitted.ml.nlp.x"):
+        assert not vision.may_publish(other), other
+    with pytest.raises(ValueError, match="at least one team"):
+        submitter_identity([])
     console = console_identity()
     assert console.publish == () and console.may_subscribe(s.job_placed(*NODE))
     operator = operator_identity()
-    assert operator.may_publish(s.JOB_SUBMITTED) and operator.may_publish("$JS.API.STREAM.INFO.WHALEFLUX_JOBS")
+    assert operator.may_publish(s.job_submitted("any-team")) and not operator.may_publish(s.JOB_SUBMITTED)
+    assert operator.may_publish("$JS.API.STREAM.INFO.WHALEFLUX_JOBS")
     assert not operator.may_publish(s.node_drain_requested(*NODE))
     assert not operator.may_publish("$JS.API.STREAM.DELETE.WHALEFLUX_JOBS")
 
@@ -224,7 +231,8 @@ def test_the_server_refuses_what_an_identity_may_not_publish(guarded):
                               (AGENT, s.gpu_telemetry(*OTHER)), (AGENT, s.job_finished(*OTHER)),
                               (AGENT, s.job_started(*OTHER)), (AGENT, s.JOB_FINISHED),
                               ("submitter", s.node_drain_requested(*NODE)),
-                              ("submitter", s.job_placed(*NODE)), ("console", s.JOB_SUBMITTED),
+                              ("submitter", s.job_placed(*NODE)), ("console", s.job_submitted("default")),
+                              ("submitter", s.JOB_SUBMITTED), ("submitter", s.job_submitted("vision")),
                               (AGENT, "$JS.API.STREAM.DELETE.WHALEFLUX_JOBS")):
             errors = await _refused(guarded, user, subject)
             expected = f'permissions violation for publish to "{subject.lower()}"'
@@ -232,7 +240,7 @@ def test_the_server_refuses_what_an_identity_may_not_publish(guarded):
         # Nothing of it reached the stream; what the submitter may publish does.
         assert await _jobs_messages(guarded) == 0
         nc = await guarded.connect("submitter")
-        ack = await nc.jetstream().publish(s.JOB_SUBMITTED, b"{}")
+        ack = await nc.jetstream().publish(s.job_submitted("default"), b"{}")
         await nc.close()
         assert ack.stream == "WHALEFLUX_JOBS" and await _jobs_messages(guarded) == 1
         # The agent's report about a job on its own node is taken.

@@ -72,7 +72,7 @@ class Connection:
                 connect_timeout=3, reconnect=False,
             ), timeout=4)
         except Exception as exc:  # noqa: BLE001 - whatever stops the connection, the user gets one line about it
-            raise ClientError(
+            raise Unreachable(
                 f"cannot reach NATS at {self.nats_url} ({type(exc).__name__}); is `whaleflux up` running?"
             ) from None
 

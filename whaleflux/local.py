@@ -140,6 +140,7 @@ class Stack:
     fleet: Path
     assets: Path | None = None
     nats_cluster: int = 1  # nats-servers `up` runs as one JetStream cluster (1: a single server)
+    production: bool = False  # the services' WHALEFLUX_ENVIRONMENT: reads need a token, secrets are checked
     children: list[Child] = field(default_factory=list)
     servers: LocalServers | None = None
     stopping: bool = False
@@ -157,7 +158,7 @@ class Stack:
                 "WHALEFLUX_REDIS_PASSWORD": self.cfg.redis_password,
                 "WHALEFLUX_TOKENS_FILE": str(self.state_dir / "secrets" / "tokens.json"),
                 "WHALEFLUX_HOME": str(self.state_dir),
-                "WHALEFLUX_ENVIRONMENT": "development",
+                "WHALEFLUX_ENVIRONMENT": "production" if self.production else "development",
             }
         )
         if self.servers is not None and self.servers.cluster is not None:
@@ -298,6 +299,8 @@ class Stack:
         if "console" in self.cfg.services:
             table.add_row("console (web)",
                           f"{self.cfg.services['console']}  (log in with admin_token from the config file)")
+        table.add_row("mode", "production: every read needs a token (docs/security.md)" if self.production
+                      else "development: reads need no token (`up --production` for authenticated reads)")
         table.add_row("simulated fleet", str(self.fleet))
         if self.assets:
             table.add_row("declared assets", str(self.assets))
@@ -334,7 +337,7 @@ class Stack:
                 child.proc.wait()
 
 
-def up(fleet: Path, assets: Path | None = None, nats_cluster: int = 1) -> int:
+def up(fleet: Path, assets: Path | None = None, nats_cluster: int = 1, production: bool = False) -> int:
     state_dir = localconfig.home()
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # Two `up`s on one state folder would share the JetStream store and corrupt it.
@@ -347,7 +350,7 @@ def up(fleet: Path, assets: Path | None = None, nats_cluster: int = 1) -> int:
         return 1
     cfg = localconfig.load_or_create()
     cfg.services = {}
-    stack = Stack(cfg, state_dir, fleet, assets, nats_cluster)
+    stack = Stack(cfg, state_dir, fleet, assets, nats_cluster, production=production)
 
     def on_signal(signum, frame):  # noqa: ARG001
         stack.stopping = True

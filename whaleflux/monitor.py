@@ -10,6 +10,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from whaleflux.shared.fleet_health import fleet_health
+
 from .client import ClientError, Connection
 
 SEVERE = {"stale", "xid", "ecc"}
@@ -64,6 +66,14 @@ def build_table(gpus: list[dict], title: str = "") -> Table:
     return table
 
 
+def health_line(gpus: list[dict]) -> str:
+    """What the GPUs shown add up to: `unknown` when none reported within the freshness window, never `healthy`."""
+    stale = sum(1 for g in gpus if "stale" in g.get("flags", []))
+    troubled = sum(1 for g in gpus if (SEVERE | WARN) - {"stale"} & set(g.get("flags", [])))
+    word = fleet_health(len(gpus), stale, troubled)
+    return f"{word} (no sample within the freshness window)" if word == "unknown" and gpus else word
+
+
 def fetch(conn: Connection, node: str | None, gpu: str) -> list[dict]:
     return select(conn.get("telemetry", "/v1/gpus", node=node), gpu)  # type: ignore[arg-type]
 
@@ -74,7 +84,8 @@ def _view(conn: Connection, node: str | None, gpu: str) -> Any:
     except ClientError as exc:
         return Text(f"error: {exc}", style="red")
     flagged = sum(1 for g in gpus if g.get("flags"))
-    title = f"{len(gpus)} GPUs, {flagged} flagged  ·  {time.strftime('%H:%M:%S')}  ·  Ctrl-C to stop"
+    title = (f"{health_line(gpus)}: {len(gpus)} GPUs, {flagged} flagged  ·  {time.strftime('%H:%M:%S')}"
+             "  ·  Ctrl-C to stop")
     if not gpus:
         return Group(Text(title), Text("no GPU samples yet (is an agent running?)", style="yellow"))
     return build_table(gpus, title)
@@ -89,7 +100,7 @@ def run(node: str | None, gpu: str, watch: bool, interval_s: float, console: Con
             console.print("no GPU samples" + (f" from node {node!r}" if node else "")
                           + (f" for GPU {gpu!r}" if gpu != "all" else ""))
             return 1
-        console.print(build_table(gpus))
+        console.print(build_table(gpus, title=health_line(gpus)))
         return 0
     try:
         with Live(_view(conn, node, gpu), console=console, refresh_per_second=4, screen=False) as live:

@@ -22,6 +22,7 @@ from fastapi import Depends, FastAPI, HTTPException
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
+from whaleflux.shared import job_paths
 from whaleflux.shared.access_http import install_access, require_role
 from whaleflux.shared.apidocs import mount_api_docs
 from whaleflux.shared.bus import Bus
@@ -34,13 +35,16 @@ from whaleflux.shared.logs import configure_logging
 from whaleflux.shared.runtime_http import guard_input
 from whaleflux.shared.settings import CommonSettings
 
-from . import jobuser
+from . import jobarea, jobuser, runner
 from .burnin.gate import NodeGate, Policy, record_path
 from .burnin.plan import CHECKS, BurnInPlan, Intensity, PlanError, make_plan, parse_checks, parse_duration
 from .burnin.run import Exerciser
 from .faults import FAULT_HELP, Fault
 from .node import NodeAgent
 from .simulated import SimulatedNode
+
+# A root agent's jobs' areas when its home lies where they cannot pass (as /root does).
+DEFAULT_ROOT_AREAS = "/var/lib/whaleflux/areas"
 
 log = structlog.get_logger("whaleflux.agent")
 
@@ -79,6 +83,13 @@ class AgentSettings(CommonSettings):
     job_user: str | None = None
     job_users: dict[str, str] = Field(default_factory=dict, description='{"team" or "team/project": user}')
     allow_root_jobs: bool = False
+    # A root agent gives each other team a uid of its own from this range (jobuser.UidPool).
+    job_uids: str = jobuser.DEFAULT_UIDS
+    # Where jobs' areas are (jobarea.py): default <home>/areas, or /var/lib/whaleflux/areas for a root agent
+    # whose home its job users cannot pass through.
+    job_areas: Path | None = None
+    # Absolute folders a team's jobs may name besides their area, as the scheduler's (shared/job_paths.py).
+    team_roots: dict[str, list[str]] = Field(default_factory=dict)
 
     @field_validator("validation_duration", "validation_checks")
     @classmethod
@@ -97,7 +108,19 @@ class AgentSettings(CommonSettings):
                          checks=self.validation_checks)
 
     def users(self) -> jobuser.JobUsers:
-        return jobuser.JobUsers.resolve(self.job_user, self.job_users, self.allow_root_jobs)
+        return jobuser.JobUsers.resolve(self.job_user, self.job_users, self.allow_root_jobs,
+                                        pool_file=str(home() / "job-uids.json"), uids=self.job_uids)
+
+    def places(self, users: jobuser.JobUsers) -> runner.JobPlaces:
+        """Where jobs keep their folders; SystemExit naming WHALEFLUX_JOB_AREAS when job users could not reach it."""
+        areas = self.job_areas or home() / "areas"
+        if self.job_areas is None and users.switches and jobarea.unreachable(str(areas)) is not None:
+            areas = Path(DEFAULT_ROOT_AREAS)
+        blocked = jobarea.unreachable(str(areas)) if users.switches else None
+        if blocked is not None:
+            raise SystemExit(f"WHALEFLUX_JOB_AREAS: jobs' users cannot reach {areas}: {blocked} lets only its owner"
+                             " through (chmod o+x it, or name a folder they can reach)")
+        return runner.JobPlaces(areas.absolute(), self.team_roots)
 
     @model_validator(mode="after")
     def _fence_outlasts_heartbeats(self) -> AgentSettings:
@@ -105,6 +128,7 @@ class AgentSettings(CommonSettings):
         if self.fence_after_s <= 2 * self.interval_s:
             raise ValueError("WHALEFLUX_FENCE_AFTER_S must be more than twice WHALEFLUX_INTERVAL_S")
         self.users()  # a user that cannot be used stops the start
+        job_paths.check_roots(self.team_roots)
         return self
 
 
@@ -122,9 +146,11 @@ def select_nodes(fleet_path: Path, node_names: list[str] | None) -> list[FleetNo
 
 def _job_settings(settings: AgentSettings) -> dict:
     """Where jobs keep their logs and attempt folders, and how they are stopped."""
+    users = settings.users()
     return dict(interval_s=settings.interval_s, log_dir=home() / "jobs", attempts_dir=home() / "attempts",
                 stop_grace_s=settings.stop_grace_s, fence_after_s=settings.fence_after_s,
-                job_users=settings.users(), min_free_bytes=int(settings.min_free_mib * 1024 * 1024))
+                job_users=users, places=settings.places(users),
+                min_free_bytes=int(settings.min_free_mib * 1024 * 1024))
 
 
 ExerciserFactory = Callable[[list[GpuIdentity]], Exerciser]

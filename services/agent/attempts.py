@@ -47,7 +47,8 @@ class Spec(_Record):
     """What the supervisor runs, and when it stops the job on its own."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None, alive: str, grace_s: float,
-                 fence_after_s: float, user: str | None = None) -> None:
+                 fence_after_s: float, user: str | None = None, area: str | None = None,
+                 places: list[str] | None = None, make: list[str] | None = None) -> None:
         self.argv = argv
         self.env = env
         self.cwd = cwd
@@ -55,6 +56,11 @@ class Spec(_Record):
         self.grace_s = grace_s  # SIGTERM to SIGKILL when it stops the job itself
         self.fence_after_s = fence_after_s  # agent silence after which it does
         self.user = user  # the user the job runs as (None: the supervisor's own); set only by a root agent
+        # The job's area (jobarea.py); `cwd` and `make` (folders to create) are entered and created only in
+        # the job's process, as its user, and must really lie inside the area or `places` (its team's roots).
+        self.area = area
+        self.places = places or []
+        self.make = make or []
 
 
 class Running(_Record):

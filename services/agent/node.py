@@ -77,6 +77,7 @@ class NodeAgent:
         virtual_jobs: bool = False,
         gate: NodeGate | None = None,
         job_users: jobuser.JobUsers | None = None,
+        places: runner.JobPlaces | None = None,
         min_free_bytes: int = disk.MIN_FREE_BYTES,
     ):
         self.bus = bus
@@ -95,6 +96,8 @@ class NodeAgent:
         self.gate = gate
         # Who its jobs run as (jobuser.py): by team/project, else the default; None: the agent's own user.
         self.job_users = job_users or jobuser.JobUsers()
+        # Where its jobs' own folders are (runner.JobPlaces, jobarea.py).
+        self.places = places or runner.JobPlaces(areas=(log_dir.parent / "areas").absolute())
         # Where it writes (disk.py): an attempt starts only with min_free_bytes free in each.
         self.stores = [disk.Store(runner.ATTEMPT_STORE, self.node_dir), disk.Store(runner.LOG_STORE, log_dir)]
         self.min_free_bytes = min_free_bytes
@@ -344,9 +347,8 @@ class NodeAgent:
             await self._report_failed(attempt_dir, placed, self.fault, self.clock(), node_fault=True)
             return
         try:
-            job = await runner.launch(placed, self.log_dir, self.node_dir, grace_s=self.stop_grace_s,
-                                      fence_after_s=self.fence_after_s,
-                                      run_as=self.job_users.for_job(placed.team, placed.project))
+            job = await runner.launch(placed, self.log_dir, self.node_dir, self.places, grace_s=self.stop_grace_s,
+                                      fence_after_s=self.fence_after_s, run_as=self._job_user(placed))
         except disk.DiskFault as exc:
             self._disk_fault(str(exc))
             await self._report_failed(attempt_dir, placed, str(exc), self.clock(), node_fault=True)
@@ -364,6 +366,13 @@ class NodeAgent:
         log.info("job.started", job_id=placed.job_id, pid=job.running.job_pid, gpus=placed.gpu_indices,
                  rank=placed.rank)
         self._watch(job)
+
+    def _job_user(self, placed: JobPlaced) -> str | None:
+        """Who the job runs as (jobuser.py); CannotStart when its team's uid cannot be had."""
+        try:
+            return self.job_users.for_job(placed.team, placed.project)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise runner.CannotStart(f"no user for team {placed.team!r}: {exc}") from exc
 
     async def _start_virtual(self, placed: JobPlaced) -> None:
         """A virtual attempt (bench/test mode): no process, no folder; reported and listed like a real one."""

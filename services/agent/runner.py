@@ -9,23 +9,18 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
+from whaleflux.shared import job_paths
 from whaleflux.shared.events import JobPlaced
 
-from . import attempts, disk, jobuser, logtail, supervise
+from . import attempts, disk, jobarea, jobuser, logtail, supervise
 
 # The agent's own connection secrets must never leak into a job's environment.
 _PRIVATE_ENV = ("WHALEFLUX_", "NATS_", "REDIS_")
 
 
-def checkpoint_dir(placed: JobPlaced, home: Path) -> Path:
-    """Where the job keeps checkpoints: its own choice, else one folder per job that every attempt shares."""
-    return Path(placed.checkpoint_dir) if placed.checkpoint_dir else home / "checkpoints" / placed.job_id
-
-
 def job_environment(placed: JobPlaced, base: Mapping[str, str] | None = None,
-                    home: Path | None = None) -> dict[str, str]:
+                    checkpoint: str | None = None) -> dict[str, str]:
     source = os.environ if base is None else base
     env = {k: v for k, v in source.items() if not k.startswith(_PRIVATE_ENV)}
     env.update(placed.env)
@@ -38,8 +33,8 @@ def job_environment(placed: JobPlaced, base: Mapping[str, str] | None = None,
             "WHALEFLUX_RESUME": "1" if placed.resume else "0",
         }
     )
-    if home is not None or placed.checkpoint_dir:
-        env["WHALEFLUX_CHECKPOINT_DIR"] = str(checkpoint_dir(placed, home or Path(".")))
+    if checkpoint is not None:
+        env["WHALEFLUX_CHECKPOINT_DIR"] = checkpoint
     env.update(gang_environment(placed, env))
     return env
 
@@ -94,7 +89,8 @@ async def log_tail(placed: JobPlaced, log_dir: Path) -> list[str] | None:
     return logtail.tail_lines(end[0], placed.env, truncated=end[1]) or None
 
 
-ATTEMPT_STORE, LOG_STORE = "attempt store", "log directory"  # the node's stores, as its reasons name them
+# The node's stores, as its reasons name them.
+ATTEMPT_STORE, LOG_STORE, AREA_STORE = "attempt store", "log directory", "job areas"
 
 
 class CannotStart(Exception):
@@ -154,44 +150,74 @@ def _supervisor_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV)}
 
 
-def _prepare(placed: JobPlaced, log_dir: Path, node_dir: Path, grace_s: float,
-             fence_after_s: float, run_as: str | None = None) -> tuple[Path, BinaryIO]:
-    """The attempt's folder with its placement and spec (local files, fsynced), and the job's log, open.
+@dataclass(frozen=True)
+class JobPlaces:
+    """Where a node's jobs keep their folders: the folder of their areas (jobarea.py) and, per team, the absolute
+    roots they may also name (shared/job_paths.py)."""
 
-    A disk fault on the way raises DiskFault naming the store (`attempt store`, `log directory`)."""
+    areas: Path
+    team_roots: Mapping[str, list[str]] = field(default_factory=dict)
+
+    def refused(self, placed: JobPlaced) -> str | None:
+        """Why a placement's folders are not the job's own (the scheduler refuses them too); None if they are."""
+        refused = job_paths.refusals({"workdir": placed.workdir, "checkpoint_dir": placed.checkpoint_dir},
+                                     placed.team, self.team_roots)
+        return "; ".join(f"{name}: {why}" for name, why in refused.items()) or None
+
+
+def _prepare(placed: JobPlaced, log_dir: Path, node_dir: Path, places: JobPlaces, grace_s: float,
+             fence_after_s: float, run_as: str | None = None) -> tuple[Path, int]:
+    """The job's area, the attempt's folder with its placement and spec (local files, fsynced), and the job's log,
+    open. The agent creates only what it names itself (the area, the log); the job's own folders are created and
+    entered by the job's process as its user (jobarea.enter). A disk fault on the way raises DiskFault naming the
+    store (`attempt store`, `log directory`, `job areas`)."""
+    if (refused := places.refused(placed)) is not None:
+        raise CannotStart(refused)
     logs = disk.Store(LOG_STORE, log_dir)
     with _writing(logs):
-        log_dir.mkdir(parents=True, exist_ok=True)
-    # Logs live in <home>/jobs, default checkpoints in <home>/checkpoints.
+        log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        with _writing(disk.Store(AREA_STORE, places.areas)):
+            area = jobarea.make(str(places.areas), placed.job_id, *jobuser.owner(run_as))
+    except disk.DiskFault:
+        raise
+    except OSError as exc:
+        raise CannotStart(f"cannot prepare the job's area in {places.areas}: {exc.strerror or exc}") from exc
+    checkpoint = job_paths.resolve(placed.checkpoint_dir or "checkpoints", area)
+    workdir = job_paths.resolve(placed.workdir, area)
     # A job switched to another user keeps only an allow-list of the agent's environment (jobuser.scrubbed).
     base = jobuser.scrubbed(os.environ) if run_as is not None else None
-    env = {**job_environment(placed, base, home=log_dir.parent), **jobuser.environment(run_as)}
-    with _writing(disk.Store("checkpoint directory", Path(env["WHALEFLUX_CHECKPOINT_DIR"]).parent)):
-        Path(env["WHALEFLUX_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
-    jobuser.give(Path(env["WHALEFLUX_CHECKPOINT_DIR"]), run_as)
+    env = {**job_environment(placed, base, checkpoint), **jobuser.environment(run_as, area)}
     attempt_dir = node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
+    # Folders inside the area are the job's to create; one in a team root must exist already.
+    make = [checkpoint, *([workdir] if job_paths.within(workdir, area) else [])]
     # The job's environment may hold its secrets: they go in a 0600 file, never on a command line.
-    spec = attempts.Spec(argv=placed.command, env=env, cwd=placed.workdir, alive=str(node_dir / attempts.ALIVE),
-                         grace_s=grace_s, fence_after_s=fence_after_s, user=run_as)
+    spec = attempts.Spec(argv=placed.command, env=env, cwd=workdir, alive=str(node_dir / attempts.ALIVE),
+                         grace_s=grace_s, fence_after_s=fence_after_s, user=run_as, area=area,
+                         places=job_paths.team_roots(placed.team, places.team_roots), make=make)
     with _writing(disk.Store(ATTEMPT_STORE, node_dir)):
         attempt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Both before the supervisor starts, one folder sync for the two (neither counts without its running.json).
         attempts.write_files(attempt_dir, {attempts.PLACED: placed.model_dump_json(),
                                            attempts.SPEC: attempts.spec_text(spec)})
+    # Logs are the agent's (0600 in a 0700 folder): no job reads another's, through its working folder or else.
     with _writing(logs):
-        return attempt_dir, (log_dir / log_name(placed.job_id, placed.attempt, placed.part)).open("ab")
+        log = os.open(log_dir / log_name(placed.job_id, placed.attempt, placed.part),
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    return attempt_dir, log
 
 
-async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, *, grace_s: float,
+async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, places: JobPlaces, *, grace_s: float,
                  fence_after_s: float, run_as: str | None = None) -> RunningJob:
     """Start the command under a supervisor (supervise.py) and wait until it runs; raise CannotStart if it cannot."""
     # The files are fsynced: off the event loop, which carries every other job's events meanwhile.
-    attempt_dir, log = await asyncio.to_thread(_prepare, placed, log_dir, node_dir, grace_s, fence_after_s, run_as)
+    attempt_dir, log_fd = await asyncio.to_thread(_prepare, placed, log_dir, node_dir, places, grace_s,
+                                                  fence_after_s, run_as)
     # The records' second way here, should the attempt store fail while the job runs (attempts.RECORDS_FD).
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     pipe = RecordsPipe(read_end)
-    with log:
+    with os.fdopen(log_fd, "ab") as log:
         try:
             supervisor = await asyncio.create_subprocess_exec(
                 *supervise.command(attempt_dir),

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from . import attempts, jobuser
+from . import attempts, jobarea, jobuser
 
 TYPE_CHECKING = False  # not typing's, which would cost each start ~25 ms
 if TYPE_CHECKING:
@@ -71,6 +71,38 @@ def _stop(job: subprocess.Popen, grace_s: float) -> int:
     return code
 
 
+def _start(spec: attempts.Spec) -> subprocess.Popen:
+    """Start the job's command as its user. Its own folders (the spec's area) are created and entered in the job's
+    process after the switch to that user, never as root: Popen's `cwd` is entered before the switch. OSError
+    with the reason (and the user, where it is not this process's) if it cannot start."""
+    uid, gid, groups, umask = jobuser.popen_args(spec.user)
+    if spec.area is None:  # an attempt of an agent from before job areas
+        return subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                                start_new_session=True, user=uid, group=gid, extra_groups=groups, umask=umask)
+    area = spec.area
+    refused_r, refused_w = os.pipe()
+
+    def enter() -> None:  # in the job's process, once it is the job's user
+        try:
+            jobarea.enter(spec.cwd or area, spec.make, [area, *spec.places])
+        except OSError as exc:
+            os.write(refused_w, f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}".encode())
+            os._exit(126)
+
+    try:
+        job = subprocess.Popen(spec.argv, env=spec.env, stdin=subprocess.DEVNULL, start_new_session=True,
+                               user=uid, group=gid, extra_groups=groups, umask=umask, preexec_fn=enter)
+    finally:
+        os.close(refused_w)
+    with os.fdopen(refused_r, "rb") as pipe:
+        refused = pipe.read()  # nothing once the command runs (the pipe closes on exec)
+    if refused:
+        job.wait()
+        who = f" as uid {uid}" if uid is not None else ""
+        raise OSError(f"cannot prepare the job's folders{who}: {refused.decode(errors='replace')}")
+    return job
+
+
 def _last_sign_of_life(alive: str, since: float) -> float:
     try:
         return max(since, os.stat(alive).st_mtime)
@@ -102,12 +134,12 @@ def supervise(attempt_dir: Path | str) -> None:
     """Run the attempt's command to its end and record how it started and ended."""
     spec = attempts.read_spec(attempt_dir)
     begun = time.time()
-    uid, gid, groups, umask = jobuser.popen_args(spec.user)
     try:
-        job = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL, start_new_session=True,
-                               user=uid, group=gid, extra_groups=groups, umask=umask)
+        job = _start(spec)
     except OSError as exc:
         reason = f"cannot start command: {exc.strerror or exc}"
+        if exc.filename is not None:
+            reason += f": {exc.filename}"
         _record(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), error=reason))
         return
     _record(attempt_dir, attempts.Running(os.getpid(), job.pid, attempts.utcnow()))

@@ -373,6 +373,8 @@ def cross_check(config: AlertingConfig) -> list[tuple[Path_, str]]:
             if threshold.model is not None and threshold.model not in GpuModel.model_fields:
                 problems.append((("rules", i, "threshold", "model"),
                                  f"unknown gpu_models.yaml field {threshold.model!r}"))
+        if isinstance(rule, ThresholdRule):
+            problems.extend(_limit_problems(rule.metric, rule.threshold, ("rules", i, "threshold")))
         if "drain" in rule.actions and rule.kind in ("event", "finding"):
             problems.append((("rules", i, "actions"), f"drain needs a node: not available on {rule.kind} rules"))
     names = [r.name for r in config.receivers]
@@ -395,6 +397,31 @@ def cross_check(config: AlertingConfig) -> list[tuple[Path_, str]]:
 
     walk(config.route, ("route",), True)
     return problems
+
+
+def _limit_problems(metric: str, threshold: Threshold, at: Path_) -> list[tuple[Path_, str]]:
+    """Limits a threshold gives that lie outside `metric`'s physical range (rules/ranges.py): its constant, each
+    per-model value and, for a catalogue field, every catalogued model's, each with the offset added."""
+    from whaleflux.shared.catalog import gpu_models
+
+    from .rules.ranges import limit_problem
+
+    offset = f" (with offset {threshold.offset:g})" if threshold.offset else ""
+    limits: list[tuple[Path_, float]] = []
+    if threshold.value is not None:
+        limits.append(((*at, "value"), threshold.value))
+    limits += [((*at, "per_model", key), value) for key, value in threshold.per_model.items()]
+    if threshold.model is not None:
+        for model in gpu_models().values():
+            value = getattr(model, threshold.model, None)
+            if isinstance(value, (int, float)):
+                limits.append(((*at, "offset" if threshold.offset else "model"), float(value)))
+    out: dict[Path_, str] = {}
+    for path, value in limits:
+        problem = limit_problem(metric, value + threshold.offset)
+        if problem is not None:
+            out.setdefault(path, problem + offset)  # one line per key, not one per catalogued model
+    return list(out.items())
 
 
 def load_config(path: str | Path) -> AlertingConfig:

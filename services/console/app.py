@@ -121,5 +121,9 @@ def main() -> None:
     configure_logging("console", settings.log_level)
     # `whaleflux up` binds the port itself and hands the listening socket over (no race for the port).
     fd = os.environ.get("WHALEFLUX_HTTP_FD")
+    # X-Forwarded-* (scheme, client address) are believed only from a proxy the settings say to trust, from
+    # wherever it connects; otherwise not even from 127.0.0.1 (uvicorn's default), where any local user could send them.
+    trusted = settings.trust_forwarded_proto
     uvicorn.run(create_app(settings), host=settings.http_host, port=settings.http_port, fd=int(fd) if fd else None,
-                log_config=None, access_log=True, lifespan="on")
+                log_config=None, access_log=True, lifespan="on", proxy_headers=trusted,
+                forwarded_allow_ips="*" if trusted else None)

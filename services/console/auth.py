@@ -114,3 +114,13 @@ def safe_next(path: str | None) -> str:
     if not path or not path.startswith("/") or path.startswith("//") or "\\" in path:
         return "/"
     return path
+
+
+def served_over_tls(scheme: str, forwarded_proto: str | None, trust_forwarded: bool) -> bool:
+    """Whether the browser reached the console over HTTPS: its own scheme, or, when the console is told to trust
+    its proxy (`WHALEFLUX_TRUST_FORWARDED_PROTO`), the proxy's X-Forwarded-Proto (its first value: the client's
+    side of the first proxy). A header from anyone else is ignored: a client could send it itself."""
+    if scheme == "https":
+        return True
+    first = (forwarded_proto or "").split(",")[0].strip().lower()
+    return trust_forwarded and first == "https"

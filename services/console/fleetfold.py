@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from whaleflux.shared.events import GpuSample
+from whaleflux.shared.fleet_health import fleet_health, shown_status
 from whaleflux.shared.gpu_flags import flags
 
 from .heatmap import BUSY, STALE, cell_bits, cells_text, layout_text
@@ -78,6 +79,7 @@ class NodeLine:
     memory_total_mib: float | None = None
     stale: bool = False
     flagged_gpus: int = 0
+    status: str = "unknown"  # the scheduler's word, `unknown` for `healthy` while its telemetry is silent
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +169,9 @@ class NodeEntry:
         sums = self._summed()
         return sums.power or 0.0, sums.hot, sums.throttled, sums.erroring
 
-    def numbers(self, now: float, stale_after_s: float, held: Mapping[str, object], status: str) -> NodeNumbers:
-        """This node's line and heat-map text at `now`, the same objects as last time if nothing they show changed."""
+    def numbers(self, now: float, stale_after_s: float, held: Mapping[str, object], status: str | None) -> NodeNumbers:
+        """This node's line and heat-map text at `now`, the same objects as last time if nothing they show changed;
+        `status`: the scheduler's state of the node (None: it does not list it)."""
         sums = self._summed()
         gs = self._ordered
         stale_mask = busy_mask = 0
@@ -186,15 +189,16 @@ class NodeEntry:
         flagged = sums.flagged
         if stale:
             flagged = sum(1 for i, g in enumerate(gs) if g.flags or stale_mask >> i & 1)
+        shown = shown_status(status, silent=stale == len(gs))
         line = NodeLine(self.cluster, self.node, len(gs), gs[0].gpu.model, sums.util, sums.power, sums.used,
-                        sums.total, stale == len(gs), flagged)
+                        sums.total, stale == len(gs), flagged, shown)
         cells = b"".join(g.cell for g in gs)
         if stale_mask or busy_mask:  # the bits a build adds to what the samples said
             marked = bytearray(cells)
             for i in range(len(gs)):
                 marked[3 * i + 2] |= (STALE if stale_mask >> i & 1 else 0) | (BUSY if busy_mask >> i & 1 else 0)
             cells = bytes(marked)
-        layout = f"[{self._name},{_js(status)},{len(gs)}]"
+        layout = f"[{self._name},{_js(shown)},{len(gs)}]"
         self._built = NodeNumbers(key, line, layout, cells, stale, busy_mask.bit_count())
         return self._built
 
@@ -214,7 +218,8 @@ class FleetNumbers:
 def fleet_numbers(nodes: Iterable[NodeEntry], now: float, stale_after_s: float, held: Mapping[str, object],
                   statuses: Mapping[str, str]) -> FleetNumbers:
     """Every node's numbers and the fleet's totals; `nodes` in name order, `held`: GPUs a job holds,
-    `statuses`: the scheduler's state per node ("unknown" for a node it does not list)."""
+    `statuses`: the scheduler's state per node (a node it does not list, or whose telemetry is silent, shows
+    "unknown": shared/fleet_health.py)."""
     lines: list[NodeLine] = []
     layout: list[str] = []
     cells: list[bytes] = []
@@ -223,7 +228,7 @@ def fleet_numbers(nodes: Iterable[NodeEntry], now: float, stale_after_s: float, 
     for entry in nodes:
         if not entry.gpus:
             continue
-        n = entry.numbers(now, stale_after_s, held, statuses.get(entry.node, "unknown"))
+        n = entry.numbers(now, stale_after_s, held, statuses.get(entry.node))
         lines.append(n.line)
         layout.append(n.layout)
         cells.append(n.cells)
@@ -234,7 +239,8 @@ def fleet_numbers(nodes: Iterable[NodeEntry], now: float, stale_after_s: float, 
         power += p
         hot, throttled, erroring = hot + h, throttled + t, erroring + e
     summary = FleetSummary.model_construct(gpus=gpus, nodes=len(lines), power_w=round(power, 1), stale=stale, hot=hot,
-                                           throttled=throttled, erroring=erroring, with_job=with_job)
+                                           throttled=throttled, erroring=erroring, with_job=with_job,
+                                           health=fleet_health(gpus, stale, hot + throttled + erroring))
     lines.sort(key=lambda n: (n.cluster, n.node))
     heat, version = layout_text(layout, gpus)
     return FleetNumbers(summary, lines, heat, cells_text(version, cells))

@@ -61,6 +61,7 @@ class FleetSummary(Read):
     throttled: int
     erroring: int
     with_job: int = 0
+    health: str = "unknown"  # shared/fleet_health.py: `unknown` with no fresh sample, never `healthy`
 
 
 class HistoryPoint(Read):

@@ -21,8 +21,11 @@ class ConsoleSettings(CommonSettings):
     alerting_url: str = "http://127.0.0.1:8703"
     billing_url: str = "http://127.0.0.1:8704"
     inventory_url: str = "http://127.0.0.1:8705"
-    # Set behind TLS so browsers send the session cookie over HTTPS only.
+    # Cookies are `Secure` whenever the console is reached over HTTPS: its own TLS, or a proxy's
+    # X-Forwarded-Proto: https once `trust_forwarded_proto` says the proxy is trusted to set it. `cookie_secure`
+    # forces it always (a proxy that sends no such header).
     cookie_secure: bool = False
+    trust_forwarded_proto: bool = False
     session_hours: float = Field(12.0, gt=0, le=24 * 30)
     # At most one refresh of a live view per this many seconds, however many events arrive.
     live_interval_s: float = Field(1.0, ge=0.2, le=60)

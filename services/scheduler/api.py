@@ -9,16 +9,19 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal, cast
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
-from whaleflux.shared import subjects
+from whaleflux.shared import job_paths, subjects
 from whaleflux.shared.deps import NowDep, OperatorDep, RuntimeDep, Submitter, ViewerDep, require_team
+from whaleflux.shared.envelope import Envelope, encode
 from whaleflux.shared.events import JobSubmitted, NodeDrainRequested
-from whaleflux.shared.runtime import BadRequest
+from whaleflux.shared.job_events import submitted_event_id
+from whaleflux.shared.runtime import BadRequest, Runtime
 from whaleflux.shared.sizing import SizingError, SizingReport, SizingRequest, estimate, memory_floor_mib
 
+from . import idempotency as idem
 from .failover import Failover
 from .feeds import Feeds
 from .gpu_health import GpuHealth
@@ -196,24 +199,76 @@ async def job_why(job_id: str, store: StoreDep, health: HealthDep) -> dict[str, 
 
 
 @jobs.post("/v1/jobs", status_code=202, dependencies=[WholeState])
-async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep,
-                 runtime: RuntimeDep) -> dict[str, Any]:
+async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep, runtime: RuntimeDep,
+                 response: Response, idempotency_key: Annotated[str | None, Header(
+                     alias=idem.HEADER, description="a repeat with the same key (within 24 h) answers the first "
+                     "request's jobs, with `Idempotent-Replayed: true`; with another body 422")] = None,
+                 ) -> dict[str, Any]:
     """Submit a job (publishes job.submitted): a submitter for the job's team (403 naming the team otherwise),
-    an operator or admin for any. 422 with the reason if it can never run."""
+    an operator or admin for any. 422 with the reason if it can never run, 413 if it is too large for the bus.
+    Answered only once JetStream has stored every job.submitted; a 503 may leave them on their way, so a
+    client retries with the same `Idempotency-Key` to get the same jobs, never copies."""
     require_team(caller, body.team)
-    base = uuid.uuid4().hex[:12]
+    if idempotency_key is not None and (problem := idem.key_problem(idempotency_key)):
+        raise HTTPException(422, problem)
+    digest = idem.key_digest(idempotency_key) if idempotency_key is not None else None
+    print_ = idem.fingerprint(body.model_dump(mode="json"))
+    claim = await scheduler.store.claimed(digest) if digest is not None else None
+    if claim is None:
+        submitted = _submissions(body, replica_ids(uuid.uuid4().hex[:12], body.replicas))
+        _own_paths(scheduler, submitted[0])
+        reason = await _never_fits(scheduler, submitted[0])
+        if reason:
+            raise HTTPException(422, f"infeasible: {reason}")
+        envs = _envelopes(runtime, submitted)
+        mine = idem.Claim(fingerprint=print_, job_ids=[j.job_id for j in submitted])
+        if digest is None or (claim := await scheduler.store.claim(digest, mine)) is None:
+            await _publish(runtime, body.team, envs)
+            if digest is not None:
+                await scheduler.store.mark_durable(digest, mine)
+            return _answer(mine.job_ids)
+    # The key was used before (or meanwhile, by a request that raced this one).
+    if idem.verdict(claim, print_) is idem.Verdict.CONFLICT:
+        raise HTTPException(422, idem.conflict_detail(claim))
+    response.headers[idem.REPLAYED_HEADER] = "true"
+    if not claim.durable and digest is not None:
+        # Its first publish went unacknowledged (stored or not, nobody knows): the very same events again.
+        await _publish(runtime, body.team, _envelopes(runtime, _submissions(body, claim.job_ids)))
+        await scheduler.store.mark_durable(digest, claim)
+    return _answer(claim.job_ids)
+
+
+def _submissions(body: SubmitRequest, job_ids: list[str]) -> list[JobSubmitted]:
+    """The job.submitted of each of the submission's jobs; 400 if the body makes no valid job."""
     fields = body.job_fields()
     try:
-        submitted = [JobSubmitted(job_id=i, submitted_by="api", **fields) for i in replica_ids(base, body.replicas)]
-    except ValidationError as exc:
+        submitted = [JobSubmitted(job_id=i, submitted_by="api", **fields) for i in job_ids]
+        subjects.job_submitted(body.team)  # a team that is no subject (`a..b`) is refused here
+    except ValueError as exc:  # a ValidationError, or that
         raise BadRequest(str(exc)) from exc
-    reason = await _never_fits(scheduler, submitted[0])
-    if reason:
-        raise HTTPException(422, f"infeasible: {reason}")
-    for data in submitted:
-        env = runtime.envelope(data, subject=data.job_id, correlation_id=data.job_id)
-        await runtime.bus.publish_envelope(subjects.JOB_SUBMITTED, env)
-    return {"job_id": submitted[0].job_id, "job_ids": [j.job_id for j in submitted]}
+    return submitted
+
+
+def _envelopes(runtime: Runtime, submitted: list[JobSubmitted]) -> list[Envelope]:
+    """Each job.submitted in its envelope, under its fixed event id; 413 if one is larger than the bus carries
+    (the request's body limit is larger than the bus's message limit)."""
+    envs = [runtime.envelope(d, subject=d.job_id, event_id=submitted_event_id(d.job_id), correlation_id=d.job_id)
+            for d in submitted]
+    size, limit = max(len(encode(e)) for e in envs), runtime.bus.nc.max_payload
+    if size > limit:
+        raise HTTPException(413, f"request body: the job is {size} bytes as an event, over the bus's limit of "
+                                 f"{limit} bytes (a large `env` or `command`?)")
+    return envs
+
+
+async def _publish(runtime: Runtime, team: str, envs: list[Envelope]) -> None:
+    """Returns once JetStream has stored every one (a re-publish of one is a duplicate it drops)."""
+    for env in envs:
+        await runtime.bus.publish_envelope(subjects.job_submitted(team), env)
+
+
+def _answer(job_ids: list[str]) -> dict[str, Any]:
+    return {"job_id": job_ids[0], "job_ids": job_ids}
 
 
 @jobs.post("/v1/jobs/check", dependencies=[WholeState])
@@ -224,8 +279,16 @@ async def check(body: SubmitRequest, scheduler: SchedulerDep) -> dict[str, Any]:
         job = JobSubmitted(job_id="check", submitted_by="api", **body.job_fields())
     except ValidationError as exc:
         raise BadRequest(str(exc)) from exc
+    _own_paths(scheduler, job)
     reason = await _never_fits(scheduler, job)
     return {"feasible": reason is None, "reason": reason}
+
+
+def _own_paths(scheduler: Scheduler, job: JobSubmitted) -> None:
+    """400 naming the field when a folder the job names is not its own (shared/job_paths.py)."""
+    refused = job_paths.refusals(job.model_dump(), job.team, scheduler.settings.team_roots)
+    if refused:
+        raise BadRequest("; ".join(f"{field}: {reason}" for field, reason in refused.items()))
 
 
 async def _never_fits(scheduler: Scheduler, job: JobSubmitted) -> str | None:

@@ -6,6 +6,7 @@ this applies them to the store, under the scheduler's lock.
 
 from __future__ import annotations
 
+from whaleflux.shared import job_paths
 from whaleflux.shared.bus import batch_handler
 from whaleflux.shared.events import Envelope, EventData, JobFailed, JobFinished, JobStarted, JobSubmitted
 
@@ -52,24 +53,40 @@ class Progress:
         of progress reports under one hold of the lock, their starts and ends written in one MULTI. Every
         handler is idempotent by nature (SET NX, attempt and state guards), so a batch handled again after
         a failure changes nothing twice."""
-        store = self.s.store
         submitted: list[JobRecord] = []
         reports: list[Report] = []
+        rejected = False
         for _env, data in events:
             if isinstance(data, JobSubmitted):
                 await self._on_reports(reports)
                 reports = []
                 submitted.append(JobRecord(job_id=data.job_id, spec=data, submitted_at=_env.time))
             elif isinstance(data, (JobStarted, JobFinished, JobFailed)):
-                await store.submit(submitted)
+                rejected |= await self._submit(submitted)
                 submitted = []
                 reports.append(data)
-        await store.submit(submitted)
-        progressed = bool(reports)
+        rejected |= await self._submit(submitted)
+        progressed = bool(reports) or rejected
         await self._on_reports(reports)
         self.s.dirty.set()
         if progressed:
             await self.s.publish_staged()
+
+    async def _submit(self, submitted: list[JobRecord]) -> bool:
+        """Record the submissions; one that names a folder not its own (any system may publish job.submitted,
+        not only the API, which refuses it) is rejected with the reason instead, never queued. True if any was."""
+        store, rejected = self.s.store, False
+        accepted = []
+        for job in submitted:
+            refused = job_paths.refusals(job.spec.model_dump(), job.spec.team, self.s.settings.team_roots)
+            if not refused:
+                accepted.append(job)
+            elif await store.job(job.job_id) is None:  # a redelivery of one rejected already changes nothing
+                reason = "; ".join(f"{field}: {why}" for field, why in refused.items())
+                await store.reject(job, reason, self.s.clock())
+                rejected = True
+        await store.submit(accepted)
+        return rejected
 
     async def _on_reports(self, reports: list[Report]) -> None:
         """Reports in order under one hold of the lock; the plain starts and ends among them are written

@@ -43,14 +43,14 @@ from whaleflux.shared.events import (
     misaddressed,
 )
 from whaleflux.shared.pull import Puller
-from whaleflux.shared.streams import CONSUMERS, reports
+from whaleflux.shared.streams import CONSUMERS, reports, submissions
 
 from .history import Fold
 from .records import ACTIVE, GpuQuarantine, NodeCondition
 from .store import SchedulerStore
 
 # What a job's history is made of (stop orders, job.preempted, change nothing in a record).
-JOB_HISTORY = [s.JOB_SUBMITTED, f"{s.JOB_PLACED}.>", *reports(), s.JOB_REQUEUED, s.JOB_REJECTED, s.JOB_CANCELLED]
+JOB_HISTORY = [*submissions(), f"{s.JOB_PLACED}.>", *reports(), s.JOB_REQUEUED, s.JOB_REJECTED, s.JOB_CANCELLED]
 FETCH = 2000
 SNAPSHOT_BUCKET = "WHALEFLUX_SCHEDULER_SNAPSHOTS"
 SNAPSHOT_NAME = "jobs"

@@ -10,6 +10,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
+from whaleflux.shared import job_paths
 from whaleflux.shared.settings import CommonSettings
 
 from .queueing import POLICIES, PolicyConfig, TeamPolicy
@@ -55,6 +56,15 @@ class SchedulerSettings(CommonSettings):
     # Active/standby replicas: the leader's lease lives this long unless renewed
     # (every third of it); a standby takes over within about this long after the leader dies.
     leader_lease_s: float = Field(3.0, ge=0.3, le=60)
+    # Absolute folders a team's jobs may name as workdir or checkpoint_dir besides their own area
+    # (shared/job_paths.py): WHALEFLUX_TEAM_ROOTS='{"vision": ["/data/vision"], "*": ["/scratch"]}'. The agents
+    # get the same setting and check again.
+    team_roots: dict[str, list[str]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _roots_are_folders(self) -> SchedulerSettings:
+        job_paths.check_roots(self.team_roots)
+        return self
 
     @model_validator(mode="after")
     def _lost_after_suspect(self) -> SchedulerSettings:

@@ -18,6 +18,7 @@ from whaleflux.shared.events import NodeRegistered, NodeUndrained, make_envelope
 from . import cache as fx
 from . import transitions
 from .cache import Effect
+from .idempotency import KEY_TTL_S, Claim
 from .placement import Placement
 from .records import ACTIVE, GpuQuarantine, JobPart, JobRecord, NodeCondition
 from .records_store import RecordStore, _map
@@ -269,3 +270,29 @@ class SchedulerStore(RecordStore):
             if accepted:
                 pipe.hset(self.accepted_key, mapping={k: v for k, v in accepted.items()})
             await pipe.execute()
+
+    # ------------------------------------------------------------ idempotency keys
+
+    def idempotency_key(self, digest: str) -> str:
+        """What one `Idempotency-Key` (by its digest) stands for, for `KEY_TTL_S`."""
+        return f"{self.prefix}:idempotency:{digest}"
+
+    async def claim(self, digest: str, claim: Claim) -> Claim | None:
+        """Make the key stand for `claim` unless it stands for something already: None if this call claimed it,
+        else the claim it holds. Unfenced: a key is a client's promise, not scheduling state."""
+        key = self.idempotency_key(digest)
+        if await self.redis.set(key, claim.model_dump_json(), nx=True, ex=KEY_TTL_S):
+            return None
+        raw = await self.redis.get(key)
+        # Expired between the two calls: this one may claim it again.
+        return Claim.model_validate_json(raw) if raw is not None else await self.claim(digest, claim)
+
+    async def claimed(self, digest: str) -> Claim | None:
+        """What the key stands for, if it is remembered."""
+        raw = await self.redis.get(self.idempotency_key(digest))
+        return Claim.model_validate_json(raw) if raw is not None else None
+
+    async def mark_durable(self, digest: str, claim: Claim) -> None:
+        """Every job.submitted of the claim acknowledged: a replay need not publish again (the TTL is kept)."""
+        durable = claim.model_copy(update={"durable": True})
+        await self.redis.set(self.idempotency_key(digest), durable.model_dump_json(), xx=True, keepttl=True)

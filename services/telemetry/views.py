@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from whaleflux.shared.events import GpuSample
+from whaleflux.shared.fleet_health import Health, fleet_health, node_health
 from whaleflux.shared.gpu_flags import flags
 
 
@@ -48,6 +49,7 @@ class NodeSummary(BaseModel):
     last_sample_time: str
     stale: bool
     flagged_gpus: int
+    health: Health  # `unknown` while every GPU of the node is stale (shared/fleet_health.py)
 
 
 def status(s: LatestSample, last_xid: int | None, job: JobRef | None, now: datetime, stale_after_s: float) -> GpuStatus:
@@ -61,6 +63,7 @@ def status(s: LatestSample, last_xid: int | None, job: JobRef | None, now: datet
 def node_summary(cluster: str, node: str, gs: list[GpuStatus]) -> NodeSummary:
     """One node's GPUs summed up: mean utilization, power, memory, last sample, flagged GPUs."""
     powers = [g.gpu.power_w for g in gs if g.gpu.power_w is not None]
+    flagged = sum(1 for g in gs if g.flags)
     return NodeSummary(
         cluster=cluster,
         node=node,
@@ -72,7 +75,8 @@ def node_summary(cluster: str, node: str, gs: list[GpuStatus]) -> NodeSummary:
         memory_total_mib=round(sum(g.gpu.memory_total_mib for g in gs), 1),
         last_sample_time=max(g.sample_time for g in gs),
         stale=all(g.stale for g in gs),
-        flagged_gpus=sum(1 for g in gs if g.flags),
+        flagged_gpus=flagged,
+        health=node_health(len(gs), sum(1 for g in gs if g.stale), flagged),
     )
 
 
@@ -85,7 +89,8 @@ def node_summaries(gpus: list[GpuStatus]) -> list[NodeSummary]:
 
 
 def fleet(gpus: list[GpuStatus]) -> dict[str, Any]:
-    """Fleet totals: GPUs and nodes reporting, by model, and how many are stale, hot, throttled or erroring."""
+    """Fleet totals: its health (`unknown` with no fresh sample), GPUs and nodes reporting, by model, and how many
+    are stale, hot, throttled or erroring."""
     by_model: dict[str, dict[str, float]] = {}
     for g in gpus:
         m = by_model.setdefault(g.gpu.model, {"gpus": 0, "util_sum": 0.0, "power_w": 0.0, "memory_used_mib": 0.0,
@@ -102,11 +107,14 @@ def fleet(gpus: list[GpuStatus]) -> dict[str, Any]:
     def count(flag: str) -> int:
         return sum(1 for g in gpus if flag in g.flags)
 
+    stale = count("stale")
+    troubled = sum(1 for g in gpus if {"hot", "throttled", "xid", "ecc", "nvlink"} & set(g.flags))
     return {
+        "health": fleet_health(len(gpus), stale, troubled),
         "gpus": len(gpus),
         "nodes": len({(g.cluster, g.node) for g in gpus}),
         "power_w": round(sum(g.gpu.power_w or 0.0 for g in gpus), 1),
-        "stale": count("stale"),
+        "stale": stale,
         "hot": count("hot"),
         "throttled": count("throttled"),
         "erroring": sum(1 for g in gpus if {"xid", "ecc", "nvlink"} & set(g.flags)),

@@ -21,6 +21,9 @@ def up(
         help="declared ownership and leases; default: the demo fleet's")] = None,
     nats_cluster: Annotated[int, typer.Option(
         min=1, max=5, help="nats-servers to run as one JetStream cluster (3: R3 streams, survives losing one)")] = 1,
+    production: Annotated[bool, typer.Option(
+        "--production", help="the services in production mode: every read needs a token, as writes do "
+        "(also with WHALEFLUX_ENVIRONMENT=production exported)")] = False,
 ) -> None:
     """Run everything locally: NATS, Redis, the five services and a simulated fleet."""
     from whaleflux.local import up as run_up
@@ -31,7 +34,8 @@ def up(
         fail(f"assets file {assets} does not exist")
     if nats_cluster == 2:
         fail("--nats-cluster 2 cannot lose a server (a JetStream cluster needs a majority): use 3 or 5")
-    raise typer.Exit(run_up(fleet, assets, nats_cluster))
+    production = production or os.environ.get("WHALEFLUX_ENVIRONMENT") == "production"
+    raise typer.Exit(run_up(fleet, assets, nats_cluster, production=production))
 
 
 def service(

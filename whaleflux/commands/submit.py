@@ -42,6 +42,11 @@ SUBMIT_FLAGS = {
 }
 
 
+# How long `submit` keeps trying a bus that does not answer (a restart, a stall) at most; within JetStream's
+# duplicate window (120 s), so a try that was stored unacknowledged is dropped as a duplicate.
+PUBLISH_PATIENCE_S = 60.0
+
+
 def submit(
     command: Annotated[list[str], typer.Argument(metavar="COMMAND", help="the command to run, after --")],
     gpus: Annotated[int, typer.Option(min=1, help="number of GPUs")] = 1,
@@ -69,9 +74,14 @@ def submit(
     replicas: Annotated[int, typer.Option(min=1, max=64, help="inference service replicas: one job each")] = 1,
     restart_on_failure: Annotated[bool, typer.Option(help="requeue the job when it fails")] = False,
     wait: Annotated[bool, typer.Option(help="wait until the job ends and show its cost")] = False,
+    retry_for: Annotated[float, typer.Option(
+        min=0, max=PUBLISH_PATIENCE_S, help="seconds to keep retrying a bus that does not answer (the same job, "
+        "never a copy)")] = PUBLISH_PATIENCE_S,
 ) -> None:
     """Submit a job:  whaleflux submit --gpus 1 -- python train.py"""
     import uuid
+
+    from whaleflux.shared.job_events import default_name
 
     models = [_gpu_model(m) for m in model or []]
     environment, labels = _pairs(env, "--env"), _pairs(label, "--label")
@@ -79,7 +89,7 @@ def submit(
     # Replicas of a service are one job each, `<id>-r<i>`, spread across nodes by the scheduler.
     ids = [job_id] if replicas == 1 else [f"{job_id}-r{i}" for i in range(replicas)]
     spec = dict(
-        name=name or " ".join(command)[:128], team=team, project=project, command=command, env=environment,
+        name=name or default_name(command), team=team, project=project, command=command, env=environment,
         workdir=workdir, gpus=gpus, gpu_models=models, min_memory_mib=min_memory_gb * 1024,
         expected_runtime_s=expected_hours * 3600 if expected_hours else None, submitted_by="cli",
         workload_class=workload.value, priority=priority.value, preemptible=preemptible,
@@ -89,7 +99,7 @@ def submit(
     jobs = _job_specs(ids, spec)
     conn = Connection.discover()
     _check(conn, spec)
-    _publish(conn, jobs)
+    _publish(conn, jobs, retry_for)
     for one in jobs:
         console.print(f"submitted job [bold]{one.job_id}[/bold]")
     if wait:
@@ -137,21 +147,45 @@ def _check(conn: Connection, spec: dict[str, Any]) -> None:
         fail(f"not submitted: no node could ever run it: {answer.get('reason')}")
 
 
-def _publish(conn: Connection, jobs: list[JobSubmitted]) -> None:
+def _publish(conn: Connection, jobs: list[JobSubmitted], retry_for: float) -> None:
+    """Publish each job.submitted, trying again while the bus does not answer. Every try publishes the same
+    events (job ids fixed before the first, event ids fixed by the job): a try that was stored but not
+    acknowledged is dropped by JetStream as a duplicate, and by the scheduler (the job id) past its window."""
     import asyncio
 
+    import nats.errors
+    from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+
+    from whaleflux.client import Unreachable
     from whaleflux.shared import subjects
+    from whaleflux.shared.job_events import submitted_event_id
 
     async def publish() -> None:
         bus = await conn.bus()
         try:
             for one in jobs:
-                await bus.publish(subjects.JOB_SUBMITTED, one, subject=one.job_id, correlation_id=one.job_id)
+                await bus.publish(subjects.job_submitted(one.team), one, subject=one.job_id,
+                                  correlation_id=one.job_id, event_id=submitted_event_id(one.job_id))
         finally:
             await bus.close()
 
+    def waiting(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        console.print(f"[yellow]warning:[/yellow] the bus did not confirm the job ({type(error).__name__}): "
+                      f"retrying in {state.upcoming_sleep:.1f} s", soft_wrap=True)
+
+    transient = (Unreachable, TimeoutError, nats.errors.ConnectionClosedError, nats.errors.NoServersError,
+                 nats.errors.OutboundBufferLimitError)
     try:
-        asyncio.run(publish())
+        for attempt in Retrying(retry=retry_if_exception_type(transient), stop=stop_after_delay(retry_for),
+                                wait=wait_random_exponential(multiplier=0.5, max=5), before_sleep=waiting,
+                                reraise=True):
+            with attempt:
+                asyncio.run(publish())
+    except transient as exc:
+        ids = ", ".join(j.job_id for j in jobs)
+        fail(f"the bus did not confirm job {ids} in {retry_for:.0f} s ({exc or type(exc).__name__}): it may "
+             "still run; see `whaleflux jobs show` before submitting it again")
     except ClientError as exc:
         fail(str(exc))
 

@@ -15,6 +15,7 @@ from whaleflux.shared.events import GpuSample
 
 from ..config import CounterRule, FlagRule, RateRule, Threshold, ThresholdRule, ThrottleRule, TrendRule, XidRule
 from .metrics import metric_value
+from .ranges import plausible
 from .series import Cond, Series, Verdict
 from .trend import Window, seconds_to_limit, slope_per_s
 
@@ -25,11 +26,14 @@ STEADY_HALF_LIFE_S = 5.0
 SampleRule = ThresholdRule | RateRule | TrendRule | CounterRule | FlagRule | XidRule | ThrottleRule
 
 
-def resolve_threshold(t: Threshold, sample: GpuSample, model: GpuModel | None) -> float | None:
-    """The limit for this GPU: device-reported first, then per-model, then the catalogue, then a constant."""
+def resolve_threshold(t: Threshold, sample: GpuSample, model: GpuModel | None, metric: str = "") -> float | None:
+    """The limit for this GPU: device-reported first, then per-model, then the catalogue, then a constant. A
+    device-reported limit outside `metric`'s physical range (a sensor reading 0 °C) counts as none reported."""
     limit = None
     if t.device is not None:
         limit = getattr(sample, t.device, None)
+        if limit is not None and not plausible(metric, float(limit) + t.offset):
+            limit = None
     if limit is None and model is not None and model.key in t.per_model:
         limit = t.per_model[model.key]
     if limit is None and model is not None and t.model is not None:
@@ -53,7 +57,7 @@ def evaluate(rule: SampleRule, s: Series, sample: GpuSample, model: GpuModel | N
         return (Cond.FIRE if raw else Cond.CLEAR), float(bool(raw)), {}
     value = float(raw)
     if isinstance(rule, ThresholdRule):
-        return _threshold(rule, s, sample, value, resolve_threshold(rule.threshold, sample, model), t)
+        return _threshold(rule, s, sample, value, resolve_threshold(rule.threshold, sample, model, rule.metric), t)
     if isinstance(rule, RateRule):
         return _rate(rule, s, sample, value, t)
     if isinstance(rule, TrendRule):

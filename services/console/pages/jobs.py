@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 
 from whaleflux.shared.catalog import gpu_models
+from whaleflux.shared.job_events import default_name
 from whaleflux.shared.localconfig import home
 
 from ..joblog import log_tail
@@ -64,7 +65,7 @@ class SubmitForm(BaseModel):
         argv = shlex.split(self.command)
         labels = dict(part.split("=", 1) for part in self.labels.replace(",", " ").split() if "=" in part)
         body = {
-            "name": (self.name or " ".join(argv))[:128], "command": argv, "gpus": self.gpus,
+            "name": self.name or default_name(argv), "command": argv, "gpus": self.gpus,
             "gpu_models": [self.model] if self.model else [], "workload_class": self.workload_class,
             "priority": self.priority, "team": self.team or "default", "project": self.project or "default",
             "preemptible": self.preemptible, "labels": labels,

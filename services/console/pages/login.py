@@ -16,10 +16,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from whaleflux.shared.access import Refused, looks_like_jwt
 
-from ..auth import LOGIN_COOKIE, SESSION_COOKIE, Person, safe_next
-from ..web import ConsoleDep, CsrfDep, page
+from ..auth import LOGIN_COOKIE, SESSION_COOKIE, Person, safe_next, served_over_tls
+from ..web import Console, ConsoleDep, CsrfDep, page
 
 router = APIRouter()
+
+
+def _secure(request: Request, c: Console) -> bool:
+    """Cookies for HTTPS only when the browser came over HTTPS (or the settings say always)."""
+    return c.settings.cookie_secure or served_over_tls(
+        request.url.scheme, request.headers.get("x-forwarded-proto"), c.settings.trust_forwarded_proto)
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -27,7 +33,7 @@ async def login_form(request: Request, c: ConsoleDep, next: str = "/") -> Respon
     nonce = secrets.token_urlsafe(16)
     resp = page(request, "login.html", next=safe_next(next), login_csrf=c.signer.login_csrf(nonce), error=None)
     resp.set_cookie(LOGIN_COOKIE, nonce, max_age=3600, httponly=True, samesite="strict",
-                    secure=c.settings.cookie_secure, path="/login")
+                    secure=_secure(request, c), path="/login")
     return resp
 
 
@@ -53,7 +59,7 @@ async def login(request: Request, c: ConsoleDep, token: Annotated[str, Form()], 
     c.sessions.add(session, Person(principal.name, principal.role, principal.via, given))
     resp = RedirectResponse(safe_next(next), status_code=303)
     resp.set_cookie(SESSION_COOKIE, cookie, max_age=int(c.settings.session_hours * 3600), httponly=True,
-                    samesite="lax", secure=c.settings.cookie_secure)
+                    samesite="lax", secure=_secure(request, c))
     resp.delete_cookie(LOGIN_COOKIE, path="/login")
     return resp
 

@@ -106,21 +106,28 @@ class NodeRegistered(EventData):
     interconnect: Literal["nvlink", "pcie"] = "pcie"
     agent_version: str
     gpus: list[GpuIdentity]
+    # Added in v1 before release: the node's self-fence budget (its supervisors stop their jobs after this long
+    # without a heartbeat out) and their grace, so the scheduler holds a lost node's jobs long enough; None: older.
+    fence_after_s: float | None = Field(None, gt=0, le=86_400)
+    stop_grace_s: float | None = Field(None, ge=0, le=3600)
 
 
 class AttemptReport(BaseModel):
     """One attempt the node holds: running under its supervisor, or ended (with its recorded exit) and
-    listed for a while after its job.finished was published, so the scheduler can reconcile both ways."""
+    listed for a while after its job.finished was published, so the scheduler can reconcile both ways;
+    or refused (never started: its placement's `start_by` had passed), listed as long."""
 
     model_config = MODEL_CONFIG
     job_id: JobId
     attempt: Attempt
     rank: Count | None = None
-    state: Literal["running", "exited"]
+    # Added in v1 before release: "refused" (a placement that came after its start_by; never started).
+    state: Literal["running", "exited", "refused"]
     started_at: AwareDatetime | None = None
     exit_code: Int | None = None
     finished_at: AwareDatetime | None = None
-    interrupted: str | None = Field(None, description="why the node stopped it (a planned stop), if it did")
+    interrupted: str | None = Field(
+        None, description="why the node stopped it (a planned stop), if it did; why it refused it (state refused)")
 
 
 class NodeHeartbeat(EventData):

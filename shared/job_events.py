@@ -100,6 +100,11 @@ class JobPlaced(EventData):
     )
     gang_gpus: Annotated[int, Field(ge=2, le=1_000_000)] | None = Field(
         None, description="GPUs of the whole gang, all nodes")
+    # Added in v1 before release: the placement's fencing token. The node never starts it later than this (by its
+    # own clock), so the scheduler can requeue an attempt it never heard of once the node's clock is past it.
+    start_by: AwareDatetime | None = Field(
+        None, description="the node must not start this attempt after this time; absent: no deadline (older"
+        " schedulers)")
 
     @property
     def part(self) -> int:
@@ -133,8 +138,7 @@ class JobRequeued(EventData):
     cluster: Token
     node: Token
     reason: str
-    cause: Literal["preempted", "node_lost", "node_drained", "restart_on_failure", "interrupted", "attempt_lost",
-                   "node_fault"]
+    cause: Literal["preempted", "node_lost", "node_drained", "restart_on_failure", "interrupted", "attempt_lost"]
     # Added in v1 before release: every node of a gang's attempt in rank order (`node` is rank 0); None for one node.
     gang_nodes: list[Token] | None = None
     # Added in v1 before release: after a preemption of a job that resumes from its checkpoint, the runtime
@@ -203,9 +207,6 @@ class JobFailed(EventData):
     failed_at: AwareDatetime
     # Added in v1 before release: which part of a gang spanning nodes (None: a job on one node).
     rank: Count | None = None
-    # Added in v1 before release: the node could not start the attempt for a fault of its own (a full, read-only
-    # or failing disk): the command never ran, the job is not to blame, and the scheduler requeues it.
-    node_fault: bool = Field(False, description="not started for a fault of the node (its disk), not the job's")
 
 
 

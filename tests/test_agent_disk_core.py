@@ -1,5 +1,5 @@
-"""A full disk is a node fault, pure parts: which errors are the node's fault and what its reason says (disk.py), the
-records pipe's lines, and what the scheduler and alerting make of a placement the node could not start."""
+"""A full disk is a node fault, pure parts: which errors are the node's fault and what its reason says (disk.py), and
+the records pipe's lines."""
 
 from __future__ import annotations
 
@@ -9,10 +9,6 @@ from datetime import UTC, datetime
 import pytest
 
 from whaleflux.agent import attempts, disk
-from whaleflux.alerting.rules.jobs import failure_fields
-from whaleflux.scheduler.history import after_end, node_stopped
-from whaleflux.scheduler.records import JobRecord
-from whaleflux.shared.events import JobFailed, JobFinished, JobSubmitted
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -77,32 +73,3 @@ def test_the_supervisors_records_cross_the_pipe_whole_and_a_cut_line_is_skipped(
     got = attempts.record_line(running) + attempts.record_line(ended) + b'{"exit.json": {"finis'
     assert attempts.records_of(got) == (running, ended)
     assert attempts.records_of(b"") == (None, None)
-
-
-def test_a_placement_the_node_could_not_start_raises_no_alert_blaming_the_job():
-    failed = JobFailed(job_id="j1", attempt=1, cluster="c", node="n", reason="not started: node fault: x",
-                       failed_at=T0, node_fault=True)
-    assert failure_fields("job.failed", failed.model_dump(mode="json"), ("team", "")) is None
-    own = failed.model_copy(update={"node_fault": False})
-    assert failure_fields("job.failed", own.model_dump(mode="json"), ("team", "")) is not None
-
-
-def test_a_job_stopped_by_its_nodes_fault_is_requeued_not_failed():
-    finished = JobFinished(job_id="j1", attempt=1, cluster="c", node="n", exit_code=-9, started_at=T0,
-                           finished_at=T0, interrupted="node fault: attempt store: no space left on device, 0 B free")
-    failed = JobFailed(job_id="j1", attempt=1, cluster="c", node="n", reason="r", failed_at=T0, node_fault=True)
-    assert node_stopped(finished) and node_stopped(failed)
-    assert not node_stopped(failed.model_copy(update={"node_fault": False}))
-
-
-
-def test_a_placement_its_node_could_not_start_is_requeued_whatever_the_jobs_restart_policy():
-    spec = JobSubmitted(job_id="j1", name="j1", command=["true"])
-    job = JobRecord(job_id="j1", spec=spec, state="placed", attempt=1, cluster="c", node="n", gpu_uuids=["g0"],
-                    submitted_at=T0, placed_at=T0)
-    why = "not started: node fault: attempt store: no space left on device, 0 B free"
-    handed_back = JobFailed(job_id="j1", attempt=1, cluster="c", node="n", reason=why, failed_at=T0, node_fault=True)
-    decision = after_end(job, handed_back, max_restarts=0)
-    assert (decision.requeue, decision.cause, decision.reason) == (True, "node_fault", why)
-    own = handed_back.model_copy(update={"node_fault": False, "reason": "cannot start command: no such file"})
-    assert not after_end(job, own, max_restarts=0).requeue

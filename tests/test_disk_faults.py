@@ -135,10 +135,11 @@ def test_placements_on_a_node_whose_disk_is_already_full_go_back_as_not_started_
         assert_ran_once_each(marks, ids, records)
         assert_billed_what_ran(billing.url, marks, ids)
         assert {records[j]["node"] for j in ids} == {HEALTHY}
-        # Whatever reached the faulty node came back as its fault, never as the job's failure.
+        # Whatever reached the faulty node came back refused as the node's fault, never as the job's failure.
         log = (cluster.log_dir / "faulty.log").read_text()
-        assert '"job.failed_to_start"' not in log or '"node_fault": true' in log
-        assert '"node_fault": false' not in log
+        assert '"job.failed_to_start"' not in log
+        refused = [line for line in log.splitlines() if '"job.refused"' in line]
+        assert all("node fault: attempt store: no space left on device" in line for line in refused), refused
     finally:
         cluster.stop()
 

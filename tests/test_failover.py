@@ -56,7 +56,8 @@ print(f"done at {step}", flush=True)
 def _start(clean_servers, tmp_path: Path, fence_after_s: float = 10.0):
     cluster = make_cluster(clean_servers, tmp_path)
     try:
-        scheduler = cluster.service("scheduler", **FAST_FAILOVER)
+        # The nodes' self-fence budget is the scheduler's too: it holds a lost node's job that long at least.
+        scheduler = cluster.service("scheduler", **FAST_FAILOVER, WHALEFLUX_FENCE_AFTER_S=str(fence_after_s))
         h100 = cluster.agent("h100-01", interval_s=0.3, name="agent-h100", http=True,
                              WHALEFLUX_FENCE_AFTER_S=str(fence_after_s))
         a100 = cluster.agent("a100-01", interval_s=0.3, name="agent-a100", http=True)

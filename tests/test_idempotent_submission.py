@@ -125,7 +125,7 @@ async def test_posts_retried_with_one_key_through_a_nats_stall_make_one_job_run_
         # Every try published the same event: the stream holds it once, so no late copy can come.
         bus = await connect_bus(own.servers)
         try:
-            sub = await bus.js.pull_subscribe(subjects.JOB_SUBMITTED, stream="WHALEFLUX_JOBS")
+            sub = await bus.js.pull_subscribe(f"{subjects.JOB_SUBMITTED}.>", stream="WHALEFLUX_JOBS")
             stored = await fetch_stored(sub)
         finally:
             await bus.close()

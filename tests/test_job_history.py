@@ -168,10 +168,11 @@ def test_a_heartbeat_sent_right_after_the_start_is_not_taken_for_a_loss():
     assert not reconcile(heartbeat(), at(1.5), [record()], {}, at(1.5), 30).lost
 
 
-def test_a_placement_gets_time_to_reach_the_node_before_it_counts_as_lost():
+def test_a_placement_without_a_start_by_gets_time_to_reach_the_node_then_is_given_up_on_unconfirmed():
     placed_only = record(state="placed", started=None, placed_at=0)
-    assert not reconcile(heartbeat(), at(10), [placed_only], {}, at(10), 30).lost
-    assert reconcile(heartbeat(), at(31), [placed_only], {}, at(31), 30).lost
+    assert not reconcile(heartbeat(), at(10), [placed_only], {}, at(10), 30).unstarted
+    [(job, verdict)] = reconcile(heartbeat(), at(31), [placed_only], {}, at(31), 30).unstarted
+    assert job.job_id == "j1" and not verdict.confirmed  # its node may start it still: stopped and held
 
 
 def test_an_attempt_the_node_runs_that_it_should_not_is_stopped():

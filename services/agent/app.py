@@ -58,9 +58,10 @@ class AgentSettings(CommonSettings):
     interval_s: float = Field(1.0, ge=0.1, le=60)
     # A planned stop gives each job this long between SIGTERM and SIGKILL (so do self-fencing supervisors).
     stop_grace_s: float = Field(5.0, ge=0, le=300)
-    # A job's supervisor stops it once the agent has got no heartbeat out for this long: the
-    # scheduler's heartbeat_lost_s (10 s by default), after which it may run the job elsewhere.
-    fence_after_s: float = Field(10.0, gt=0)
+    # The self-fence budget (docs/services/agent.md): a job's supervisor stops it once the agent has got no
+    # heartbeat out for this long, so a NATS stall shorter than this kills nothing. The scheduler reads the same
+    # variable and holds a lost node's jobs at least this long (plus the grace) before it runs them elsewhere.
+    fence_after_s: float = Field(60.0, gt=0)
     # No attempt starts unless the attempt store and the log directory each have this much free (disk.py).
     min_free_mib: float = Field(16.0, ge=0)
     seed: int = 0

@@ -32,7 +32,7 @@ from whaleflux.shared.events import (
 from whaleflux.shared.streams import agent_consumer
 from whaleflux.shared.version import __version__
 
-from . import attempts, disk, jobuser, recovery, runner, virtual
+from . import attempts, disk, fencing, jobuser, recovery, runner, virtual
 from .backend import GpuBackend
 from .burnin.gate import NodeGate
 
@@ -54,9 +54,10 @@ def _base(placed: JobPlaced) -> dict:
 
 @dataclass(frozen=True)
 class EndedAttempt:
-    """An attempt whose end was published: listed in heartbeats until LISTED_AFTER_END_S after `reported_at`."""
+    """An attempt whose end was published, or that was refused: listed in heartbeats until LISTED_AFTER_END_S after
+    `reported_at`."""
 
-    dir: Path | None  # None: a virtual attempt (no folder)
+    dir: Path | None  # None: a virtual or refused attempt (no folder)
     report: AttemptReport
     reported_at: datetime
 
@@ -72,7 +73,7 @@ class NodeAgent:
         log_dir: Path,
         attempts_dir: Path,
         stop_grace_s: float = 5.0,
-        fence_after_s: float = 10.0,
+        fence_after_s: float = 60.0,
         clock: Clock = system_clock,
         virtual_jobs: bool = False,
         gate: NodeGate | None = None,
@@ -105,6 +106,9 @@ class NodeAgent:
         self.fault: str | None = None
         self.jobs: dict[tuple[str, int], runner.RunningJob | virtual.VirtualJob] = {}
         self.ended: dict[tuple[str, int], EndedAttempt] = {}
+        # Placements past their start-by check and not yet in `jobs`: listed as running, so a heartbeat sent
+        # after their start_by never leaves out an attempt that is about to start.
+        self.starting: dict[tuple[str, int], JobPlaced] = {}
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
         self._waiters: list[asyncio.Task] = []  # one per running job: reports how it ended
@@ -143,7 +147,8 @@ class NodeAgent:
         await self._publish(
             subjects.node_registered(self.node.cluster, self.node.name),
             NodeRegistered(cluster=self.node.cluster, node=self.node.name, rack=self.node.rack, pool=self.node.pool,
-                           interconnect=self.node.interconnect, agent_version=__version__, gpus=gpus),
+                           interconnect=self.node.interconnect, agent_version=__version__, gpus=gpus,
+                           fence_after_s=self.fence_after_s, stop_grace_s=self.stop_grace_s),
         )
         for attempt in left:
             if attempt.reported_at is None:
@@ -263,10 +268,14 @@ class NodeAgent:
         self.fault = why
 
     def attempt_reports(self) -> list[AttemptReport]:
-        """Every attempt running here, and those that ended within LISTED_AFTER_END_S of their report."""
+        """Every attempt running (or starting) here, and those that ended or were refused within LISTED_AFTER_END_S
+        of their report."""
         running = [AttemptReport(job_id=j.placed.job_id, attempt=j.placed.attempt, rank=j.placed.rank, state="running",
                                  started_at=j.running.started_at) for j in self.jobs.values()]
-        return sorted([*running, *(e.report for e in self.ended.values())], key=lambda r: (r.job_id, r.attempt))
+        starting = [AttemptReport(job_id=p.job_id, attempt=p.attempt, rank=p.rank, state="running")
+                    for k, p in self.starting.items() if k not in self.jobs]
+        listed = [*running, *starting, *(e.report for e in self.ended.values())]
+        return sorted(listed, key=lambda r: (r.job_id, r.attempt))
 
     def _list_ended(self, attempt_dir: Path | None, placed: JobPlaced, running: attempts.Running, ended: attempts.Exit,
                     reported_at: datetime) -> None:
@@ -318,8 +327,8 @@ class NodeAgent:
 
     async def on_placed(self, env: Envelope, placed: JobPlaced) -> None:
         key = (placed.job_id, placed.attempt)
-        if key in self.jobs or key in self.ended:
-            return  # redelivered placement: the attempt runs or ran here
+        if key in self.jobs or key in self.ended or key in self.starting:
+            return  # redelivered placement: the attempt runs, ran or was refused here
         if self._stopping:
             # Not acked: the next agent of this node takes it.
             raise Retry("the agent is stopping", delay_s=5.0)
@@ -335,31 +344,42 @@ class NodeAgent:
                 if not any(k in self.jobs for k, _ in holders):
                     break
                 await asyncio.sleep(0.01)
-        if self.virtual_jobs:
-            await self._start_virtual(placed)
-            return
         attempt_dir = self.node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
-        if self.fault is None:  # free space first: an attempt must not start where its records cannot go
+        if self.fault is None and not self.virtual_jobs:  # free space first: its records must have room
             why = await asyncio.to_thread(disk.check, self.stores, self.min_free_bytes)
             if why is not None:
                 self._disk_fault(why)
         if self.fault is not None:
-            await self._report_failed(attempt_dir, placed, self.fault, self.clock(), node_fault=True)
+            self._refuse(placed, f"node fault: {self.fault}")  # never started: the scheduler requeues it at once
             return
+        # The fencing check, then the attempt listed as starting with no await between: a heartbeat is either
+        # sent before the check (and the check then sees a clock no later than the heartbeat's) or lists it.
+        refused = fencing.refusal(placed, self.clock())
+        if refused is not None:
+            self._refuse(placed, refused)
+            return
+        if self.virtual_jobs:
+            await self._start_virtual(placed)
+            return
+        self.starting[key] = placed
         try:
             job = await runner.launch(placed, self.log_dir, self.node_dir, self.places, grace_s=self.stop_grace_s,
                                       fence_after_s=self.fence_after_s, run_as=self._job_user(placed))
         except disk.DiskFault as exc:
             self._disk_fault(str(exc))
-            await self._report_failed(attempt_dir, placed, str(exc), self.clock(), node_fault=True)
+            await self._hand_back(attempt_dir, placed, str(exc))
             return
         except runner.CannotStart as exc:
             # A supervisor that died before it could say so may have met the disk: then it is the node's fault.
             why = await asyncio.to_thread(disk.check, self.stores, self.min_free_bytes, write=True)
             if why is not None:
                 self._disk_fault(why)
-            await self._report_failed(attempt_dir, placed, why or str(exc), self.clock(), node_fault=why is not None)
+                await self._hand_back(attempt_dir, placed, why)
+            else:
+                await self._report_failed(attempt_dir, placed, str(exc), self.clock())
             return
+        finally:
+            self.starting.pop(key, None)
         self.jobs[key] = job
         self.backend.job_started(placed.gpu_uuids, placed.job_id, job.running.job_pid)
         await self._publish_started(placed, job.running)
@@ -373,6 +393,22 @@ class NodeAgent:
             return self.job_users.for_job(placed.team, placed.project)
         except (OSError, RuntimeError, ValueError) as exc:
             raise runner.CannotStart(f"no user for team {placed.team!r}: {exc}") from exc
+
+    def _refuse(self, placed: JobPlaced, reason: str) -> None:
+        """A stale placement: never started, listed as refused in heartbeats for LISTED_AFTER_END_S (the scheduler
+        requeues the attempt on that, or on the first heartbeat sent after its start_by that lists nothing)."""
+        now = self.clock()
+        report = AttemptReport(job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank, state="refused",
+                               finished_at=now, interrupted=reason)
+        self.ended[(placed.job_id, placed.attempt)] = EndedAttempt(None, report, now)
+        log.warning("job.refused", job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank, reason=reason)
+
+    async def _hand_back(self, attempt_dir: Path, placed: JobPlaced, why: str) -> None:
+        """A placement the node's disk kept from starting: its folder removed, refused as a node fault (the scheduler
+        requeues it at once, blaming no job); the node takes no new work until its disks pass again."""
+        self.starting.pop((placed.job_id, placed.attempt), None)  # listed as refused from now on, not as starting
+        await asyncio.to_thread(shutil.rmtree, attempt_dir, True)
+        self._refuse(placed, f"node fault: {why}")
 
     async def _start_virtual(self, placed: JobPlaced) -> None:
         """A virtual attempt (bench/test mode): no process, no folder; reported and listed like a real one."""
@@ -453,19 +489,13 @@ class NodeAgent:
                  interrupted=ended.interrupted)
 
     async def _report_failed(self, attempt_dir: Path | None, placed: JobPlaced, reason: str,
-                             failed_at: datetime, *, node_fault: bool = False) -> None:
-        """The command never ran: job.failed, and nothing to list (the scheduler never saw it start).
-
-        `node_fault`: not started for a fault of the node's (its disk), which the scheduler requeues: the job's
-        reason says so, and no alert blames the job."""
-        if node_fault:
-            reason = f"not started: node fault: {reason}"
-        failed = JobFailed(**_base(placed), reason=reason, failed_at=failed_at, node_fault=node_fault)
+                             failed_at: datetime) -> None:
+        """The command never ran: job.failed, and nothing to list (the scheduler never saw it start)."""
+        failed = JobFailed(**_base(placed), reason=reason, failed_at=failed_at)
         await self._report(subjects.job_failed(placed.cluster, placed.node), failed, placed)
         if attempt_dir is not None:
             shutil.rmtree(attempt_dir, ignore_errors=True)
-        log.warning("job.failed_to_start", job_id=placed.job_id, attempt=placed.attempt, reason=reason,
-                    node_fault=node_fault)
+        log.warning("job.failed_to_start", job_id=placed.job_id, attempt=placed.attempt, reason=reason)
 
     async def stop(self) -> None:
         """A planned stop: no more orders taken, every attempt here stopped and reported interrupted, telemetry."""

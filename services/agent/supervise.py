@@ -6,6 +6,9 @@ process group of its own (the job's pid is the group id, which stop orders
 signal), records when the job started and how it ended (attempts.py), and
 stops the job itself once the agent has been silent for `fence_after_s`: by
 then the scheduler may run the attempt elsewhere, and it must never run twice.
+It is the child subreaper of the job's processes (reaping.py): once the job's
+main process has ended, however, it ends every process the job left behind,
+and records the exit only then, so the GPU is shown free only then.
 
 Its output and the job's go to the job's log, which the agent opened for it.
 Standard library only, and little of it (no pathlib or typing), so that it starts fast: it is paid once per job
@@ -21,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from . import attempts, jobarea, jobuser
+from . import attempts, jobarea, jobuser, reaping
 
 TYPE_CHECKING = False  # not typing's, which would cost each start ~25 ms
 if TYPE_CHECKING:
@@ -134,6 +137,8 @@ def supervise(attempt_dir: Path | str) -> None:
     """Run the attempt's command to its end and record how it started and ended."""
     spec = attempts.read_spec(attempt_dir)
     begun = time.time()
+    # Before the job starts: its orphans (`setsid cmd &`, daemons) come back here, not to init.
+    reaping.become_subreaper()
     try:
         job = _start(spec)
     except OSError as exc:
@@ -150,12 +155,14 @@ def supervise(attempt_dir: Path | str) -> None:
         # to the job and stay to record its end, rather than leave the attempt unaccounted for.
         nonlocal got_sigterm
         got_sigterm = True
-        _signal_group(job.pid, signal.SIGTERM)
+        if job.returncode is None:  # once collected, its pid may be another process's
+            _signal_group(job.pid, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_sigterm)
     fenced = code = None
     while code is None:
         code = _wait(job, CHECK_S)
+        reaping.reap_children(keep=job.pid)  # orphans that ended while the job runs
         silent_s = time.time() - _last_sign_of_life(spec.alive, begun)
         if code is None and silent_s > spec.fence_after_s:
             fenced = f"agent silent for {silent_s:.0f} s: stopped so it cannot run twice"
@@ -164,6 +171,8 @@ def supervise(attempt_dir: Path | str) -> None:
             except OSError:  # a full log disk must not stop the stop
                 pass
             code = _stop(job, spec.grace_s)
+    # Whatever the job left running (its other process groups, its daemons) ends before its exit is recorded.
+    reaping.end_descendants(spec.grace_s)
     # A stop the agent asked for names its reason; else this supervisor's own reason, if it stopped the job.
     interrupted = attempts.stop_reason(attempt_dir) or fenced or (SIGTERM_REASON if got_sigterm else None)
     ended = attempts.Exit(finished_at=attempts.utcnow(), exit_code=code, interrupted=interrupted)

@@ -7,7 +7,9 @@ recorded. Both ways:
   the recorded status (as if its job.finished had arrived; it may still be on
   its way, and ending twice changes nothing);
 - one the node does not list at all is lost: its process is gone with no exit
-  recorded (the node rebooted, or never got the placement);
+  recorded (the node rebooted), or it never started and the node has confirmed
+  it never will (a heartbeat past the placement's start-by, or one that lists it
+  as refused: fencing.py);
 - one the node runs that is an older attempt of the job, or of a job that has
   ended, is stopped (never one our possibly lagging read does not know yet, and
   never the current attempt on a heartbeat the node sent before that attempt's
@@ -23,6 +25,7 @@ from datetime import datetime
 
 from whaleflux.shared.events import AttemptReport, JobFinished, NodeHeartbeat
 
+from .fencing import Unstarted, refused, releases_hold, unstarted
 from .records import ACTIVE, TERMINAL, JobRecord
 
 # A started attempt missing from a heartbeat the node sent this much later than its start is lost
@@ -34,6 +37,11 @@ STARTED_SLACK_S = 2.0
 class Plan:
     ended: list[JobFinished] = field(default_factory=list)
     lost: list[tuple[JobRecord, str]] = field(default_factory=list)
+    # Placed attempts given up on before they started: requeued at once when the node confirmed it will not start
+    # them, else with a stop order and a hold.
+    unstarted: list[tuple[JobRecord, Unstarted]] = field(default_factory=list)
+    # Jobs held after a requeue whose held attempt the node lists as refused: placed again at once.
+    released: list[JobRecord] = field(default_factory=list)
     stop: list[AttemptReport] = field(default_factory=list)
 
 
@@ -75,6 +83,9 @@ def reconcile(hb: NodeHeartbeat, sent_at: datetime, ours: list[JobRecord], other
                 finished_at=report.finished_at or sent_at, rank=rank, interrupted=report.interrupted,
             ))
             continue
+        if report is not None and report.state == "refused":
+            plan.unstarted.append((job, refused(job, hb.node, report.interrupted)))
+            continue
         if report is not None:
             continue
         part = next((p for p in job.parts if p.rank == rank), None) if job.parts else None
@@ -82,11 +93,13 @@ def reconcile(hb: NodeHeartbeat, sent_at: datetime, ours: list[JobRecord], other
         if started_at is not None:
             if (sent_at - started_at).total_seconds() > STARTED_SLACK_S:
                 plan.lost.append((job, f"node {hb.node} no longer runs attempt {job.attempt} and recorded no exit"))
-        elif job.placed_at is not None and (now - job.placed_at).total_seconds() > placement_report_s:
-            why = f"node {hb.node} never started attempt {job.attempt} ({placement_report_s:g} s after placement)"
-            plan.lost.append((job, why))
+        elif (verdict := unstarted(job, hb.node, sent_at, now, placement_report_s)) is not None:
+            plan.unstarted.append((job, verdict))
     mine = {j.job_id: j for j in ours}
     for a in hb.attempts or []:
+        if a.state == "refused" and (held := others.get(a.job_id)) is not None:
+            if releases_hold(held, a, hb.cluster, hb.node):
+                plan.released.append(held)
         if a.state != "running":
             continue
         record = mine.get(a.job_id) or others.get(a.job_id)

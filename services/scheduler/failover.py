@@ -22,6 +22,7 @@ from whaleflux.shared.events import (
 )
 
 from . import attempts
+from .fencing import lost_hold, node_hold_s
 from .liveness import Liveness, LivenessPolicy, assess, judged_from, watch_start
 from .progress import Progress
 from .records import NodeCondition
@@ -64,6 +65,12 @@ class Failover:
     async def on_node_event(self, env: Envelope, data: EventData) -> None:
         if isinstance(data, NodeRegistered):
             await self.s.store.register(data)
+            settings = self.s.settings
+            if node_hold_s(settings.hold_s, settings.heartbeat_lost_s, data) > settings.hold_s:
+                self.s.log.error("node.fence_budget_longer", node=f"{data.cluster}/{data.node}",
+                                 node_fence_after_s=data.fence_after_s, node_stop_grace_s=data.stop_grace_s,
+                                 scheduler_fence_after_s=settings.fence_after_s,
+                                 note="its lost jobs are held for its budget; set WHALEFLUX_FENCE_AFTER_S alike")
             self._registered[f"{data.cluster}/{data.node}"] = self.s.clock().timestamp()
         elif isinstance(data, NodeDrainRequested):
             await self.drain(f"{data.cluster}/{data.node}", data.reason)
@@ -120,22 +127,32 @@ class Failover:
         async with self.s.lock:
             ours = await store.jobs_on(key)
             others = await store.jobs(sorted(listed - {j.job_id for j in ours}))
-            plan = attempts.reconcile(hb, env.time, ours, others, now, settings.placement_report_s,
-                                      settings.hold_s)
+            # A part of an ended job, told to stop, is told again after its grace and a lost node's time.
+            stopping_s = settings.preemption_grace_s + settings.heartbeat_lost_s
+            plan = attempts.reconcile(hb, env.time, ours, others, now, settings.placement_report_s, stopping_s)
             for report in plan.ended:
                 self.s.log.warning("attempt.ended_per_node", job_id=report.job_id, attempt=report.attempt, node=key,
                                    exit_code=report.exit_code, interrupted=report.interrupted)
                 await self.progress.on_report(report)
-            for job, why in plan.lost:
+            lost = [(job, why, False) for job, why in plan.lost]
+            lost += [(job, u.why, not u.confirmed) for job, u in plan.unstarted]
+            for job, why, unsure in lost:
                 self.s.log.error("attempt.lost", job_id=job.job_id, attempt=job.attempt, node=key, reason=why)
-                # The other parts of a gang still run: they are stopped, and the job held until they have.
-                gang = bool(job.parts)
-                await store.requeue(job, "attempt_lost", why, now, settings.preemption_grace_s if gang else None,
-                                    hold_until=settings.stop_hold(now) if gang else None)
+                # The other parts of a gang still run: they are stopped, and the job held until they have. So is
+                # an attempt its node may still start (placed with no start-by): the stop order follows it.
+                held = bool(job.parts) or unsure
+                await store.requeue(job, "attempt_lost", why, now, settings.preemption_grace_s if held else None,
+                                    hold_until=settings.stop_hold(now) if held else None)
+                self.s.dirty.set()
+            for job in plan.released:
+                self.s.log.info("job.stopped", job_id=job.job_id, attempt=job.attempt, node=key,
+                                reason="its node refused the attempt: it never started")
+                job.held_until = None
+                await store.save(job)
                 self.s.dirty.set()
         for a in plan.stop:
             await self._stop_stray(hb, a.job_id, a.attempt, "this attempt is not the job's current one here")
-        if plan.ended or plan.lost:
+        if plan.ended or plan.lost or plan.unstarted:
             await self.s.publish_staged()
 
     async def _stop_stray(self, hb: NodeHeartbeat, job_id: str, attempt: int, reason: str) -> None:
@@ -226,7 +243,9 @@ class Failover:
 
     async def _declare_lost(self, live: Liveness) -> None:
         settings, store, now = self.s.settings, self.s.store, self.s.clock()
+        regs = await store.registrations()
         for key in sorted(live.lost):
+            hold_s = node_hold_s(settings.hold_s, settings.heartbeat_lost_s, regs.get(key))
             age = live.silent_ages[key]
             reason = f"node lost: no heartbeat for {age:.0f} s"
             await store.set_condition(key, NodeCondition(state="lost", reason=reason, since=now))
@@ -234,9 +253,10 @@ class Failover:
             for job in jobs:
                 # The stop order waits in the node's consumer in case it comes back. Its attempt may
                 # still run there (only the agent died): its supervisor stops it once the agent has been
-                # silent as long, so the job is held until then, never run twice.
+                # silent for fence_after_s, so the job is held until then, never run twice; an attempt not
+                # started yet is held from its start-by, the latest its node may start it.
                 await store.requeue(job, "node_lost", reason, now, settings.preemption_grace_s,
-                                    hold_until=settings.stop_hold(now))
+                                    hold_until=lost_hold(job, now, hold_s))
             self.s.log.error("node.lost", node=key, silent_s=round(age, 1), jobs_requeued=len(jobs))
 
     async def liveness_loop(self) -> None:

@@ -59,9 +59,6 @@ def after_end(job: JobRecord, report: JobFinished | JobFailed, max_restarts: int
     """
     if isinstance(report, JobFinished) and report.interrupted:
         return EndDecision(True, "interrupted", f"interrupted: {report.interrupted}")
-    if isinstance(report, JobFailed) and report.node_fault:
-        # The node could not start it (its disk): the job never ran and is not to blame.
-        return EndDecision(True, "node_fault", report.reason)
     ok = isinstance(report, JobFinished) and report.exit_code == 0
     if not ok and job.spec.restart_on_failure and len(job.requeues) < max_restarts:
         why = report.reason if isinstance(report, JobFailed) else f"exit code {report.exit_code}"
@@ -83,14 +80,9 @@ def record_end(job: JobRecord, report: JobFinished | JobFailed) -> None:
 def late_end(job: JobRecord, report: EventData) -> bool:
     """A lost attempt of a job on one node reported its own end after all (not a stop): that end decides the job,
     as if it had arrived in time, instead of running the job again."""
-    if not isinstance(report, (JobFinished, JobFailed)) or node_stopped(report):
+    if not isinstance(report, (JobFinished, JobFailed)) or (isinstance(report, JobFinished) and report.interrupted):
         return False
     return job.state == "pending" and not job.parts and job.lost_attempt == report.attempt == job.attempt
-
-
-def node_stopped(report: JobFinished | JobFailed) -> bool:
-    """The node ended the attempt, not the job: a planned stop, or a fault of the node that kept it from starting."""
-    return bool(report.interrupted) if isinstance(report, JobFinished) else report.node_fault
 
 
 def from_attempt_node(job: JobRecord, report: JobStarted | JobFinished | JobFailed) -> bool:
@@ -164,6 +156,7 @@ class Fold:
             return
         if p.attempt > job.attempt:
             job.attempt, job.state, job.reason, job.placed_at = p.attempt, "placed", None, env.time
+            job.start_by = p.start_by
             job.parts, job.gpu_uuids = [], []
             job.started_at = job.finished_at = job.exit_code = job.held_until = None
             job.cluster, job.node = p.cluster, (p.gang_nodes or [p.node])[0]
@@ -193,8 +186,8 @@ class Fold:
         if r.attempt != job.attempt or job.state not in ACTIVE:
             return
         if job.parts:
-            if not isinstance(r, JobStarted) and node_stopped(r):
-                return  # a planned stop of one part or a node's fault: the requeue that follows moves the whole gang
+            if isinstance(r, JobFinished) and r.interrupted:
+                return  # a planned stop of one part: the requeue that follows moves the whole gang
             step = on_part_report(job, r)
             if step.action == "failed":
                 if job.spec.restart_on_failure and len(job.requeues) < self.max_restarts:

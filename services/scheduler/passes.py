@@ -129,7 +129,7 @@ class PlacementPass:
             await store.requeue(changed[m.job_id], "preempted", m.reason, now, grace, hold_until=hold, moved=True)
             log.info("job.migrated", job_id=m.job_id, to=m.placement.node, model=m.placement.model, reason=m.reason)
         placed = [(changed[s.job.job_id], s.placement, s.expected_end) for s in reply.started]
-        await store.commit_placements(placed, now)
+        await store.commit_placements(placed, now, self.s.settings.placement_report_s)
         for s in reply.started:
             job = changed[s.job.job_id]
             log.info("job.placed", job_id=job.job_id, node=job.node, gpus=list(s.placement.gpu_indices),

@@ -11,7 +11,7 @@ from whaleflux.shared.bus import batch_handler
 from whaleflux.shared.events import Envelope, EventData, JobFailed, JobFinished, JobStarted, JobSubmitted
 
 from .gang import on_part_report
-from .history import after_end, from_attempt_node, late_end, node_stopped, record_end
+from .history import after_end, from_attempt_node, late_end, record_end
 from .records import ACTIVE, JobRecord
 from .service import Scheduler
 from .store import SchedulerStore
@@ -166,13 +166,10 @@ class Progress:
     async def _on_gang_progress(self, job: JobRecord, data: Report) -> None:
         """A part of a gang spanning nodes reported: all or nothing (see gang.py)."""
         settings, store = self.s.settings, self.s.store
-        if isinstance(data, (JobFinished, JobFailed)) and node_stopped(data):
-            # A planned stop of one part, or one its node could not start: the whole gang goes back to the queue
-            # (to resume), the other parts stop.
+        if isinstance(data, JobFinished) and data.interrupted:
+            # A planned stop of one part: the whole gang goes back to the queue to resume, the other parts stop.
             now = self.s.clock()
-            cause = "interrupted" if isinstance(data, JobFinished) else "node_fault"
-            why = data.interrupted if isinstance(data, JobFinished) else data.reason
-            await store.requeue(job, cause, why or "", now, settings.preemption_grace_s,
+            await store.requeue(job, "interrupted", data.interrupted, now, settings.preemption_grace_s,
                                 frozenset({data.rank or 0}), hold_until=settings.stop_hold(now))
             self.s.dirty.set()
             return

@@ -41,6 +41,9 @@ class JobRecord(BaseModel):
     gpu_uuids: list[str] = Field(default_factory=list)
     submitted_at: datetime
     placed_at: datetime | None = None
+    # The current attempt's fencing token (job.placed's start_by): its node never starts it later than this.
+    # None: placed by a scheduler that set none (its node may start it whenever the placement reaches it).
+    start_by: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
     exit_code: int | None = None

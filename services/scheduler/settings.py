@@ -37,8 +37,13 @@ class SchedulerSettings(CommonSettings):
     heartbeat_lost_s: float = Field(10.0, gt=0)
     mass_silence_fraction: float = Field(0.5, gt=0, le=1)
     max_restarts: int = Field(3, ge=0)
-    # A placed attempt its node still does not list after this long never reached it: requeued.
+    # A placement's start-by (its fencing token): its node never starts it later than this long after it was
+    # placed, and the attempt is requeued once the node confirmed it did not (docs/services/scheduler.md).
     placement_report_s: float = Field(30.0, gt=0)
+    # The nodes' self-fence budget, the same variable as the agent's (docs/services/agent.md): a job's supervisor
+    # stops it once its agent got no heartbeat out for this long. A lost node's jobs are held at least this long
+    # (plus the grace), so a job is never run again while its old attempt may still run.
+    fence_after_s: float = Field(60.0, gt=0)
     # The job history is folded into a snapshot this often, keeping jobs that ended within
     # `keep_finished_days`: a rebuild after a lost store reads the snapshot and the stream's tail only.
     snapshot_interval_s: float = Field(300.0, gt=0)
@@ -74,10 +79,10 @@ class SchedulerSettings(CommonSettings):
 
     @property
     def hold_s(self) -> float:
-        """How long a job sent a stop order waits for its old attempt's end before it is placed again:
-        the grace period, then as long as a silent node takes to be declared lost (failover and fencing
-        take over from there)."""
-        return self.preemption_grace_s + self.heartbeat_lost_s
+        """How long a job sent a stop order waits for its old attempt's end before it is placed again: the
+        grace period, then as long as a silent node takes to be declared lost or, if longer, as its supervisors
+        take to fence themselves (an attempt on a silent node is stopped by then)."""
+        return self.preemption_grace_s + max(self.heartbeat_lost_s, self.fence_after_s)
 
     def stop_hold(self, now: datetime) -> datetime:
         """Until when a job sent a stop order at `now` waits for its old attempt's end (see `hold_s`)."""

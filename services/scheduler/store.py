@@ -98,14 +98,15 @@ class SchedulerStore(RecordStore):
         await self.record_progress([], [job], unqueue)
 
     async def commit_placements(self, placements: list[tuple[JobRecord, Placement, float | None]],
-                                now: datetime) -> None:
-        """Every placement of a pass in one MULTI: each job placed, its GPUs held and its job.placed staged."""
+                                now: datetime, start_within_s: float | None = None) -> None:
+        """Every placement of a pass in one MULTI: each job placed, its GPUs held and its job.placed staged
+        (with a start_by `start_within_s` after `now`: see `transitions.place`)."""
         if not placements:
             return
         effects: list[Effect] = []
         async with self._transaction(effects) as pipe:
             for job, p, expected_end in placements:
-                events = transitions.place(job, p, now, expected_end)
+                events = transitions.place(job, p, now, expected_end, start_within_s)
                 self._set_job(pipe, job, effects)
                 pipe.zrem(self.pending_key, job.job_id)
                 pipe.hset(self.alloc_key, mapping={gpu: job.job_id for gpu in job.gpu_uuids})

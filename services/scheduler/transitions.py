@@ -8,7 +8,7 @@ so a crash neither loses nor doubles one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from whaleflux.shared import subjects
 from whaleflux.shared.events import EventData, JobCancelled, JobPlaced, JobPreempted, JobRejected, JobRequeued
@@ -46,10 +46,13 @@ def part_event_id(kind: str, job_id: str, attempt: int, rank: int) -> str:
     return f"{kind}-{job_id}-{attempt}" + (f"-r{rank}" if rank else "")
 
 
-def place(job: JobRecord, p: Placement, now: datetime, expected_end: float | None) -> list[Announcement]:
-    """The job's record as placed (changed in place) and its job.placed events (one per node of a gang)."""
+def place(job: JobRecord, p: Placement, now: datetime, expected_end: float | None,
+          start_within_s: float | None = None) -> list[Announcement]:
+    """The job's record as placed (changed in place) and its job.placed events (one per node of a gang); with
+    `start_within_s`, each carries a start_by that long after `now`, after which its node never starts it."""
     job.attempt += 1
     job.state, job.reason, job.placed_at = "placed", None, now
+    job.start_by = now + timedelta(seconds=start_within_s) if start_within_s is not None else None
     job.parts = parts_of(p)
     job.cluster, job.node, job.gpu_model = p.cluster, p.node, p.model
     job.gpu_uuids = [u for s in p.shares for u in s.gpu_uuids]
@@ -78,6 +81,7 @@ def place(job: JobRecord, p: Placement, now: datetime, expected_end: float | Non
             rank=rank if gang else None,
             gang_nodes=gang,
             gang_gpus=len(job.gpu_uuids) if gang else None,
+            start_by=job.start_by,
         )
         event_id = part_event_id("placed", job.job_id, job.attempt, rank)
         events.append(Announcement(subjects.job_placed(share.cluster, share.node), event, event_id))

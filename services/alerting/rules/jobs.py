@@ -4,8 +4,7 @@ A `job.finished` with a non-zero exit code is a failure unless the node stopped
 the job for a planned stop (`interrupted`): exited with a code, killed by a
 signal (a negative code, or 128 + the signal as a shell reports it), or out of
 memory (the reason or the last log lines say so). `job.failed` (the command
-could not start, or died abnormally) always is, unless its node could not start
-it for a fault of its own (`node_fault`: a full disk), which blames no job. The fields feed the rule's
+could not start, or died abnormally) always is. The fields feed the rule's
 summary and labels: `outcome`, `exit_code`, `signal`, `cause`, the job's
 `team` and `project` (from its `job.submitted`), `log_tail` (the last
 LOG_TAIL_LINES log lines when the event carries them) and `description`
@@ -47,8 +46,6 @@ def failure_fields(event: str, fields: dict[str, Any], owner: tuple[str, str] | 
     code = fields.get("exit_code")
     if event == "job.finished" and (code in (0, None) or fields.get("interrupted")):
         return None
-    if event == "job.failed" and fields.get("node_fault"):
-        return None  # its node could not start it (a full disk): the node's fault, requeued, not the job's
     tail_raw = fields.get("log_tail") or []
     tail = [str(line) for line in (tail_raw.splitlines() if isinstance(tail_raw, str) else tail_raw)]
     tail = tail[-LOG_TAIL_LINES:]

@@ -94,7 +94,7 @@ def _running_on(scheduler, job_id: str, node: str, attempt: int):
 
 
 def _checkpoint(tmp_path: Path, job_id: str) -> int:
-    path = tmp_path / "home" / "checkpoints" / job_id / "step"
+    path = tmp_path / "home" / "areas" / job_id / "checkpoints" / "step"
     return int(path.read_text() or 0) if path.exists() else 0
 
 

@@ -175,7 +175,7 @@ def _job(scheduler, job_id: str) -> dict:
 
 
 def _ckpt(tmp_path: Path, job_id: str) -> Path:
-    return tmp_path / "home" / "checkpoints" / job_id
+    return tmp_path / "home" / "areas" / job_id / "checkpoints"
 
 
 def _steps(tmp_path: Path, job_id: str, rank: int) -> int:

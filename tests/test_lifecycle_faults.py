@@ -194,13 +194,13 @@ def test_ctrl_c_of_up_interrupts_the_job_and_it_resumes_from_its_checkpoint_when
         # within 1% of that.
         body = {"name": "ckpt", "command": checkpointing_command(marks, steps=60), "gpu_models": ["A100"]}
         job_id = httpx.post(services["scheduler"] + "/v1/jobs", json=body, headers=token, timeout=10).json()["job_id"]
-        step = home / "checkpoints" / job_id / "step"
+        step = home / "areas" / job_id / "checkpoints" / "step"
         wait_until(lambda: step.exists() and int(step.read_text()) >= 4, timeout=180, what="job past step 4")
         os.killpg(up.pid, signal.SIGINT)  # Ctrl-C
         assert up.wait(timeout=90) == 0
         [run] = runs(marks, job_id)
         assert run.stopped, f"the job got SIGTERM from the planned stop: {run}"
-        stopped_at = int((home / "checkpoints" / job_id / "step").read_text())
+        stopped_at = int((home / "areas" / job_id / "checkpoints" / "step").read_text())
 
         up, _env = _up(home, tmp_path / "up.out")
         services = _ready_up(home)

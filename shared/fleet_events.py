@@ -139,6 +139,9 @@ class NodeHeartbeat(EventData):
     # Added in v1 before release: the node is the authority on what runs on it. Every attempt it
     # runs, and those that ended recently, with their recorded exit (None: an agent too old to say).
     attempts: list[AttemptReport] | None = None
+    # Added in v1 before release: why the node takes no new work, as its agent found it (a full, read-only or
+    # failing disk: "attempt store: no space left on device, 0 B free"); None: the node is healthy.
+    fault: str | None = Field(None, max_length=500)
 
 
 Verdict = Literal["pass", "warn", "fail"]

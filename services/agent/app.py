@@ -62,6 +62,8 @@ class AgentSettings(CommonSettings):
     # heartbeat out for this long, so a NATS stall shorter than this kills nothing. The scheduler reads the same
     # variable and holds a lost node's jobs at least this long (plus the grace) before it runs them elsewhere.
     fence_after_s: float = Field(60.0, gt=0)
+    # No attempt starts unless the attempt store and the log directory each have this much free (disk.py).
+    min_free_mib: float = Field(16.0, ge=0)
     seed: int = 0
     # Bench/test mode of simulated nodes (virtual.py): a placed job starts no process and "runs" for the
     # duration its command states (`sleep N`), reporting and obeying stop orders like a real one.
@@ -148,7 +150,8 @@ def _job_settings(settings: AgentSettings) -> dict:
     users = settings.users()
     return dict(interval_s=settings.interval_s, log_dir=home() / "jobs", attempts_dir=home() / "attempts",
                 stop_grace_s=settings.stop_grace_s, fence_after_s=settings.fence_after_s,
-                job_users=users, places=settings.places(users))
+                job_users=users, places=settings.places(users),
+                min_free_bytes=int(settings.min_free_mib * 1024 * 1024))
 
 
 ExerciserFactory = Callable[[list[GpuIdentity]], Exerciser]

@@ -143,26 +143,65 @@ def read_spec(attempt_dir: Path | str) -> Spec:
         return Spec(**json.load(fh))
 
 
+def _running_fields(running: Running) -> dict:
+    return {**running.__dict__, "started_at": running.started_at.isoformat()}
+
+
+def _running_of(raw: dict) -> Running:
+    return Running(raw["supervisor_pid"], raw["job_pid"], datetime.fromisoformat(raw["started_at"]))
+
+
+def _exit_fields(ended: Exit) -> dict:
+    return {**ended.__dict__, "finished_at": ended.finished_at.isoformat()}
+
+
+def _exit_of(raw: dict) -> Exit:
+    return Exit(**{**raw, "finished_at": datetime.fromisoformat(raw["finished_at"])})
+
+
 def write_running(attempt_dir: Path | str, running: Running) -> None:
-    write_text(os.path.join(attempt_dir, RUNNING),
-               json.dumps({**running.__dict__, "started_at": running.started_at.isoformat()}))
+    write_text(os.path.join(attempt_dir, RUNNING), json.dumps(_running_fields(running)))
 
 
 def read_running(attempt_dir: Path | str) -> Running | None:
     raw = _read_json(os.path.join(attempt_dir, RUNNING))
-    if raw is None:
-        return None
-    return Running(raw["supervisor_pid"], raw["job_pid"], datetime.fromisoformat(raw["started_at"]))
+    return None if raw is None else _running_of(raw)
 
 
 def write_exit(attempt_dir: Path | str, ended: Exit) -> None:
-    write_text(os.path.join(attempt_dir, EXIT),
-               json.dumps({**ended.__dict__, "finished_at": ended.finished_at.isoformat()}))
+    write_text(os.path.join(attempt_dir, EXIT), json.dumps(_exit_fields(ended)))
 
 
 def read_exit(attempt_dir: Path | str) -> Exit | None:
     raw = _read_json(os.path.join(attempt_dir, EXIT))
-    return None if raw is None else Exit(**{**raw, "finished_at": datetime.fromisoformat(raw["finished_at"])})
+    return None if raw is None else _exit_of(raw)
+
+
+# The records' second way to the agent that launched the supervisor, when the attempt store cannot take them (a full
+# or failing disk): one JSON line each on a pipe whose write end the supervisor inherits, named by this variable.
+RECORDS_FD = "WHALEFLUX_RECORDS_FD"
+
+
+def record_line(record: Running | Exit) -> bytes:
+    """One record as a line for the records pipe."""
+    if isinstance(record, Running):
+        return (json.dumps({RUNNING: _running_fields(record)}) + "\n").encode()
+    return (json.dumps({EXIT: _exit_fields(record)}) + "\n").encode()
+
+
+def records_of(lines: bytes) -> tuple[Running | None, Exit | None]:
+    """The start and end records the pipe carried (the last of each; a line cut short is skipped)."""
+    running = ended = None
+    for line in lines.splitlines():
+        try:
+            raw = json.loads(line)
+        except ValueError:
+            continue
+        if RUNNING in raw:
+            running = _running_of(raw[RUNNING])
+        elif EXIT in raw:
+            ended = _exit_of(raw[EXIT])
+    return running, ended
 
 
 def request_stop(attempt_dir: Path | str, reason: str) -> None:

@@ -32,7 +32,7 @@ from whaleflux.shared.events import (
 from whaleflux.shared.streams import agent_consumer
 from whaleflux.shared.version import __version__
 
-from . import attempts, fencing, jobuser, recovery, runner, virtual
+from . import attempts, disk, fencing, jobuser, recovery, runner, virtual
 from .backend import GpuBackend
 from .burnin.gate import NodeGate
 
@@ -79,6 +79,7 @@ class NodeAgent:
         gate: NodeGate | None = None,
         job_users: jobuser.JobUsers | None = None,
         places: runner.JobPlaces | None = None,
+        min_free_bytes: int = disk.MIN_FREE_BYTES,
     ):
         self.bus = bus
         self.node = node
@@ -98,6 +99,11 @@ class NodeAgent:
         self.job_users = job_users or jobuser.JobUsers()
         # Where its jobs' own folders are (runner.JobPlaces, jobarea.py).
         self.places = places or runner.JobPlaces(areas=(log_dir.parent / "areas").absolute())
+        # Where it writes (disk.py): an attempt starts only with min_free_bytes free in each.
+        self.stores = [disk.Store(runner.ATTEMPT_STORE, self.node_dir), disk.Store(runner.LOG_STORE, log_dir)]
+        self.min_free_bytes = min_free_bytes
+        # Why the node takes no new work (a disk fault), said in every heartbeat; None: healthy.
+        self.fault: str | None = None
         self.jobs: dict[tuple[str, int], runner.RunningJob | virtual.VirtualJob] = {}
         self.ended: dict[tuple[str, int], EndedAttempt] = {}
         # Placements past their start-by check and not yet in `jobs`: listed as running, so a heartbeat sent
@@ -229,13 +235,37 @@ class NodeAgent:
             self.gate.watch(batch.gpus, now)
         env = make_envelope(batch, source=self.source, time=now)
         await self._publish_live(subjects.gpu_telemetry(cluster, name), env)
-        heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq,
+        if not self.virtual_jobs:  # a virtual attempt writes nothing
+            await self._check_disks()
+        heartbeat = NodeHeartbeat(cluster=cluster, node=name, seq=self._seq, fault=self.fault,
                                   running_jobs=sorted({k[0] for k in self.jobs}), attempts=self.attempt_reports())
         beat = make_envelope(heartbeat, source=self.source, time=now)
         await self._publish_live(subjects.node_heartbeat(cluster, name), beat)
         # Only a heartbeat the bus took counts as a sign of life: a node the scheduler no longer
         # hears is declared lost, and its supervisors stop their jobs (supervise.py).
-        (self.node_dir / attempts.ALIVE).touch()
+        try:
+            (self.node_dir / attempts.ALIVE).touch()
+        except OSError as exc:
+            why = disk.fault_of_write(self.stores[0], exc)
+            if why is None:
+                raise
+            self._disk_fault(why)
+
+    async def _check_disks(self) -> None:
+        """Look at the stores again: a fault found takes the node out of work; once a faulty node's stores have
+        space and take a write again, it takes work again."""
+        why = await asyncio.to_thread(disk.check, self.stores, self.min_free_bytes, write=self.fault is not None)
+        if why is not None:
+            self._disk_fault(why)
+        elif self.fault is not None:
+            log.warning("node.disk_recovered", node=self.node.name, was=self.fault)
+            self.fault = None
+
+    def _disk_fault(self, why: str) -> None:
+        """The node takes no new work until a later check finds its stores usable (said in its heartbeats)."""
+        if why != self.fault:
+            log.error("node.disk_fault", node=self.node.name, reason=why, note="no new work until it clears")
+        self.fault = why
 
     def attempt_reports(self) -> list[AttemptReport]:
         """Every attempt running (or starting) here, and those that ended or were refused within LISTED_AFTER_END_S
@@ -314,6 +344,14 @@ class NodeAgent:
                 if not any(k in self.jobs for k, _ in holders):
                     break
                 await asyncio.sleep(0.01)
+        attempt_dir = self.node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
+        if self.fault is None and not self.virtual_jobs:  # free space first: its records must have room
+            why = await asyncio.to_thread(disk.check, self.stores, self.min_free_bytes)
+            if why is not None:
+                self._disk_fault(why)
+        if self.fault is not None:
+            self._refuse(placed, f"node fault: {self.fault}")  # never started: the scheduler requeues it at once
+            return
         # The fencing check, then the attempt listed as starting with no await between: a heartbeat is either
         # sent before the check (and the check then sees a clock no later than the heartbeat's) or lists it.
         refused = fencing.refusal(placed, self.clock())
@@ -327,9 +365,18 @@ class NodeAgent:
         try:
             job = await runner.launch(placed, self.log_dir, self.node_dir, self.places, grace_s=self.stop_grace_s,
                                       fence_after_s=self.fence_after_s, run_as=self._job_user(placed))
+        except disk.DiskFault as exc:
+            self._disk_fault(str(exc))
+            await self._hand_back(attempt_dir, placed, str(exc))
+            return
         except runner.CannotStart as exc:
-            attempt_dir = self.node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
-            await self._report_failed(attempt_dir, placed, str(exc), self.clock())
+            # A supervisor that died before it could say so may have met the disk: then it is the node's fault.
+            why = await asyncio.to_thread(disk.check, self.stores, self.min_free_bytes, write=True)
+            if why is not None:
+                self._disk_fault(why)
+                await self._hand_back(attempt_dir, placed, why)
+            else:
+                await self._report_failed(attempt_dir, placed, str(exc), self.clock())
             return
         finally:
             self.starting.pop(key, None)
@@ -356,6 +403,13 @@ class NodeAgent:
         self.ended[(placed.job_id, placed.attempt)] = EndedAttempt(None, report, now)
         log.warning("job.refused", job_id=placed.job_id, attempt=placed.attempt, rank=placed.rank, reason=reason)
 
+    async def _hand_back(self, attempt_dir: Path, placed: JobPlaced, why: str) -> None:
+        """A placement the node's disk kept from starting: its folder removed, refused as a node fault (the scheduler
+        requeues it at once, blaming no job); the node takes no new work until its disks pass again."""
+        self.starting.pop((placed.job_id, placed.attempt), None)  # listed as refused from now on, not as starting
+        await asyncio.to_thread(shutil.rmtree, attempt_dir, True)
+        self._refuse(placed, f"node fault: {why}")
+
     async def _start_virtual(self, placed: JobPlaced) -> None:
         """A virtual attempt (bench/test mode): no process, no folder; reported and listed like a real one."""
         job = virtual.launch(placed, self.clock)
@@ -375,6 +429,8 @@ class NodeAgent:
         placed = job.placed
         key = (placed.job_id, placed.attempt)
         self.backend.job_stopped(placed.gpu_uuids)
+        if ended is None and not self.virtual_jobs:
+            ended = await self._end_seen_on_a_faulty_disk(job)
         if ended is None:
             # Its supervisor died without recording the end: report and list nothing, so the
             # scheduler, no longer seeing the attempt in heartbeats, ends it as lost.
@@ -386,6 +442,17 @@ class NodeAgent:
         await self._report_end(job.dir, placed, job.running, ended)
         self.jobs.pop(key, None)
 
+    async def _end_seen_on_a_faulty_disk(self, job: runner.RunningJob | virtual.VirtualJob) -> attempts.Exit | None:
+        """The end of an attempt whose supervisor recorded none, where the node's disk failed it: the attempt ran
+        (and is billed) from its recorded start to now, stopped by the node's fault; None where the disk is fine
+        (then the supervisor died for another reason, and the attempt is lost as before)."""
+        why = await asyncio.to_thread(disk.check, self.stores, self.min_free_bytes, write=True)
+        if why is None:
+            return None
+        self._disk_fault(why)
+        # Its job was killed with it (runner._recorded_exit): SIGKILL is how it ended.
+        return attempts.Exit(finished_at=self.clock(), exit_code=-9, interrupted=f"node fault: {why}")
+
     async def _report_end(self, attempt_dir: Path | None, placed: JobPlaced, running: attempts.Running | None,
                           ended: attempts.Exit) -> None:
         """Publish how the attempt ended, as its supervisor recorded it, and list it in heartbeats for a while."""
@@ -393,6 +460,15 @@ class NodeAgent:
             reason = ended.error or "the command never started"
             await self._report_failed(attempt_dir, placed, reason, ended.finished_at)
             return
+        if ended.failed and attempt_dir is not None:
+            # A job that failed while its log could not be written (a full log disk) failed for the node's fault:
+            # it is requeued, not failed, and billed for what it ran.
+            logs = [s for s in self.stores if s.name == runner.LOG_STORE]
+            why = await asyncio.to_thread(disk.check, logs, self.min_free_bytes, write=True)
+            if why is not None:
+                self._disk_fault(why)
+                ended = attempts.Exit(finished_at=ended.finished_at, exit_code=ended.exit_code,
+                                      interrupted=f"node fault: {why}")
         tail = None if not ended.failed else (  # the job's own failure: its last log lines
             virtual.log_tail(placed) if attempt_dir is None else await runner.log_tail(placed, self.log_dir))
         finished = JobFinished(**_base(placed), exit_code=ended.exit_code, started_at=running.started_at,
@@ -400,7 +476,14 @@ class NodeAgent:
         await self._report(subjects.job_finished(placed.cluster, placed.node), finished, placed)
         reported_at = self.clock()
         if attempt_dir is not None:  # a virtual attempt has no folder; fsynced, so off the loop (and awaited first)
-            await asyncio.to_thread(attempts.mark_reported, attempt_dir, reported_at)
+            try:
+                await asyncio.to_thread(attempts.mark_reported, attempt_dir, reported_at)
+            except OSError as exc:
+                # Published all the same (a later agent reports it again under the same event id, one event).
+                why = disk.fault_of_write(self.stores[0], exc)
+                if why is None:
+                    raise
+                self._disk_fault(why)
         self._list_ended(attempt_dir, placed, running, ended, reported_at)
         log.info("job.finished", job_id=placed.job_id, attempt=placed.attempt, exit_code=ended.exit_code,
                  interrupted=ended.interrupted)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from whaleflux.shared import job_paths
 from whaleflux.shared.events import JobPlaced
 
-from . import attempts, jobarea, jobuser, logtail, supervise
+from . import attempts, disk, jobarea, jobuser, logtail, supervise
 
 # The agent's own connection secrets must never leak into a job's environment.
 _PRIVATE_ENV = ("WHALEFLUX_", "NATS_", "REDIS_")
@@ -88,8 +89,38 @@ async def log_tail(placed: JobPlaced, log_dir: Path) -> list[str] | None:
     return logtail.tail_lines(end[0], placed.env, truncated=end[1]) or None
 
 
+# The node's stores, as its reasons name them.
+ATTEMPT_STORE, LOG_STORE, AREA_STORE = "attempt store", "log directory", "job areas"
+
+
 class CannotStart(Exception):
     """The attempt's command did not start; the message says why."""
+
+
+@dataclass
+class RecordsPipe:
+    """The read end of the pipe on which a supervisor sends the records its attempt store could not take."""
+
+    fd: int
+    got: bytes = field(default=b"")
+
+    def records(self) -> tuple[attempts.Running | None, attempts.Exit | None]:
+        """What the supervisor sent so far (never blocks)."""
+        while self.fd >= 0:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:  # the supervisor (and any copy of the write end) is gone
+                self.close()
+                break
+            self.got += chunk
+        return attempts.records_of(self.got)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 @dataclass
@@ -101,6 +132,18 @@ class RunningJob:
     running: attempts.Running  # the job's pid is also its process group, which stops signal
     # Done once the job ended: the recorded exit, or None if the supervisor died without recording one.
     ended: asyncio.Task[attempts.Exit | None]
+
+
+@contextmanager
+def _writing(store: disk.Store) -> Iterator[None]:
+    """A write to `store`: a disk fault (full, read-only, failing) raises DiskFault with the node's reason."""
+    try:
+        yield
+    except OSError as exc:
+        why = disk.fault_of_write(store, exc)
+        if why is None:
+            raise
+        raise disk.DiskFault(why) from exc
 
 
 def _supervisor_env() -> dict[str, str]:
@@ -126,12 +169,18 @@ def _prepare(placed: JobPlaced, log_dir: Path, node_dir: Path, places: JobPlaces
              fence_after_s: float, run_as: str | None = None) -> tuple[Path, int]:
     """The job's area, the attempt's folder with its placement and spec (local files, fsynced), and the job's log,
     open. The agent creates only what it names itself (the area, the log); the job's own folders are created and
-    entered by the job's process as its user (jobarea.enter)."""
+    entered by the job's process as its user (jobarea.enter). A disk fault on the way raises DiskFault naming the
+    store (`attempt store`, `log directory`, `job areas`)."""
     if (refused := places.refused(placed)) is not None:
         raise CannotStart(refused)
-    log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    logs = disk.Store(LOG_STORE, log_dir)
+    with _writing(logs):
+        log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
-        area = jobarea.make(str(places.areas), placed.job_id, *jobuser.owner(run_as))
+        with _writing(disk.Store(AREA_STORE, places.areas)):
+            area = jobarea.make(str(places.areas), placed.job_id, *jobuser.owner(run_as))
+    except disk.DiskFault:
+        raise
     except OSError as exc:
         raise CannotStart(f"cannot prepare the job's area in {places.areas}: {exc.strerror or exc}") from exc
     checkpoint = job_paths.resolve(placed.checkpoint_dir or "checkpoints", area)
@@ -140,19 +189,21 @@ def _prepare(placed: JobPlaced, log_dir: Path, node_dir: Path, places: JobPlaces
     base = jobuser.scrubbed(os.environ) if run_as is not None else None
     env = {**job_environment(placed, base, checkpoint), **jobuser.environment(run_as, area)}
     attempt_dir = node_dir / attempts.dir_name(placed.job_id, placed.attempt, placed.part)
-    attempt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # Folders inside the area are the job's to create; one in a team root must exist already.
     make = [checkpoint, *([workdir] if job_paths.within(workdir, area) else [])]
     # The job's environment may hold its secrets: they go in a 0600 file, never on a command line.
     spec = attempts.Spec(argv=placed.command, env=env, cwd=workdir, alive=str(node_dir / attempts.ALIVE),
                          grace_s=grace_s, fence_after_s=fence_after_s, user=run_as, area=area,
                          places=job_paths.team_roots(placed.team, places.team_roots), make=make)
-    # Both before the supervisor starts, one folder sync for the two (neither counts without its running.json).
-    attempts.write_files(attempt_dir, {attempts.PLACED: placed.model_dump_json(),
-                                       attempts.SPEC: attempts.spec_text(spec)})
+    with _writing(disk.Store(ATTEMPT_STORE, node_dir)):
+        attempt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Both before the supervisor starts, one folder sync for the two (neither counts without its running.json).
+        attempts.write_files(attempt_dir, {attempts.PLACED: placed.model_dump_json(),
+                                           attempts.SPEC: attempts.spec_text(spec)})
     # Logs are the agent's (0600 in a 0700 folder): no job reads another's, through its working folder or else.
-    log = os.open(log_dir / log_name(placed.job_id, placed.attempt, placed.part),
-                  os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with _writing(logs):
+        log = os.open(log_dir / log_name(placed.job_id, placed.attempt, placed.part),
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     return attempt_dir, log
 
 
@@ -162,31 +213,44 @@ async def launch(placed: JobPlaced, log_dir: Path, node_dir: Path, places: JobPl
     # The files are fsynced: off the event loop, which carries every other job's events meanwhile.
     attempt_dir, log_fd = await asyncio.to_thread(_prepare, placed, log_dir, node_dir, places, grace_s,
                                                   fence_after_s, run_as)
+    # The records' second way here, should the attempt store fail while the job runs (attempts.RECORDS_FD).
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    pipe = RecordsPipe(read_end)
     with os.fdopen(log_fd, "ab") as log:
         try:
             supervisor = await asyncio.create_subprocess_exec(
                 *supervise.command(attempt_dir),
-                env=_supervisor_env(),
+                env={**_supervisor_env(), attempts.RECORDS_FD: str(write_end)},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
+                pass_fds=(write_end,),
                 # Its own session: the terminal's Ctrl-C never reaches it, and it outlives the agent.
                 start_new_session=True,
             )
         except OSError as exc:
+            pipe.close()
             raise CannotStart(f"cannot start the supervisor: {exc.strerror or exc}") from exc
-    running = await _started(attempt_dir, supervisor)
-    ended = asyncio.create_task(_exit_of_child(attempt_dir, supervisor, running.job_pid))
+        finally:
+            os.close(write_end)  # the supervisor holds its own copy: end of file once it is gone
+    try:
+        running = await _started(attempt_dir, supervisor, pipe)
+    except CannotStart:
+        pipe.close()
+        raise
+    ended = asyncio.create_task(_exit_of_child(attempt_dir, supervisor, running.job_pid, pipe))
     return RunningJob(placed, attempt_dir, running, ended)
 
 
-async def _started(attempt_dir: Path, supervisor: asyncio.subprocess.Process) -> attempts.Running:
+async def _started(attempt_dir: Path, supervisor: asyncio.subprocess.Process, pipe: RecordsPipe) -> attempts.Running:
     while True:
         gone = supervisor.returncode is not None  # before reading, so that what it wrote before exiting is seen
-        ended = attempts.read_exit(attempt_dir)
+        sent_running, sent_exit = pipe.records()
+        ended = attempts.read_exit(attempt_dir) or sent_exit
         if ended is not None and ended.error:
             raise CannotStart(ended.error)
-        running = attempts.read_running(attempt_dir)
+        running = attempts.read_running(attempt_dir) or sent_running
         if running is not None:
             return running
         if gone:
@@ -201,9 +265,13 @@ def adopt(placed: JobPlaced, attempt_dir: Path, running: attempts.Running) -> Ru
 
 
 async def _exit_of_child(attempt_dir: Path, supervisor: asyncio.subprocess.Process,
-                         job_pid: int) -> attempts.Exit | None:
+                         job_pid: int, pipe: RecordsPipe) -> attempts.Exit | None:
     await supervisor.wait()
-    return _recorded_exit(attempt_dir, job_pid)
+    try:
+        sent = pipe.records()[1]  # what it could not write to the attempt store, it sent here
+    finally:
+        pipe.close()
+    return attempts.read_exit(attempt_dir) or sent or _recorded_exit(attempt_dir, job_pid)
 
 
 async def _exit_of_adopted(attempt_dir: Path, running: attempts.Running) -> attempts.Exit | None:

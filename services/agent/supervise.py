@@ -113,6 +113,26 @@ def _last_sign_of_life(alive: str, since: float) -> float:
         return since
 
 
+def _record(attempt_dir: Path | str, record: attempts.Running | attempts.Exit) -> None:
+    """Write the record to the attempt's folder, or, where its disk fails (full, read-only), send it to the agent on
+    the records pipe: an attempt that ran is reported (and billed) whatever the node's disk did."""
+    try:
+        if isinstance(record, attempts.Running):
+            attempts.write_running(attempt_dir, record)
+        else:
+            attempts.write_exit(attempt_dir, record)
+        return
+    except OSError as exc:
+        failed = exc
+    fd = os.environ.get(attempts.RECORDS_FD)
+    if fd is None:
+        raise failed
+    try:
+        os.write(int(fd), attempts.record_line(record))  # a line of < 1 KiB to a pipe: whole or not at all
+    except OSError:  # the agent is gone (EPIPE): nobody to tell; the record is lost with the disk
+        raise failed from None
+
+
 def supervise(attempt_dir: Path | str) -> None:
     """Run the attempt's command to its end and record how it started and ended."""
     spec = attempts.read_spec(attempt_dir)
@@ -125,9 +145,9 @@ def supervise(attempt_dir: Path | str) -> None:
         reason = f"cannot start command: {exc.strerror or exc}"
         if exc.filename is not None:
             reason += f": {exc.filename}"
-        attempts.write_exit(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), error=reason))
+        _record(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), error=reason))
         return
-    attempts.write_running(attempt_dir, attempts.Running(os.getpid(), job.pid, attempts.utcnow()))
+    _record(attempt_dir, attempts.Running(os.getpid(), job.pid, attempts.utcnow()))
     got_sigterm = False
 
     def on_sigterm(signum, frame):  # noqa: ARG001
@@ -146,14 +166,17 @@ def supervise(attempt_dir: Path | str) -> None:
         silent_s = time.time() - _last_sign_of_life(spec.alive, begun)
         if code is None and silent_s > spec.fence_after_s:
             fenced = f"agent silent for {silent_s:.0f} s: stopped so it cannot run twice"
-            print(f"whaleflux supervisor: {fenced}", file=sys.stderr, flush=True)
+            try:
+                print(f"whaleflux supervisor: {fenced}", file=sys.stderr, flush=True)
+            except OSError:  # a full log disk must not stop the stop
+                pass
             code = _stop(job, spec.grace_s)
     # Whatever the job left running (its other process groups, its daemons) ends before its exit is recorded.
     reaping.end_descendants(spec.grace_s)
     # A stop the agent asked for names its reason; else this supervisor's own reason, if it stopped the job.
     interrupted = attempts.stop_reason(attempt_dir) or fenced or (SIGTERM_REASON if got_sigterm else None)
     ended = attempts.Exit(finished_at=attempts.utcnow(), exit_code=code, interrupted=interrupted)
-    attempts.write_exit(attempt_dir, ended)
+    _record(attempt_dir, ended)
 
 
 if __name__ == "__main__":

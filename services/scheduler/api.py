@@ -322,7 +322,7 @@ async def cancel(job_id: str, caller: Submitter, scheduler: SchedulerDep,
 async def list_nodes(store: StoreDep, failover: FailoverDep, feeds: FeedsDep, health: HealthDep,
                      now: NowDep) -> list[dict[str, Any]]:
     """Registered nodes: model, GPUs, free GPUs (not quarantined), quarantined GPUs (indices) and status (healthy,
-    suspect, lost, draining)."""
+    suspect, lost, draining, unhealthy: its agent says why)."""
     regs = await store.registrations()
     conditions = await store.conditions()
     alloc = await store.alloc()

@@ -32,6 +32,13 @@ from .service import TROUBLE, Scheduler
 RECONCILE_EVERY_S = 2.0
 
 
+async def store_condition(scheduler: Scheduler, key: str, condition: NodeCondition | None) -> None:
+    """Set a node's condition under the scheduler's lock, and have the next pass see it."""
+    async with scheduler.lock:
+        await scheduler.store.set_condition(key, condition)
+    scheduler.dirty.set()
+
+
 class Failover:
     """Node events and heartbeats in; lost nodes' jobs requeued, drained nodes emptied, strays stopped."""
 
@@ -91,8 +98,21 @@ class Failover:
             await store.set_condition(key, None)
             self.s.log.warning("node.back", node=key, lost_since=condition.since.isoformat())
             self.s.dirty.set()
+            condition = None
+        await self._node_health(key, condition, hb)
         if hb.attempts is not None and self.s.is_leader:
             await self.reconcile(env, hb)
+
+    async def _node_health(self, key: str, condition: NodeCondition | None, hb: NodeHeartbeat) -> None:
+        """What the node says of itself: a fault (a full disk) takes it out of placement as unhealthy, with the
+        agent's reason; a heartbeat without one puts it back. A drain (an operator's, an alert's) outranks both."""
+        now_unhealthy = condition is not None and condition.state == "unhealthy"
+        if hb.fault is not None and (condition is None or (now_unhealthy and condition.reason != hb.fault)):
+            await store_condition(self.s, key, NodeCondition(state="unhealthy", reason=hb.fault, since=self.s.clock()))
+            self.s.log.error("node.unhealthy", node=key, reason=hb.fault)
+        elif hb.fault is None and now_unhealthy:
+            await store_condition(self.s, key, None)
+            self.s.log.warning("node.healthy_again", node=key, was=condition.reason if condition else None)
 
     async def reconcile(self, env: Envelope, hb: NodeHeartbeat) -> None:
         """The node is the authority on what runs on it; both ways (see `attempts.reconcile`)."""
@@ -194,7 +214,9 @@ class Failover:
         # As heard by this process; a node not heard since we started is judged by what is recorded
         # (and never blamed for the time we were not watching: see `watching_since`).
         heard = {**(await store.last_seen()), **self._heard}
-        seen = judged_from(registered, heard, self._registered, conditions)
+        # An unhealthy node still heartbeats, and is judged by them like any other: it too can go silent.
+        out = {key for key, c in conditions.items() if c.state != "unhealthy"}
+        seen = judged_from(registered, heard, self._registered, out)
         return assess(seen, self.s.clock().timestamp(), self.watching_since, self.policy)
 
     async def check_liveness(self) -> Liveness:

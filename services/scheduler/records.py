@@ -86,11 +86,12 @@ class JobRecord(BaseModel):
         return self.cluster == cluster and self.node == node
 
 
-NodeConditionName = Literal["lost", "draining"]
+NodeConditionName = Literal["lost", "draining", "unhealthy"]
 
 
 class NodeCondition(BaseModel):
-    """A node the scheduler took out of placement: lost (silent too long) or draining (asked to)."""
+    """A node the scheduler took out of placement: lost (silent too long), draining (asked to) or unhealthy (its
+    agent says it takes no new work, and why: a full disk; it keeps its jobs, and is back once it says so)."""
 
     state: NodeConditionName
     reason: str

@@ -66,8 +66,8 @@ def node_state(view: NodeView, alloc: Mapping[str, str]) -> NodeState:
         model=node_model(reg),
         interconnect=reg.interconnect,
         gpus=gpus,
-        # A suspect or lost node keeps its jobs but takes no new ones.
-        schedulable=not view.suspect and (view.condition is None or view.condition.state != "lost"),
+        # A suspect, lost or unhealthy node keeps its jobs but takes no new ones.
+        schedulable=not view.suspect and (view.condition is None or view.condition.state not in ("lost", "unhealthy")),
         draining=view.condition is not None and view.condition.state == "draining",
         pool=pool,
         labels=labels,

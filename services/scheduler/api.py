@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, R
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
-from whaleflux.shared import job_paths, subjects
+from whaleflux.shared import job_paths, redaction, subjects
 from whaleflux.shared.deps import NowDep, OperatorDep, RuntimeDep, Submitter, ViewerDep, require_team
 from whaleflux.shared.envelope import Envelope, encode
 from whaleflux.shared.events import JobSubmitted, NodeDrainRequested
@@ -186,6 +186,19 @@ async def _job(store: SchedulerStore, job_id: str) -> JobRecord:
 async def get_job(job_id: str, store: StoreDep) -> JobRecord:
     """One job (environment values masked)."""
     return _masked(await _job(store, job_id))
+
+
+class RedactBody(BaseModel):
+    text: str = Field(max_length=256 * 1024, description="text the job wrote (its log's tail)")
+
+
+@jobs.post("/v1/jobs/{job_id}/redact", dependencies=[WholeState])
+async def redact_text(job_id: str, body: RedactBody, store: StoreDep) -> dict[str, str]:
+    """The text with the job's secrets masked as its job.finished log lines are (shared/redaction.py): the values
+    of its secret-named variables, which only the scheduler keeps, and secret-looking assignments. What the
+    console shows of a job's log to any viewer. Reads only."""
+    job = await _job(store, job_id)
+    return {"text": redaction.redact(body.text, redaction.secret_values(job.spec.env))}
 
 
 @jobs.get("/v1/jobs/{job_id}/why", dependencies=[WholeState])

@@ -258,3 +258,17 @@ def test_a_scheduler_answer_the_console_cannot_read_is_named_on_the_page_not_a_b
     for html in (listed.text, shown.text):
         assert "scheduler: answered /v1/jobs" in html and "in a shape the console cannot read" in html
         assert "requeues.0: Input should be a valid string" in html
+
+
+def test_the_scheduler_serves_and_the_console_reads_jobs_with_the_same_models():
+    """One source: a field renamed or retyped in `shared.contracts.jobs` changes both sides at once."""
+    from fastapi.routing import APIRoute
+
+    import whaleflux.console.models as console_models
+    from whaleflux.scheduler import api
+
+    routes = {r.path: r for r in api.jobs.routes if isinstance(r, APIRoute) and "GET" in (r.methods or ())}
+    assert routes["/v1/jobs"].response_model == list[JobRecord]
+    assert routes["/v1/jobs/{job_id}"].response_model is JobRecord
+    assert routes["/v1/jobs/{job_id}/why"].response_model is JobWhy
+    assert not {"JobRecord", "JobSpec", "JobWhy", "Requeue"} & set(vars(console_models)), "a second copy"

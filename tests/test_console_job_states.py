@@ -202,6 +202,8 @@ def fleets(draw: st.DrawFn) -> list[JobRecord]:
 
 # --------------------------------------------------------------------------- the property
 
+# A real HTTP server and the console app in a thread each, about 10 s: kept out of the quick `-m unit` run.
+@pytest.mark.integration
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs=fleets(), data=st.data())
 def test_every_job_page_renders_every_state_the_scheduler_can_produce(console, jobs: list[JobRecord],
@@ -244,6 +246,7 @@ def test_every_job_page_renders_every_state_the_scheduler_can_produce(console, j
         assert f"attempt {job.lost_attempt}: its node went silent" in html
 
 
+@pytest.mark.integration
 def test_a_scheduler_answer_the_console_cannot_read_is_named_on_the_page_not_a_bare_500(console):
     client, scheduler = console
     scheduler.jobs = []

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from whaleflux.shared import job_paths, redaction, subjects
+from whaleflux.shared.contracts.jobs import JobWhy
 from whaleflux.shared.deps import NowDep, OperatorDep, RuntimeDep, Submitter, ViewerDep, require_team
 from whaleflux.shared.envelope import Envelope, encode
 from whaleflux.shared.events import JobSubmitted, NodeDrainRequested
@@ -202,13 +203,13 @@ async def redact_text(job_id: str, body: RedactBody, store: StoreDep) -> dict[st
 
 
 @jobs.get("/v1/jobs/{job_id}/why", dependencies=[WholeState])
-async def job_why(job_id: str, store: StoreDep, health: HealthDep) -> dict[str, Any]:
+async def job_why(job_id: str, store: StoreDep, health: HealthDep) -> JobWhy:
     """Why the job waits (what it needs, the largest free block, jobs ahead, the quarantined GPUs of the models it
     may use), or where and why it runs (and which of its GPUs are quarantined)."""
     job = await _job(store, job_id)
     quarantined = list((await health.quarantined()).values())
     models = {r.node: node_model(r) for r in (await store.registrations()).values()}
-    return {"job_id": job_id, "state": job.state, "attempt": job.attempt, "why": why(job, quarantined, models)}
+    return JobWhy(job_id=job_id, state=job.state, attempt=job.attempt, why=why(job, quarantined, models))
 
 
 @jobs.post("/v1/jobs", status_code=202, dependencies=[WholeState])

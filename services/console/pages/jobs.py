@@ -12,18 +12,18 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 
 from whaleflux.shared.catalog import gpu_models
+from whaleflux.shared.contracts.jobs import ENDED, JOB_STATES, JobRecord, JobWhy
 from whaleflux.shared.job_events import default_name
 from whaleflux.shared.localconfig import home
 
 from ..joblog import log_tail
 from ..live import Frames
-from ..models import AttemptCost, JobRecord, JobWhy
+from ..models import AttemptCost
 from ..upstream import UpstreamError, fetch_all
 from ..web import Console, ConsoleDep, CsrfDep, SessionDep, fragment, page, sse
 
 router = APIRouter()
-STATES = ["pending", "placed", "running", "succeeded", "failed", "rejected", "cancelled"]
-ENDED = {"succeeded", "failed", "rejected", "cancelled"}
+STATES = list(JOB_STATES)
 LIST_LIMIT = 500
 
 

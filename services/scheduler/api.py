@@ -199,8 +199,8 @@ async def job_why(job_id: str, store: StoreDep, health: HealthDep) -> dict[str, 
 
 
 @jobs.post("/v1/jobs", status_code=202, dependencies=[WholeState])
-async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep, runtime: RuntimeDep,
-                 response: Response, idempotency_key: Annotated[str | None, Header(
+async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep, feeds: FeedsDep,
+                 runtime: RuntimeDep, response: Response, idempotency_key: Annotated[str | None, Header(
                      alias=idem.HEADER, description="a repeat with the same key (within 24 h) answers the first "
                      "request's jobs, with `Idempotent-Replayed: true`; with another body 422")] = None,
                  ) -> dict[str, Any]:
@@ -217,7 +217,7 @@ async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep
     if claim is None:
         submitted = _submissions(body, replica_ids(uuid.uuid4().hex[:12], body.replicas))
         _own_paths(scheduler, submitted[0])
-        reason = await _never_fits(scheduler, submitted[0])
+        reason = await _never_fits(scheduler, feeds, submitted[0])
         if reason:
             raise HTTPException(422, f"infeasible: {reason}")
         envs = _envelopes(runtime, submitted)
@@ -272,7 +272,7 @@ def _answer(job_ids: list[str]) -> dict[str, Any]:
 
 
 @jobs.post("/v1/jobs/check", dependencies=[WholeState])
-async def check(body: SubmitRequest, scheduler: SchedulerDep) -> dict[str, Any]:
+async def check(body: SubmitRequest, scheduler: SchedulerDep, feeds: FeedsDep) -> dict[str, Any]:
     """Whether the fleet could ever run the job (`whaleflux submit` asks before it publishes): `feasible`, and
     the reason when it is not. Reads only: a viewer's token in production."""
     try:
@@ -280,7 +280,7 @@ async def check(body: SubmitRequest, scheduler: SchedulerDep) -> dict[str, Any]:
     except ValidationError as exc:
         raise BadRequest(str(exc)) from exc
     _own_paths(scheduler, job)
-    reason = await _never_fits(scheduler, job)
+    reason = await _never_fits(scheduler, feeds, job)
     return {"feasible": reason is None, "reason": reason}
 
 
@@ -291,10 +291,12 @@ def _own_paths(scheduler: Scheduler, job: JobSubmitted) -> None:
         raise BadRequest("; ".join(f"{field}: {reason}" for field, reason in refused.items()))
 
 
-async def _never_fits(scheduler: Scheduler, job: JobSubmitted) -> str | None:
-    """Why no registered node, all free and healthy, could ever hold the job; None if one could."""
+async def _never_fits(scheduler: Scheduler, feeds: Feeds, job: JobSubmitted) -> str | None:
+    """Why no registered node, all free and healthy, could ever hold the job (each GPU offering what telemetry saw
+    it offer idle, else its nameplate); None if one could."""
     regs = await scheduler.store.registrations()
-    return infeasible_reason(regs.values(), job_request(job.job_id, job), scheduler.policy.profile)
+    return infeasible_reason(regs.values(), job_request(job.job_id, job), scheduler.policy.profile,
+                             feeds.idle_free())
 
 
 @jobs.post("/v1/jobs/{job_id}/cancel", dependencies=[WholeState])

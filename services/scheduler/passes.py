@@ -103,7 +103,8 @@ class PlacementPass:
 
         free, leases, suspects = self.feeds.measured_free(), self.feeds.leases, self.failover.suspects
         out = frozenset(await self.feeds.health.quarantined()) if self.feeds.health is not None else frozenset()
-        views = [NodeView(reg, conditions.get(key), key in suspects, free, leases.get(reg.node), out)
+        idle = self.feeds.idle_free()
+        views = [NodeView(reg, conditions.get(key), key in suspects, free, leases.get(reg.node), out, idle)
                  for key, reg in sorted(regs.items())]
         kept = self.kept
         cluster = kept.cluster(kept.node_states(views, alloc), self.s.facts)

@@ -31,7 +31,7 @@ from .records import JobRecord, JobStateName
 from .schedule_request import NodeView, infeasible_reason, job_request, node_model, node_state
 from .service import Scheduler
 from .store import SchedulerStore
-from .why import why
+from .why import reason_key, spoken, why
 
 
 def _scheduler(request: Request) -> Scheduler:
@@ -159,7 +159,7 @@ async def leader(scheduler: SchedulerDep) -> dict[str, Any]:
 
 
 @jobs.get("/v1/jobs", dependencies=[WholeState])
-async def list_jobs(store: StoreDep, limit: int = Query(100, ge=1, le=1000),
+async def list_jobs(store: StoreDep, now: NowDep, limit: int = Query(100, ge=1, le=1000),
                     state: JobStateName | None = None) -> list[JobRecord]:
     """Jobs, newest first (environment values masked)."""
     found: list[JobRecord] = []
@@ -171,7 +171,7 @@ async def list_jobs(store: StoreDep, limit: int = Query(100, ge=1, le=1000),
         start += page
         records = await store.jobs(ids)
         found += [records[i] for i in ids if i in records and (state is None or records[i].state == state)]
-    return [_masked(j) for j in await store.with_waiting(found[:limit])]
+    return [_spoken(_masked(j), now) for j in await store.with_waiting(found[:limit])]
 
 
 async def _job(store: SchedulerStore, job_id: str) -> JobRecord:
@@ -182,20 +182,31 @@ async def _job(store: SchedulerStore, job_id: str) -> JobRecord:
     return job
 
 
+def _spoken(job: JobRecord, now: datetime) -> JobRecord:
+    """The job with its reason as a person reads it now (moments in local time, how far off)."""
+    if not job.reason:
+        return job
+    said = spoken(job.reason, now)
+    return job if said == job.reason else job.model_copy(update={"reason": said})
+
+
 @jobs.get("/v1/jobs/{job_id}", dependencies=[WholeState])
-async def get_job(job_id: str, store: StoreDep) -> JobRecord:
+async def get_job(job_id: str, store: StoreDep, now: NowDep) -> JobRecord:
     """One job (environment values masked)."""
-    return _masked(await _job(store, job_id))
+    return _spoken(_masked(await _job(store, job_id)), now)
 
 
 @jobs.get("/v1/jobs/{job_id}/why", dependencies=[WholeState])
-async def job_why(job_id: str, store: StoreDep, health: HealthDep) -> dict[str, Any]:
+async def job_why(job_id: str, store: StoreDep, health: HealthDep, now: NowDep) -> dict[str, Any]:
     """Why the job waits (what it needs, the largest free block, jobs ahead, the quarantined GPUs of the models it
-    may use), or where and why it runs (and which of its GPUs are quarantined)."""
+    may use), or where and why it runs (and which of its GPUs are quarantined); moments in the scheduler's local
+    time and how far off they are. `why_key` changes when the reason does, not when only the clock moves on."""
     job = await _job(store, job_id)
     quarantined = list((await health.quarantined()).values())
     models = {r.node: node_model(r) for r in (await store.registrations()).values()}
-    return {"job_id": job_id, "state": job.state, "attempt": job.attempt, "why": why(job, quarantined, models)}
+    text = why(job, quarantined, models)
+    return {"job_id": job_id, "state": job.state, "attempt": job.attempt, "why": spoken(text, now),
+            "why_key": reason_key(text)}
 
 
 @jobs.post("/v1/jobs", status_code=202, dependencies=[WholeState])

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 
+from .placement.moments import in_words, local
 from .records import GpuQuarantine, JobRecord
 
 # A waiting job's `why` names at most this many quarantined GPUs (then how many more).
@@ -54,3 +57,14 @@ def why(job: JobRecord, quarantined: Iterable[GpuQuarantine] = (), models: Mappi
         lines += [quarantine_line(q) for q in out if q.uuid in job.gpu_uuids]
     lines += [f"requeued: {r}" for r in job.requeues]
     return "\n".join(lines)
+
+
+def spoken(text: str, now: datetime) -> str:
+    """A reason as a person reads it at `now`: each moment in this machine's local time and how far off it is."""
+    return in_words(text, local(now))
+
+
+def reason_key(text: str) -> str:
+    """A short key of a reason as the scheduler holds it: it changes when the reason does, not when only the
+    clock moves on (`whaleflux submit --wait` prints a reason again when its key changes)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

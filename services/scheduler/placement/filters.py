@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .model import GpuState, JobRequest, NodeState
+from .moments import at, span
 
 MIB_PER_GB = 1024
 
@@ -103,11 +104,11 @@ def lease_covers_runtime(req: JobRequest, node: NodeState, now: float, settings:
         return None
     left = node.lease_expires_at - now
     if left <= 0:
-        return "lease expired"
+        return f"lease ended {at(node.lease_expires_at)}"
     if req.expected_runtime_s is not None:
         needed = req.expected_runtime_s / settings.speed_of(node.model, req.workload_class)
         if needed > left:
-            return f"lease ends in {left / 3600:.1f} h, job needs {needed / 3600:.1f} h"
+            return f"lease ends {at(node.lease_expires_at)}, job needs {span(needed)}"
     return None
 
 

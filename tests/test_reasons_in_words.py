@@ -32,9 +32,9 @@ from whaleflux.scheduler.queueing import (
     schedule,
 )
 from whaleflux.scheduler.queueing.reservation import Reservation
-from whaleflux.scheduler.records import JobRecord
+from whaleflux.scheduler.records import GpuQuarantine, JobRecord
 from whaleflux.scheduler.schedule_request import infeasible_reason, job_request
-from whaleflux.scheduler.why import reason_key, spoken, why
+from whaleflux.scheduler.why import quarantine_line, reason_key, spoken, why
 from whaleflux.shared.events import GpuIdentity, GpuProcess, GpuSample, GpuTelemetry, JobSubmitted, NodeRegistered
 
 CET = timezone(timedelta(hours=1), "CET")
@@ -188,3 +188,10 @@ def test_a_job_the_pass_did_not_reach_that_can_never_fit_says_so_not_that_nothin
     text = explain_wait(cluster, JobRequest("j", 1, min_memory_mib=79.6 * 1024), Profile(), 0.0)
     assert text == ("needs 1 GPU with >= 79.6 GB on one node; no node can ever fit: "
                     "GPU memory below 79.6 GB (79.4 GB free when idle, of 79.65) (h100-01)")
+
+
+def test_a_quarantined_gpu_says_since_when_in_local_time_and_how_long_ago():
+    q = GpuQuarantine(cluster="c1", node="h100-01", uuid="u3", index=3, cause="xid", reason="XID 79",
+                      since=NOW - timedelta(minutes=20), healthy_since=NOW - timedelta(minutes=5))
+    assert spoken(quarantine_line(q), NOW, CET) == (
+        "quarantined: h100-01 GPU 3 (xid: XID 79; since 09:00 CET (20 min ago), healthy since 09:15 CET (5 min ago))")

@@ -195,3 +195,9 @@ def test_a_quarantined_gpu_says_since_when_in_local_time_and_how_long_ago():
                       since=NOW - timedelta(minutes=20), healthy_since=NOW - timedelta(minutes=5))
     assert spoken(quarantine_line(q), NOW, CET) == (
         "quarantined: h100-01 GPU 3 (xid: XID 79; since 09:00 CET (20 min ago), healthy since 09:15 CET (5 min ago))")
+
+
+def test_a_gang_larger_than_the_fleet_names_the_largest_node_without_blaming_it():
+    reason = infeasible_reason([_h100("h100-a"), _h100("h100-b")], _req(gpus=24), Profile())
+    assert reason is not None and "16 GPUs in all" in reason, reason
+    assert reason.endswith("the largest node is h100-a (8 x H100, 79.65 GB each)"), reason

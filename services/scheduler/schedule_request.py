@@ -200,7 +200,5 @@ def largest_lacks(nodes: list[NodeState], req: JobRequest) -> str:
     memory = max((offers_mib(g) for g in best.gpus), default=0.0)
     idle = any(g.memory_idle_mib is not None for g in best.gpus)
     what = f"{best.name} ({len(best.gpus)} x {best.model}, {gb(memory)} GB {'free on an idle GPU' if idle else 'each'})"
-    lacks = [r for check in STATIC_FILTERS.values() if (r := check(req, best))]
-    if not lacks and req.gpus > len(best.gpus):
-        lacks.append(f"only {len(best.gpus)} GPUs")
+    lacks = [r for check in STATIC_FILTERS.values() if (r := check(req, best))]  # (a gang: none, it spans nodes)
     return f"the largest node, {what}, lacks: {'; '.join(lacks)}" if lacks else f"the largest node is {what}"

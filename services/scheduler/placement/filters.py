@@ -53,8 +53,12 @@ def memory_size(req: JobRequest, node: NodeState) -> str | None:
         return None
     best = max(node.gpus, key=offers_mib)
     if offers_mib(best) < req.min_memory_mib:
-        idle = "" if best.memory_idle_mib is None else " free when idle, of " + gb(best.memory_total_mib)
-        return f"GPU memory below {gb(req.min_memory_mib)} GB ({gb(offers_mib(best))} GB{idle})"
+        if best.memory_idle_mib is None:
+            return f"GPU memory below {gb(req.min_memory_mib)} GB ({gb(best.memory_total_mib)} GB)"
+        # (to 0.1 GB: cards of one model read alike, so the nodes that lack it are named together)
+        idle = f"{offers_mib(best) / MIB_PER_GB:.1f}".removesuffix(".0")
+        nameplate = gb(best.memory_total_mib)
+        return f"GPU memory below {gb(req.min_memory_mib)} GB ({idle} GB free when idle, of {nameplate})"
     return None
 
 

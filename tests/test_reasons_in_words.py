@@ -119,7 +119,9 @@ def test_idle_memory_is_the_nameplate_less_what_no_process_holds_and_the_driver_
     gpu = GpuSample(uuid="g", index=0, model="H100", utilization_gpu_pct=90, memory_used_mib=61000,
                     memory_total_mib=H100_MIB, temperature_c=60,
                     processes=[GpuProcess(pid=1, used_mib=40000, job_id="j"), GpuProcess(pid=2, used_mib=20000)])
-    batch = GpuTelemetry(cluster="c", node="n", seq=1, sample_time=NOW, gpus=[gpu])
+    unreported = gpu.model_copy(update={"uuid": "h", "processes": [GpuProcess(pid=3, used_mib=0, job_id="j")]})
+    batch = GpuTelemetry(cluster="c", node="n", seq=1, sample_time=NOW, gpus=[gpu, unreported])
+    # A GPU whose processes' memory the device did not report says nothing of what it offers idle.
     assert idle_memory(batch) == {"g": H100_MIB - 1000 - DRIVER_RESERVE_MIB}
 
 

@@ -40,9 +40,12 @@ def free_memory(batch: GpuTelemetry) -> dict[str, float]:
 def idle_memory(batch: GpuTelemetry) -> dict[str, float]:
     """What each GPU of a node's sample would have free with nothing running on it: its nameplate less what no
     process holds (the driver's and the idle card's own use) and the driver reserve. A process's memory (a job's,
-    a foreign one's) comes back when it ends; the rest never does."""
+    a foreign one's) comes back when it ends; the rest never does. A GPU with a process whose memory the device
+    did not report (0: no permission, in a container) says nothing of its idle state: it is left out."""
     out = {}
     for g in batch.gpus:
+        if any(p.used_mib <= 0 for p in g.processes):
+            continue
         base = max(g.memory_used_mib - sum(p.used_mib for p in g.processes), 0.0)
         out[g.uuid] = max(g.memory_total_mib - base - DRIVER_RESERVE_MIB, 0.0)
     return out

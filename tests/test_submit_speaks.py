@@ -5,13 +5,17 @@ again when it changes."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
 
 import httpx
 
-from .processes import ADMIN_TOKEN, make_cluster, wait_until
+from whaleflux.shared import subjects
+from whaleflux.shared.events import JobSubmitted
+
+from .processes import ADMIN_TOKEN, connect_bus, make_cluster, wait_until
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -44,6 +48,38 @@ def test_a_job_no_node_could_ever_hold_is_refused_naming_the_largest_node_and_wh
         r = httpx.post(scheduler.url + "/v1/jobs", headers=AUTH, json={
             "name": "big", "command": ["true"], "gpu_models": ["H100"], "min_memory_mib": 79.6 * 1024})
         assert r.status_code == 422 and "the largest node, h100-01" in r.json()["detail"], r.text
+    finally:
+        cluster.stop()
+
+
+def test_a_queued_job_that_never_fits_an_idle_card_is_rejected_and_keeps_no_one_waiting(clean_servers, tmp_path):
+    cluster = make_cluster(clean_servers, tmp_path)
+    scheduler = cluster.service("scheduler")
+    cluster.agent("h100-01")
+    try:
+        scheduler.wait_ready()
+        wait_until(lambda: _idle_known(scheduler, 1), what="node registered and sampled")
+        # Straight onto the bus, as a job that came before the first sample would: no check at submission.
+        huge = JobSubmitted(job_id="huge", name="huge", command=["true"], gpu_models=["H100"],
+                            min_memory_mib=79.6 * 1024)
+
+        async def publish() -> None:
+            bus = await connect_bus(clean_servers)
+            try:
+                await bus.publish(subjects.job_submitted(huge.team), huge, subject=huge.job_id)
+            finally:
+                await bus.close()
+
+        asyncio.run(publish())
+        r = httpx.post(scheduler.url + "/v1/jobs", headers=AUTH, json={
+            "name": "next", "command": ["true"], "gpus": 8, "gpu_models": ["H100"]})
+        nxt = r.json()["job_id"]
+        rejected = wait_until(lambda: (j := httpx.get(f"{scheduler.url}/v1/jobs/huge").json())["state"] == "rejected"
+                              and j, what="the impossible job rejected")
+        assert "79.4 GB free when idle" in rejected["reason"], rejected
+        assert "the largest node, h100-01 (8 x H100" in rejected["reason"], rejected
+        wait_until(lambda: httpx.get(f"{scheduler.url}/v1/jobs/{nxt}").json()["state"] == "succeeded",
+                   timeout=60, what="the H100 job after it ran")
     finally:
         cluster.stop()
 

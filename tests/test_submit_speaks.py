@@ -124,6 +124,9 @@ def test_submit_wait_prints_why_a_job_waits_and_again_when_the_reason_changes(cl
         assert "on r4090-01" in first and "(in " in first and " h" in first and "first in line" in first, first
         assert "{at:" not in first and "t=" not in first, first
         job_id = next(line.split()[-1] for line in out.lines if line.startswith("submitted job"))
+        # `jobs`, `jobs show` and the console read the same words.
+        shown = httpx.get(f"{scheduler.url}/v1/jobs/{job_id}").json()["reason"]
+        assert "reserved to start at " in shown and "{at:" not in shown and "(in " in shown, shown
         # An operator cordons a GPU of the node: the reason changes, and is printed again.
         r = httpx.post(f"{scheduler.url}/v1/nodes/r4090-01/gpus/0/cordon", headers=AUTH, json={"reason": "fan"})
         assert r.status_code == 200, r.text

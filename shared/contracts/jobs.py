@@ -111,3 +111,4 @@ class JobWhy(BaseModel):
     state: JobStateName
     attempt: int = 0
     why: str
+    why_key: str = Field("", description="changes when the reason does, not when only the clock moves")

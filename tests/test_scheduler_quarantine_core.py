@@ -222,7 +222,8 @@ def _commit(current: GpuQuarantine | None, step: Step | None) -> GpuQuarantine |
 
 def test_a_critical_alert_takes_a_gpu_out_until_every_alert_on_it_resolves():
     first = alert_fired(None, GPU, "fp-hot", "GPUTemperatureHigh", T0)
-    assert first is not None and first.record is not None and isinstance(first.event.data, GpuCordoned)
+    assert first is not None and first.record is not None and first.event is not None
+    assert isinstance(first.event.data, GpuCordoned)
     assert (first.record.cause, first.record.reason) == ("alert", "GPUTemperatureHigh firing")
     assert first.event.data.cause == "alert"
     assert alert_fired(first.record, GPU, "fp-hot", "GPUTemperatureHigh", T0) is None  # raised again: no change
@@ -231,7 +232,8 @@ def test_a_critical_alert_takes_a_gpu_out_until_every_alert_on_it_resolves():
     one_left = _commit(both, alert_ended(both, "fp-xid"))
     assert one_left is not None and one_left.alerts == {"fp-hot": "GPUTemperatureHigh"}
     ended = alert_ended(one_left, "fp-hot")
-    assert ended is not None and ended.record is None and isinstance(ended.event.data, GpuUncordoned)
+    assert ended is not None and ended.record is None and ended.event is not None
+    assert isinstance(ended.event.data, GpuUncordoned)
     assert alert_ended(None, "fp-hot") is None
 
 

@@ -122,7 +122,8 @@ def test_the_node_page_buttons_drain_undrain_and_clear_faults_for_an_operator_an
     tokens = {"WHALEFLUX_TOKENS_FILE": people["path"]}
     scheduler = cluster.service("scheduler", **FAST_FAILOVER, **tokens)
     agent = cluster.agent(NODE, interval_s=0.25, name="agent", http=True, **tokens)
-    console = cluster.service("console", **tokens, WHALEFLUX_SCHEDULER_URL=scheduler.url, WHALEFLUX_AGENT_URL=agent.url)
+    console = cluster.service("console", **tokens, WHALEFLUX_SCHEDULER_URL=scheduler.url,
+                              WHALEFLUX_AGENT_URL=agent.url)
     try:
         scheduler.wait_ready()
         console.wait_ready(120)

@@ -265,3 +265,13 @@ def test_a_rebuilt_alert_quarantine_without_fingerprints_ends_with_any_resolutio
                             reason="GPUTemperatureHigh firing", since=T0)
     step = alert_ended(rebuilt, "fp-unknown")
     assert step is not None and step.record is None
+
+
+def test_an_undrain_says_which_gpus_stay_cordoned_and_why():
+    from whaleflux.scheduler.api import StaysOut, undrain_said
+
+    stays = [StaysOut(gpu=3, cause="alert", reason="GPUTemperatureHigh firing"),
+             StaysOut(gpu=5, cause="operator", reason="fan swap")]
+    assert undrain_said("h100-01", True, stays, []) == ("h100-01 undrained; GPU 3 stays cordoned: GPUTemperatureHigh "
+                                                        "firing; GPU 5 stays cordoned: operator: fan swap")
+    assert undrain_said("h100-01", False, [], [3]) == "h100-01 was not draining; GPU 3 uncordoned (forced)"

@@ -158,5 +158,7 @@ def test_the_node_page_buttons_drain_undrain_and_clear_faults_for_an_operator_an
         undrained = olga.post(f"{page}/undrain", headers=operator_csrf)
         assert undrained.status_code == 200 and f"{NODE} undrained" in undrained.text, undrained.text
         assert _node(scheduler)["status"] == "healthy"
+        again = olga.post(f"{page}/undrain", data={"force": "true"}, headers=operator_csrf)
+        assert again.status_code == 200 and f"{NODE} was not draining" in again.text, again.text
     finally:
         cluster.stop()

@@ -381,12 +381,21 @@ class StaysOut(BaseModel):
     reason: str
 
 
+def undrain_said(node: str, undrained: bool, stays: list[StaysOut], lifted: list[int]) -> str:
+    """What an undrain did, in one line: "h100-01 undrained; GPU 3 stays cordoned: GPUTemperatureHigh firing"."""
+    parts = [f"{node} undrained" if undrained else f"{node} was not draining"]
+    parts += [f"GPU {i} uncordoned (forced)" for i in lifted]
+    parts += [f"GPU {s.gpu} stays cordoned: " + (s.reason if s.cause == "alert" else f"{s.cause}: {s.reason}")
+              for s in stays]
+    return "; ".join(parts)
+
+
 @nodes.post("/v1/nodes/{node}/undrain", dependencies=[OperatorDep, WholeState])
 async def undrain(node: str, store: StoreDep, failover: FailoverDep, health: HealthDep,
                   body: UndrainBody | None = None) -> dict[str, Any]:
     """Let a drained node take work again (`undrained` false if it was not draining). Its GPUs with a firing
     critical alert stay cordoned (`stays_cordoned`, with the operator's cordons and faults' quarantines) unless
-    `force`, which uncordons those (`uncordoned`)."""
+    `force`, which uncordons those (`uncordoned`); `said` puts it in words for a person."""
     key = await _node_key(store, node)
     reg = (await store.registrations())[key]
     undrained = await failover.undrain(key)
@@ -402,7 +411,7 @@ async def undrain(node: str, store: StoreDep, failover: FailoverDep, health: Hea
         else:
             stays.append(StaysOut(gpu=q.index, cause=q.cause, reason=q.reason))
     return {"node": reg.node, "undrained": undrained, "stays_cordoned": [s.model_dump() for s in stays],
-            "uncordoned": lifted}
+            "uncordoned": lifted, "said": undrain_said(reg.node, undrained, stays, lifted)}
 
 
 class CordonBody(BaseModel):

@@ -55,21 +55,6 @@ def nodes_drain(
     console.print(f"{out['node']} draining ({escape(reason)}): its jobs are stopped and requeued", soft_wrap=True)
 
 
-def undrain_message(out: dict[str, Any]) -> list[str]:
-    """What an undrain did, in words: "h100-01 undrained; GPU 3 stays cordoned: GPUTemperatureHigh firing"."""
-    head = f"{out['node']} undrained" if out["undrained"] else f"{out['node']} was not draining"
-    parts = [head]
-    parts += [f"GPU {i} uncordoned (forced)" for i in out.get("uncordoned", [])]
-    for s in out.get("stays_cordoned", []):
-        why = s["reason"] if s["cause"] == "alert" else f"{s['cause']}: {s['reason']}"
-        parts.append(f"GPU {s['gpu']} stays cordoned: {why}")
-    lines = ["; ".join(parts)]
-    if any(s["cause"] == "alert" for s in out.get("stays_cordoned", [])):
-        lines.append(f"(it takes work again when its alert resolves; `whaleflux nodes undrain {out['node']} --force` "
-                     "hands it back now)")
-    return lines
-
-
 @nodes_app.command("undrain")
 def nodes_undrain(
     node: Annotated[str, typer.Argument(help="the node, e.g. h100-01")],
@@ -80,5 +65,8 @@ def nodes_undrain(
     named) unless --force; an operator's cordon and a fault's quarantine stay in any case (`gpus uncordon`).
     Needs an operator's token."""
     out = _post(node, "undrain", {"force": force})
-    for line in undrain_message(out):
-        console.print(escape(line), soft_wrap=True)
+    # The scheduler's own words ("h100-01 undrained; GPU 3 stays cordoned: GPUTemperatureHigh firing").
+    console.print(escape(out["said"]), soft_wrap=True)
+    if any(s["cause"] == "alert" for s in out["stays_cordoned"]):
+        console.print(f"(it takes work again when its alert resolves; `whaleflux nodes undrain {out['node']} --force` "
+                      "hands it back now)", soft_wrap=True, markup=False)

@@ -13,8 +13,6 @@ from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from markupsafe import escape
 
-from whaleflux.commands.nodes import undrain_message
-
 from ..charts import WINDOWS_S, series
 from ..fleetfold import NodeLine
 from ..heatmap import QUARANTINED
@@ -139,7 +137,8 @@ async def undrain_node(request: Request, node: str, c: ConsoleDep, _: CsrfDep,
                        force: Annotated[bool, Form()] = False) -> Response:
     """Undrain the node; its GPUs whose critical alert still fires stay cordoned unless forced (and are named)."""
     _operator(request)
-    return await _node_action(c, "scheduler", f"/v1/nodes/{node}/undrain", {"force": force}, undrain_message)
+    return await _node_action(c, "scheduler", f"/v1/nodes/{node}/undrain", {"force": force},
+                              lambda done: [done["said"]])
 
 
 @router.post("/fleet/nodes/{node}/clear-faults", response_class=HTMLResponse)

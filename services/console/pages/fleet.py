@@ -95,7 +95,7 @@ async def node_page(request: Request, node: str, c: ConsoleDep, _: SessionDep) -
     view = await fleet_view(c, node)
     if not view.gpus and not view.errors:
         raise HTTPException(404, f"no node {node!r} in telemetry")
-    return page(request, "node.html", "fleet", node=node,
+    return page(request, "node.html", "fleet", node=node, clears_faults=c.settings.agent_url is not None,
                 live=fragment("_node_live.html", v=view, node=node, errors=view.errors))
 
 
@@ -145,6 +145,8 @@ async def undrain_node(request: Request, node: str, c: ConsoleDep, _: CsrfDep,
 async def clear_faults(request: Request, node: str, c: ConsoleDep, _: CsrfDep) -> Response:
     """Clear the faults injected into a simulated node (the agent's admin endpoint)."""
     _operator(request)
+    if c.settings.agent_url is None:
+        raise HTTPException(404, "this console knows no agent (WHALEFLUX_AGENT_URL): use `whaleflux sim clear`")
 
     def said(done: dict) -> list[str]:
         undone = done["cleared"].get(node, [])

@@ -229,12 +229,12 @@ def test_a_critical_alert_takes_a_gpu_out_until_every_alert_on_it_resolves():
     assert alert_fired(first.record, GPU, "fp-hot", "GPUTemperatureHigh", T0) is None  # raised again: no change
     both = _commit(first.record, alert_fired(first.record, GPU, "fp-xid", "GPUXidDrain", T0))
     assert both is not None and both.reason == "GPUTemperatureHigh, GPUXidDrain firing"
-    one_left = _commit(both, alert_ended(both, "fp-xid"))
+    one_left = _commit(both, alert_ended(both, "fp-xid", "GPUXidDrain"))
     assert one_left is not None and one_left.alerts == {"fp-hot": "GPUTemperatureHigh"}
-    ended = alert_ended(one_left, "fp-hot")
+    ended = alert_ended(one_left, "fp-hot", "GPUTemperatureHigh")
     assert ended is not None and ended.record is None and ended.event is not None
     assert isinstance(ended.event.data, GpuUncordoned)
-    assert alert_ended(None, "fp-hot") is None
+    assert alert_ended(None, "fp-hot", "GPUTemperatureHigh") is None
 
 
 def test_healthy_samples_never_hand_back_a_gpu_whose_critical_alert_fires():
@@ -255,15 +255,16 @@ def test_an_alert_on_a_cordoned_gpu_leaves_the_cordon_and_an_operator_uncordon_l
     assert cordoned_ is not None
     with_alert = _commit(cordoned_, alert_fired(cordoned_, GPU, "fp-hot", "GPUTemperatureHigh", T0))
     assert with_alert is not None and (with_alert.cause, with_alert.reason) == ("operator", "fan swap")
-    assert _commit(with_alert, alert_ended(with_alert, "fp-hot")).cause == "operator"  # type: ignore[union-attr]
+    assert _commit(with_alert, alert_ended(with_alert, "fp-hot", "GPUTemperatureHigh")).cause == "operator"  # type: ignore[union-attr]
     lifted = uncordon(with_alert, 0)
     assert lifted is not None and lifted.record is None
 
 
-def test_a_rebuilt_alert_quarantine_without_fingerprints_ends_with_any_resolution():
+def test_a_rebuilt_alert_quarantine_without_fingerprints_ends_with_the_resolution_of_a_rule_it_names():
     rebuilt = GpuQuarantine(cluster="c1", node="h100-01", uuid=GPU.uuid, index=3, cause="alert",
                             reason="GPUTemperatureHigh firing", since=T0)
-    step = alert_ended(rebuilt, "fp-unknown")
+    assert alert_ended(rebuilt, "fp-other", "GPUThermalThrottle") is None  # another rule's (a warning's) end
+    step = alert_ended(rebuilt, "fp-unknown", "GPUTemperatureHigh")
     assert step is not None and step.record is None
 
 

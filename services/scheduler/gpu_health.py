@@ -148,7 +148,7 @@ class GpuHealth:
             if isinstance(data, AlertRaised):
                 step = alert_fired(current, gpu, data.fingerprint, data.rule, self.s.clock())
             else:
-                step = alert_ended(current, data.fingerprint)
+                step = alert_ended(current, data.fingerprint, data.rule)
             if step is not None:
                 await self._commit(gpu, step)
 

@@ -169,10 +169,15 @@ def alert_fired(current: GpuQuarantine | None, gpu: Gpu, fingerprint: str, rule:
     return Step(current.model_copy(update=update))
 
 
-def alert_ended(current: GpuQuarantine | None, fingerprint: str) -> Step | None:
+def alert_ended(current: GpuQuarantine | None, fingerprint: str, rule: str) -> Step | None:
     """A critical alert on the GPU resolved: a GPU out for alerts alone takes work again once none fires
-    (gpu.uncordoned). A quarantine rebuilt from history knows no fingerprints: any resolution ends it."""
-    if current is None or (fingerprint not in current.alerts and (current.cause != "alert" or current.alerts)):
+    (gpu.uncordoned). A quarantine rebuilt from history knows no fingerprints, only its reason (`alert_reason`):
+    the resolution of a rule it names ends it."""
+    if current is None:
+        return None
+    rebuilt = current.cause == "alert" and not current.alerts
+    if fingerprint not in current.alerts and not (rebuilt and rule in current.reason.removesuffix(" firing")
+                                                  .split(", ")):
         return None
     alerts = {k: v for k, v in current.alerts.items() if k != fingerprint}
     if current.cause != "alert":

@@ -240,6 +240,8 @@ class Stack:
         agent_listener = listen(DEFAULT_PORTS["agent"])
         agent_port = agent_listener.getsockname()[1]
         self.cfg.services["agent"] = f"http://127.0.0.1:{agent_port}"
+        # The console's node page clears the simulated fleet's injected faults through the agent.
+        next(c for c in self.children if c.name == "console").env["WHALEFLUX_AGENT_URL"] = self.cfg.services["agent"]
         self.children.append(
             Child("agent", [sys.executable, "-m", "whaleflux", "agent", "--simulate", str(self.fleet)],
                   {**self.identity_env(env, "agent"), "WHALEFLUX_HTTP_PORT": str(agent_port)}, logs / "agent.log",

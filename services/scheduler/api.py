@@ -394,10 +394,50 @@ async def drain(node: str, store: StoreDep, runtime: RuntimeDep, body: DrainBody
     return {"node": reg.node, "draining": True}
 
 
+class UndrainBody(BaseModel):
+    force: bool = Field(False, description="also uncordon the node's GPUs that are out because a critical alert "
+                                           "fires on them")
+
+
+class StaysOut(BaseModel):
+    """A GPU of an undrained node that still takes no work, and why."""
+
+    gpu: int
+    cause: str
+    reason: str
+
+
+def undrain_said(node: str, undrained: bool, stays: list[StaysOut], lifted: list[int]) -> str:
+    """What an undrain did, in one line: "h100-01 undrained; GPU 3 stays cordoned: GPUTemperatureHigh firing"."""
+    parts = [f"{node} undrained" if undrained else f"{node} was not draining"]
+    parts += [f"GPU {i} uncordoned (forced)" for i in lifted]
+    parts += [f"GPU {s.gpu} stays cordoned: " + (s.reason if s.cause == "alert" else f"{s.cause}: {s.reason}")
+              for s in stays]
+    return "; ".join(parts)
+
+
 @nodes.post("/v1/nodes/{node}/undrain", dependencies=[OperatorDep, WholeState])
-async def undrain(node: str, store: StoreDep, failover: FailoverDep) -> dict[str, Any]:
-    """Let a drained node take work again."""
-    return {"node": node, "undrained": await failover.undrain(await _node_key(store, node))}
+async def undrain(node: str, store: StoreDep, failover: FailoverDep, health: HealthDep,
+                  body: UndrainBody | None = None) -> dict[str, Any]:
+    """Let a drained node take work again (`undrained` false if it was not draining). Its GPUs with a firing
+    critical alert stay cordoned (`stays_cordoned`, with the operator's cordons and faults' quarantines) unless
+    `force`, which uncordons those (`uncordoned`); `said` puts it in words for a person."""
+    key = await _node_key(store, node)
+    reg = (await store.registrations())[key]
+    undrained = await failover.undrain(key)
+    force = (body or UndrainBody()).force
+    stays: list[StaysOut] = []
+    lifted: list[int] = []
+    for q in sorted((await health.quarantined()).values(), key=lambda q: q.index):
+        if q.node_key != key:
+            continue
+        if force and q.cause == "alert":
+            await health.uncordon(Gpu(q.cluster, q.node, q.uuid, q.index))
+            lifted.append(q.index)
+        else:
+            stays.append(StaysOut(gpu=q.index, cause=q.cause, reason=q.reason))
+    return {"node": reg.node, "undrained": undrained, "stays_cordoned": [s.model_dump() for s in stays],
+            "uncordoned": lifted, "said": undrain_said(reg.node, undrained, stays, lifted)}
 
 
 class CordonBody(BaseModel):
@@ -414,7 +454,7 @@ class GpuRow(BaseModel):
     model: str
     status: Literal["free", "allocated", "quarantined"]
     job_id: str | None = Field(None, description="the job holding it (a quarantined GPU may still hold one)")
-    cause: str | None = Field(None, description="why it is quarantined: operator, xid, ecc or missing")
+    cause: str | None = Field(None, description="why it is quarantined: operator, xid, ecc, missing or alert")
     reason: str | None = None
     since: datetime | None = None
     healthy_since: datetime | None = Field(None, description="a fault's quarantine: healthy since (the hold runs)")

@@ -45,6 +45,9 @@ class GpuQuarantine(BaseModel):
     since: datetime
     # A fault's quarantine ends once the GPU has reported healthy this long without a break (`hold_s`).
     healthy_since: datetime | None = None
+    # The critical alerts firing on the GPU (fingerprint -> rule): while any fires it stays out, whatever else
+    # lifts its quarantine except an operator's uncordon (an undrain with --force).
+    alerts: dict[str, str] = Field(default_factory=dict)
 
     @property
     def node_key(self) -> str:

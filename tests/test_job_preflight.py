@@ -115,3 +115,26 @@ def test_a_job_whose_paths_are_fine_runs(tmp_path):
     base.mkdir()
     ended = _run(tmp_path, ["sh", "-c", "exit 3"], cwd=str(base))
     assert (ended.exit_code, ended.error) == (3, None)
+
+
+def test_submit_wait_shows_the_worded_reason_when_the_job_user_cannot_reach_the_program(clean_servers, tmp_path):
+    """Through a real agent and the CLI: the README's first job with a `python` in a folder its user cannot pass
+    through (as root: a root agent's job user `nobody` and a venv under a 0700 folder, as the issue found it)."""
+    from .processes import make_cluster
+
+    private, program = _private_venv(tmp_path)
+    cluster = make_cluster(clean_servers, tmp_path)
+    settings = {"WHALEFLUX_JOB_USER": "nobody", "WHALEFLUX_ALLOW_ROOT_JOBS": "false",
+                "WHALEFLUX_JOB_AREAS": str(reachable_folder(tmp_path, "areas"))} if ROOT else {}
+    scheduler = cluster.service("scheduler")
+    cluster.agent("r4090-01", PATH=f"{program.parent}{os.pathsep}{os.defpath}", **settings)
+    try:
+        scheduler.wait_ready()
+        done = cluster.cli("submit", "--gpus", "1", "--wait", "--", str(program), "-c", "print('hi')", timeout=120)
+    finally:
+        cluster.stop()
+        private.chmod(0o700)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said
+    fix = preflight.FIX_OTHER_USER if ROOT else preflight.FIX_OWN_USER
+    assert f"{_who()} cannot run {program}: {private} is {PRIVATE_MODE:04o}" in said and fix in said, said

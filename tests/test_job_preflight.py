@@ -9,6 +9,7 @@ import os
 import pwd
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from whaleflux.agent import attempts, jobuser, preflight, supervise
 
@@ -124,7 +125,7 @@ def test_submit_wait_shows_the_worded_reason_when_the_job_user_cannot_reach_the_
 
     private, program = _private_venv(tmp_path)
     cluster = make_cluster(clean_servers, tmp_path)
-    settings = {"WHALEFLUX_JOB_USER": "nobody", "WHALEFLUX_ALLOW_ROOT_JOBS": "false",
+    settings: dict[str, Any] = {"WHALEFLUX_JOB_USER": "nobody", "WHALEFLUX_ALLOW_ROOT_JOBS": "false",
                 "WHALEFLUX_JOB_AREAS": str(reachable_folder(tmp_path, "areas"))} if ROOT else {}
     scheduler = cluster.service("scheduler")
     cluster.agent("r4090-01", PATH=f"{program.parent}{os.pathsep}{os.defpath}", **settings)

@@ -91,16 +91,18 @@ def _start(spec: attempts.Spec) -> subprocess.Popen:
 
     def enter() -> None:  # in the job's process, once it is the job's user
         try:
-            if spec.area is not None:
-                jobarea.enter(spec.cwd or spec.area, spec.make, [spec.area, *spec.places])
-            elif spec.cwd is not None:  # an attempt of an agent from before job areas
-                os.chdir(spec.cwd)
-        except OSError as exc:
-            refuse(preflight.folder(exc, who, switched))
-        if spec.argv:
-            why = preflight.program(spec.argv[0], search, who, switched)
-            if why is not None:
-                refuse(why)
+            try:
+                if spec.area is not None:
+                    jobarea.enter(spec.cwd or spec.area, spec.make, [spec.area, *spec.places])
+                elif spec.cwd is not None:  # an attempt of an agent from before job areas
+                    os.chdir(spec.cwd)
+            except OSError as exc:
+                refuse(preflight.folder(exc, who, switched))
+            why = preflight.program(spec.argv[0], search, who, switched) if spec.argv else None
+        except Exception as exc:  # noqa: BLE001 - said through the pipe: Popen would only say "preexec_fn failed"
+            why = f"{who} cannot start the command: {exc!r}"
+        if why is not None:
+            refuse(why)
 
     try:
         job = subprocess.Popen(spec.argv, env=spec.env, stdin=subprocess.DEVNULL, start_new_session=True,

@@ -15,7 +15,7 @@ import stat
 # The fixes a failure names, by who the job runs as.
 FIX_OTHER_USER = ("set WHALEFLUX_JOB_USER (or WHALEFLUX_JOB_USERS per team) to a user who can,"
                   " or install it where the job user can read")
-FIX_OWN_USER = "make it reachable by that user, or name another"
+FIX_OWN_USER = "let that user pass through and read it (chmod), or name one it can"
 FIX_NOT_FOUND = ("name the program by its full path, or put its folder first on the agent's PATH"
                  " (`whaleflux up` puts its own environment's bin there)")
 

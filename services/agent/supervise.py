@@ -76,7 +76,7 @@ def _stop(job: subprocess.Popen, grace_s: float) -> int:
 
 def _start(spec: attempts.Spec) -> subprocess.Popen:
     """Start the job's command as its user. Its own folders (the spec's area) are created and entered in the job's
-    process after the switch to that user, never as root: Popen's `cwd` is entered before the switch. There too,
+    process after the switch to that user, never as root (not Popen's `cwd`, entered before the switch). There too,
     as that user, the command's program is looked up and checked (preflight.py). OSError with the reason, naming
     the job's user, the path and the fix, if it cannot start."""
     uid, gid, groups, umask = jobuser.popen_args(spec.user)

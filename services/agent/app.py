@@ -80,7 +80,8 @@ class AgentSettings(CommonSettings):
     validation_intensity: Intensity = "normal"
     validation_checks: str = ",".join(CHECKS)
     # Who jobs run as (jobuser.py): a root agent switches to the user of the job's team/project or team, else to
-    # job_user, else to `nobody`; root only when allowed. A non-root agent runs them as itself.
+    # job_user, else to a uid of the team's own (job_uids); root only when allowed. A non-root agent runs them as
+    # itself. `whaleflux up` sets job_user to its own user unless one is set (whaleflux/local.py job_defaults).
     job_user: str | None = None
     job_users: dict[str, str] = Field(default_factory=dict, description='{"team" or "team/project": user}')
     allow_root_jobs: bool = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from whaleflux.shared.contracts.jobs import ENDED, JobPart, JobRecord, JobStateName
 from whaleflux.shared.events import GpuCordonCause

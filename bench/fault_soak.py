@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -62,6 +63,14 @@ def post_all(url: str, bodies: dict[str, dict], answered: dict[str, set[str]]) -
     for key, body in bodies.items():
         if (job_id := post(url, body, key)) is not None:
             answered.setdefault(key, set()).add(job_id)
+
+
+def billed_seconds(url: str, job_id: str) -> float:
+    """The GPU-seconds billing charged the job (0 for one it holds no charge of: never ran)."""
+    try:
+        return float(billed_gpu_seconds(url, job_id))
+    except (TypeError, KeyError, httpx.HTTPError):  # billing's 404 body, not a list of charges
+        return 0.0
 
 
 def freeze(proc: Proc, seconds: float) -> None:
@@ -175,9 +184,9 @@ def main(n_jobs: int, seconds: float, kinds: list[str]) -> int:
             )
             keyed_twice = sum(1 for got in answered.values() if len(got) > 1)
             ran = sum(r.end - r.start for i in ids for r in runs(marks, i) if r.end is not None)
+            print(f"faults: {', '.join(kinds)}; states: {dict(Counter(states.get(i, 'unknown') for i in ids))}")
             time.sleep(3.0)  # billing's last reports
-            billed = sum(float(billed_gpu_seconds(billing.url, i)) for i in ids)
-            print(f"faults: {', '.join(kinds)}")
+            billed = sum(billed_seconds(billing.url, i) for i in ids)
             print(
                 f"submitted {len(bodies)} keys / jobs stored {stored} / keys answered with two jobs {keyed_twice} / "
                 f"succeeded {succeeded} / ran twice {twice} / overlapping attempts {overlap} / stuck {stuck}   "

@@ -64,6 +64,8 @@ def test_memory_a_foreign_process_holds_on_an_idle_gpu_keeps_a_job_away_and_why_
     try:
         scheduler.wait_ready()
         wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json(), what="node registered")
+        # The agent's own HTTP port may answer a little after its node registered (a busy machine).
+        wait_until(lambda: httpx.get(agent.url + "/healthz").status_code == 200, what="the agent's HTTP port")
         for gpu in (0, 1, 2):  # three of the four idle 24 GB GPUs get 20 GB taken by something we did not start
             fault = {"kind": "foreign-memory", "node": "r4090-01", "gpu": gpu, "memory_mib": 20000}
             assert httpx.post(agent.url + "/admin/faults", json=fault, headers=AUTH).status_code == 200

@@ -53,12 +53,21 @@ def wanted_stamp() -> str:
 
 
 def read_stamp() -> tuple[str, set[str]]:
-    """The stamp of the last install: (its digest, the extras it installed); ("", set()) when there is none. A stamp
-    of one line (written before extras were split) installed [test] and its lint tools."""
+    """The stamp of the last install: (its digest, the extras it installed); ("", set()) when there is none."""
     if not (BIN / "python").exists() or not STAMP.exists():
         return "", set()
-    digest, _, extras = STAMP.read_text().partition("\n")
-    return digest, set(extras.split(",")) - {""} if _ else {"test", "dev"}
+    return parse_stamp(STAMP.read_text())
+
+
+def parse_stamp(text: str) -> tuple[str, set[str]]:
+    """A stamp's text: the digest, then on a second line the extras installed, comma-separated. A stamp of one line
+    (written before the extras were split) installed [test] with the lint tools, now [test] and [dev]."""
+    digest, newline, extras = text.partition("\n")
+    return digest, (set(extras.split(",")) - {""}) if newline else {"test", "dev"}
+
+
+def stamp_text(digest: str, extras: tuple[str, ...]) -> str:
+    return f"{digest}\n{','.join(extras)}"
 
 
 def install(extras: tuple[str, ...] = ()) -> None:
@@ -83,7 +92,7 @@ def install(extras: tuple[str, ...] = ()) -> None:
                    check=True)
     target = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
     subprocess.run([BIN / "python", "-m", "pip", "install", "--disable-pip-version-check", "-e", target], check=True)
-    STAMP.write_text(f"{stamp}\n{','.join(extras)}")
+    STAMP.write_text(stamp_text(stamp, extras))
 
 
 def pyproject() -> dict:

@@ -124,7 +124,8 @@ def test_the_install_stamp_names_the_extras_so_test_adds_them_to_a_venv_made_by_
     assert all(name in extras for names in dev.EXTRAS.values() for name in names)
     # The demo's install has none of the test or lint tools.
     runtime = " ".join(dev.pyproject()["project"]["dependencies"])
-    assert not [tool for tool in ("pytest", "playwright", "mypy", "ruff", "testcontainers", "kubectl") if tool in runtime]
+    tools = ("pytest", "playwright", "mypy", "ruff", "testcontainers", "kubectl")
+    assert not [tool for tool in tools if tool in runtime]
     made_by_run = dev.stamp_text("abc", dev.EXTRAS["run"])
     digest, installed = dev.parse_stamp(made_by_run)
     assert digest == "abc" and not installed >= set(dev.EXTRAS["test"])  # `test` installs its extras

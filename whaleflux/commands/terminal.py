@@ -53,7 +53,7 @@ def instant(flag: str, value: str | None) -> str | None:
         when = datetime.fromisoformat(value.strip())
     except ValueError:
         bad_option(flag, value, f"expected {DATE_FORMATS}")
-    return (when if when.tzinfo else when.replace(tzinfo=UTC)).isoformat()
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).isoformat().replace("+00:00", "Z")
 
 
 def amount(flag: str, value: str | None) -> str | None:

@@ -23,8 +23,8 @@ class ClientError(Exception):
 
 
 # How the CLI writes a date, in every error about one.
-DATE_FORMATS = "a date: YYYY-MM-DD, or YYYY-MM-DDTHH:MM[:SS] in UTC unless it ends in +HH:MM, e.g. 2026-12-01 or " \
-    "2026-12-01T09:30Z"
+DATE_FORMATS = "a date: YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS], in UTC unless an offset such as +02:00 follows, " \
+    "e.g. 2026-12-01 or 2026-12-01T09:30"
 
 
 def refusal_in_words(service: str, detail: Any) -> str:

@@ -92,8 +92,8 @@ def silence_add(
 
     try:
         parse_duration(duration)
-    except ValueError as exc:
-        bad_option("--duration", duration, f"{exc}; e.g. 30m, 2h or 1d")
+    except ValueError:
+        bad_option("--duration", duration, "expected a duration such as 30m, 2h, 1d or 1h30m")
     s = _post("/v1/silences", {"matchers": matchers, "duration": duration, "created_by": author, "comment": comment})
     console.print(f"silence {s['id']} until {s['ends_at'][:19]}")
 

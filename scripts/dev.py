@@ -4,7 +4,7 @@
     python3 scripts/dev.py run    # install into .venv (runtime dependencies only), then `whaleflux up`
     python3 scripts/dev.py test   # install into .venv (with the [test] and [dev] extras), validate
                                   # docker-compose.yml, run the test suite
-    python3 scripts/dev.py lint [PATH...]   # ruff and mypy (the [dev] extra), on the tree or on PATHs
+    python3 scripts/dev.py lint [PATH...]   # ruff and mypy (the same extras), on the tree or on PATHs
 
 Extra arguments go to `whaleflux up` or to pytest. `test` runs the lint step first and stops if it finds
 anything when it runs the whole suite (no pytest arguments, as CI does); with pytest arguments only if asked
@@ -34,8 +34,9 @@ LINT_ROOTS = ("shared", "services", "whaleflux", "tests", "scripts", "bench")
 
 
 # The extras each command installs beside the runtime dependencies (pyproject.toml [project.optional-dependencies]):
-# `run` only what WhaleFlux needs to run; `lint` ruff, mypy and stubs; `test` the test tools and the lint step's.
-EXTRAS = {"run": (), "lint": ("dev",), "test": ("test", "dev")}
+# `run` only what WhaleFlux needs to run; `test` the test tools and the lint step's (ruff, mypy, stubs); `lint` the
+# same, as mypy reads the tests' imports (pytest, hypothesis, playwright...) to check them.
+EXTRAS = {"run": (), "lint": ("test", "dev"), "test": ("test", "dev")}
 
 
 def wanted_stamp() -> str:

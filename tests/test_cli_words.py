@@ -186,3 +186,19 @@ def test_a_services_refusal_names_the_option_and_what_it_takes():
         message = refusal_in_words("scheduler", resp.json()["detail"])
         assert words in message, message
         assert not [t for t in PYDANTIC_TEXT if t in message], message
+
+
+def test_the_choices_the_cli_checks_are_the_services_own():
+    """The CLI refuses a value before any call, so its lists must be the services' (a drift fails here)."""
+    import typing
+
+    from whaleflux.alerting.delivery.model import LogEntry
+    from whaleflux.billing.api import GroupBy
+    from whaleflux.commands.alerts import NOTIFICATION_STATUSES
+    from whaleflux.commands.costs import GROUPINGS
+    from whaleflux.commands.jobs import JOB_STATES
+    from whaleflux.scheduler.records import JobStateName
+
+    assert JOB_STATES == typing.get_args(JobStateName)
+    assert set(NOTIFICATION_STATUSES) == {*typing.get_args(LogEntry.model_fields["status"].annotation), "pending"}
+    assert typing.get_args(GroupBy) == GROUPINGS

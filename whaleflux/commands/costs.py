@@ -14,6 +14,7 @@ from whaleflux.client import ClientError, Connection, refusal
 
 from .terminal import amount, console, gpu_model, instant, one_of
 
+GROUPINGS = ("job", "team", "project", "model")  # billing's GroupBy
 costs_app = typer.Typer(help="GPU cost per job, team or project; idle; exports; TCO.", invoke_without_command=True)
 
 def _fail(message: str) -> None:
@@ -55,7 +56,7 @@ def costs(
     """Cost per job, team, project or model over a window, the idle line per pool and model, and the fleet total."""
     if ctx.invoked_subcommand:
         return
-    one_of("--by", by, ("job", "team", "project", "model"))
+    one_of("--by", by, GROUPINGS)
     one_of("--export", export, ("focus", "csv", "json"))
     if export == "focus" and share_idle and by not in ("team", "project"):
         _fail("--export focus --share-idle: idle is split cost allocated to teams or projects; give --by team or "

@@ -103,7 +103,8 @@ def issue_http_tokens(out: Path) -> None:
     ours += [access.TokenEntry(name=name, role="viewer", services=list(peers), sha256=access.hash_token(tokens[name]))
              for name, peers in SERVICE_LINKS.items()]
     path = out / "tokens.json"
-    others = [e for e in access.read_tokens(path).tokens if e.name not in {o.name for o in ours}]
+    kept = access.read_tokens(path, owners={WHALEFLUX_UID}).tokens  # this tool gave the file to the services' user
+    others = [e for e in kept if e.name not in {o.name for o in ours}]
     access.write_tokens(path, access.TokenFile(tokens=ours + others))
     if os.geteuid() == 0:
         os.chown(path, WHALEFLUX_UID, WHALEFLUX_UID)

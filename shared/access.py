@@ -20,7 +20,7 @@ import hmac
 import json
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -93,9 +93,10 @@ def find(tokens: TokenFile, given: str, service: str) -> Principal | None:
     return found.principal()
 
 
-def read_tokens(path: Path) -> TokenFile:
-    """The tokens file; a missing file has no tokens. A file others can read or write is refused: whoever
-    can write it can make themselves admin."""
+def read_tokens(path: Path, owners: Collection[int] = ()) -> TokenFile:
+    """The tokens file; a missing file has no tokens. A file others can write is refused: whoever can write it
+    can make themselves admin; so is one whose file or folder belongs to a user other than this process's, root
+    or `owners` (a deployment tool reading the file it issued to a service's user)."""
     try:
         found = path.stat()
     except FileNotFoundError:
@@ -105,7 +106,7 @@ def read_tokens(path: Path) -> TokenFile:
     # Its owner and its folder's too: a file someone else owns, or that someone else could have replaced,
     # is theirs, whatever its mode.
     for what, stat_result in ((path, found), (path.parent, path.parent.stat())):
-        if stat_result.st_uid not in (0, os.geteuid()):
+        if stat_result.st_uid not in (0, os.geteuid(), *owners):
             raise Refused(f"{what}: owned by uid {stat_result.st_uid}, not by this service's user or root (chown it)")
     if path.parent.stat().st_mode & 0o022:
         raise Refused(f"{path.parent}: group or others may write in it (chmod 700)")

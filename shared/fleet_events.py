@@ -206,7 +206,8 @@ class NodeUndrained(EventData):
     node: Token
 
 
-GpuCordonCause = Literal["operator", "xid", "ecc", "missing"]
+# "alert": a critical alert fires on the GPU (alerting's alert.raised), until its alert.resolved.
+GpuCordonCause = Literal["operator", "xid", "ecc", "missing", "alert"]
 
 
 class GpuCordoned(EventData):

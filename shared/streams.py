@@ -208,6 +208,9 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("scheduler-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
            dedup=False,
            linger_s=0.05),
+        # Critical alerts on a GPU take it out of placement until they resolve (gpu_health.py). Live only: a GPU's
+        # alerts from before the scheduler first ran are not replayed into quarantines.
+        _c("scheduler-alerts", "WHALEFLUX_ALERTS", s.ALERT_RAISED, s.ALERT_RESOLVED, deliver_new=True),
         # Liveness only matters now: start at new heartbeats, and skip the per-event dedup
         # marker (one per node per second); recording the latest time twice changes nothing.
         _c("scheduler-heartbeats", "WHALEFLUX_NODES", f"{s.NODE_HEARTBEAT}.>", deliver_new=True, batch=256,

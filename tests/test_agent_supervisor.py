@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from whaleflux.agent import attempts, supervise
+from whaleflux.agent import attempts, preflight, supervise
 from whaleflux.agent.supervise import SIGTERM_REASON
 
 from .processes import wait_until
@@ -206,7 +206,9 @@ def test_a_command_that_cannot_start_is_recorded_with_the_reason_and_never_runs(
     assert supervisor.wait(timeout=30) == 0
     ended = _exit(attempt_dir)
     assert ended.exit_code is None  # the reason names the command it could not start
-    assert ended.error == f"cannot start command: No such file or directory: {tmp_path / 'no-such-program'}"
+    who = preflight.describe(None)
+    assert ended.error == (f"cannot start command: {who} cannot run {tmp_path / 'no-such-program'}: no such file;"
+                           " check the path in the command")
     assert attempts.read_running(attempt_dir) is None
 
 
@@ -278,5 +280,6 @@ def test_a_command_whose_folder_is_missing_is_recorded_as_not_started(tmp_path):
     assert supervisor.wait(timeout=30) == 0
     ended = _exit(attempt_dir)
     assert ended.exit_code is None  # the reason names the folder it could not enter
-    assert ended.error == f"cannot start command: No such file or directory: {tmp_path / 'no-such-folder'}"
+    assert ended.error == (f"cannot start command: {preflight.describe(None)} cannot enter the job's folder"
+                           f" {tmp_path / 'no-such-folder'}: No such file or directory")
     assert attempts.read_running(attempt_dir) is None and _mark(tmp_path, "start") is None

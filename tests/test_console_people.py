@@ -93,3 +93,35 @@ def test_each_person_acts_in_the_console_with_their_own_role_and_the_audit_log_n
     assert httpx.get(url + "/jobs", cookies={"wf_session": cookie}).status_code == 303
     for client in (stranger, sam, vic):
         client.close()
+
+
+def test_a_viewer_sees_a_jobs_log_in_the_console_with_its_secrets_masked_as_the_api_masks_them(
+        clean_servers, tmp_path, people):
+    from .processes import ADMIN_TOKEN
+
+    cluster = make_cluster(clean_servers, tmp_path)
+    scheduler = cluster.service("scheduler", WHALEFLUX_TOKENS_FILE=people["path"])
+    console = cluster.service("console", WHALEFLUX_TOKENS_FILE=people["path"], WHALEFLUX_SCHEDULER_URL=scheduler.url)
+    cluster.agent("r4090-01")
+    try:
+        for proc in (scheduler, console):
+            proc.wait_ready(120)
+        secret = "s3cr3t-value-0987"
+        body = {"name": "leaky", "command": ["sh", "-c", 'echo "using $HF_TOKEN"; echo "password=hunter22 done"'],
+                "env": {"HF_TOKEN": secret}}
+        answer = httpx.post(f"{scheduler.url}/v1/jobs", json=body, timeout=30,
+                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert answer.status_code == 202, answer.text
+        job_id = answer.json()["job_id"]
+        wait_until(lambda: httpx.get(f"{scheduler.url}/v1/jobs/{job_id}", timeout=10,
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()["state"] == "succeeded",
+                   timeout=120, what="the job ran")
+        assert secret in (tmp_path / "home" / "jobs" / f"{job_id}.1.log").read_text()  # the log itself is raw
+        vic, _ = log_in(console.url, people["viewer"])
+        page = wait_until(lambda: (p := vic.get(f"/jobs/{job_id}")).status_code == 200 and "using" in p.text and p,
+                          what="the job's log on its page")
+        assert "using [redacted]" in page.text and "password=[redacted] done" in page.text
+        log = page.text.split('data-testid="job-log">', 1)[1].split("</pre>", 1)[0]
+        assert secret not in page.text and "hunter22" not in log  # the command is shown as submitted
+    finally:
+        cluster.stop()

@@ -192,3 +192,26 @@ def test_sim_inject_parameters_reach_a_real_agents_gpus_and_wrong_ones_exit_2(cl
         assert done.returncode == 0 and "for 1s" in done.stdout, done.stdout + done.stderr
     finally:
         cluster.stop()
+
+
+def test_clearing_a_simulated_node_undoes_every_injected_gpu_fault():
+    node = _h100_busy(4)
+    for fault in (_cli_fault("cooling", 0, cooling_factor=10), _cli_fault("xid79", 1), _cli_fault("ecc-dbe", 2),
+                  _cli_fault("foreign-memory", 3), _cli_fault("pcie-degraded", 3)):
+        node.inject(fault)
+    t = datetime(2026, 3, 1, tzinfo=UTC)
+    for i in range(1, 120):
+        node.sample(t + timedelta(seconds=i))
+    hot = {s.index: s for s in node.sample(t + timedelta(seconds=120))}
+    slowdown = hot[0].slowdown_temperature_c
+    assert slowdown is not None
+    assert 1 not in hot and hot[0].temperature_c >= slowdown and hot[2].ecc_uncorrected == 1
+    assert node.clear() == [0, 1, 2, 3]
+    assert node.clear() == []  # nothing left to undo
+    after = {s.index: s for s in node.sample(t + timedelta(seconds=121))}
+    assert sorted(after) == [0, 1, 2, 3] and after[2].ecc_uncorrected == 0
+    assert [p.pid for p in after[3].processes] == [4242]  # the job's process runs on; the foreign one is gone
+    for i in range(122, 400):
+        node.sample(t + timedelta(seconds=i))
+    cooled = {s.index: s for s in node.sample(t + timedelta(seconds=400))}
+    assert cooled[0].temperature_c < slowdown - 10

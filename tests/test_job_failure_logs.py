@@ -11,7 +11,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from whaleflux.agent.logtail import REDACTED, tail_lines
+from whaleflux.agent.logtail import tail_lines
 from whaleflux.agent.virtual import stated_run
 from whaleflux.alerting.config import DEFAULT_RULES_FILE, load_config
 from whaleflux.alerting.dispatch.groups import Notification, NotifiedAlert
@@ -20,6 +20,7 @@ from whaleflux.alerting.rules.engine import RuleEngine
 from whaleflux.shared import subjects
 from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.events import JobFinished, JobPlaced, JobSubmitted, NodeRegistered
+from whaleflux.shared.redaction import REDACTED
 
 from .processes import connect_bus, make_cluster, until
 from .test_agent_virtual_jobs import _last

@@ -79,7 +79,7 @@ def test_a_job_of_a_refused_shape_that_ends_by_the_reserved_start_still_backfill
     assert [s.job.job_id for s in reply.started] == ["short"], reply.waiting
     assert reply.started[0].placement.node == "n0" and reply.started[0].backfilled
     for job_id in ("long-a", "long-b", "long-c"):
-        assert reply.waiting[job_id].startswith("would delay head, reserved to start at t=1000s on n0"), job_id
+        assert reply.waiting[job_id].startswith("would delay head, reserved to start at {at:1000} on n0"), job_id
 
 
 def test_a_move_the_reservation_refused_is_still_made_for_a_job_that_ends_by_the_reserved_start():

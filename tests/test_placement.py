@@ -129,7 +129,7 @@ def test_leased_node_is_used_only_if_the_lease_outlives_the_job():
     long = placed(JobRequest("j", 1, expected_runtime_s=7200), [leased, owned])
     assert short.node == "owned"  # best fit still wins among nodes that pass
     lone = place(JobRequest("j", 1, expected_runtime_s=7200), [leased])
-    assert isinstance(lone, Unschedulable) and "lease ends in 1.0 h, job needs 2.0 h" in lone.reason
+    assert isinstance(lone, Unschedulable) and "lease ends {at:3600}, job needs 2 h" in lone.reason
     assert long.node == "owned"
 
 

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
 from .processes import wait_until
-from .rootjobs import ROOT_JOBS
+from .rootjobs import reachable_folder
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 EXAMPLE_JOB = "557e178c3f02"
@@ -73,22 +77,53 @@ def test_the_marked_blocks_hold_the_examples_a_new_user_tries_first():
     assert len(found) >= 15
 
 
-def test_every_marked_readme_example_works_against_up(tmp_path):
-    home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))} | ROOT_JOBS
+def _login_path() -> str:
+    """The PATH of a terminal that has not activated the venv (how `scripts/dev.py run` starts `up`)."""
+    venv_bin = str(Path(sys.prefix) / "bin")
+    return os.pathsep.join(p for p in os.environ.get("PATH", os.defpath).split(os.pathsep)
+                           if p and p not in (venv_bin, str(Path(sys.executable).parent)))
+
+
+@contextmanager
+def running_up(tmp_path: Path, home: Path, as_user: list[str] | None = None) -> Iterator[dict[str, str]]:
+    """`whaleflux up` with WHALEFLUX_HOME `home`, started (by `as_user`, a command prefix, as another user) as a new
+    user starts it: no job user, no root allowance, the terminal's PATH without the venv. Yields the environment
+    of the other terminal, where the user ran `source .venv/bin/activate`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))}
     env["WHALEFLUX_HOME"] = str(home)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `whaleflux` as installed
     env["COLUMNS"] = "200"
+    if as_user:
+        env["HOME"] = str(home.parent)  # the other user's own
+    up_env = {**env, "PATH": _login_path()}
+    shell_env = {**env, "PATH": f"{Path(sys.prefix) / 'bin'}{os.pathsep}{_login_path()}"}  # `whaleflux` as installed
     with open(tmp_path / "up.out", "wb") as out_file:
-        up = subprocess.Popen([sys.executable, "-m", "whaleflux", "up"], env=env, stdout=out_file,
-                              stderr=subprocess.STDOUT)
+        up = subprocess.Popen([*(as_user or []), sys.executable, "-m", "whaleflux", "up"], env=up_env,
+                              stdout=out_file, stderr=subprocess.STDOUT)
     try:
         def all_ready():
-            services = json.loads((home / "config.json").read_text())["services"]
+            if up.poll() is not None:
+                return True  # said below
+            config = home / "config.json"
+            services = json.loads(config.read_text())["services"] if config.exists() else {}
             return set(SERVICES) <= set(services) and all(
                 httpx.get(services[s] + "/readyz", timeout=1).status_code == 200 for s in SERVICES)
 
         wait_until(all_ready, timeout=180, what="all five services ready")
+        assert up.poll() is None, f"up exited {up.returncode}:\n{(tmp_path / 'up.out').read_text()[-2000:]}"
+        yield shell_env
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+
+
+def test_every_marked_readme_example_works_against_up(tmp_path):
+    # No overrides (issue 37): as root, `up` runs jobs as root; `python` is the venv's, from `up`'s own PATH.
+    home = tmp_path / "home"
+    with running_up(tmp_path, home) as env:
         job_id = None
         failures = []
         for ex in examples(README.read_text()):
@@ -108,10 +143,41 @@ def test_every_marked_readme_example_works_against_up(tmp_path):
                 failures.append(f"README.md:{ex.line}: {command!r} exited {done.returncode}:\n{said[-1500:]}")
         assert job_id, "the first example submits a job"
         assert not failures, "\n\n".join(failures)
-    finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()
+        _first_job_runs_as(env, home, os.geteuid())
+
+
+# The README's first job, printing who ran it and which Python.
+FIRST_JOB = "whaleflux submit --gpus 1 --wait -- python -c 'import os, sys; print(os.getuid(), sys.prefix)'"
+
+
+def _first_job_runs_as(env: dict[str, str], home: Path, uid: int, as_user: list[str] | None = None) -> None:
+    """The first job, submitted by `as_user`, ran as `uid` with the `python` of `up`'s own environment."""
+    done = subprocess.run([*(as_user or []), "bash", "-c", FIRST_JOB], cwd="/", env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = re.search(r"submitted job (\w+)", done.stdout)
+    assert job_id, done.stdout
+    log = home / "jobs" / f"{job_id.group(1)}.1.log"
+    assert log.read_text().split() == [str(uid), sys.prefix], log.read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="not root: the test above already ran `up` as an ordinary user")
+def test_the_first_job_works_when_an_ordinary_user_starts_up(tmp_path):
+    """`nobody`, with a HOME of its own, starts `up` and submits the first job: it runs as nobody, with the venv's
+    python, from `up`'s PATH alone."""
+    nobody = pwd.getpwnam("nobody")
+    as_nobody = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
+    probe = "import os, sys, whaleflux.local; print(sys.version, os.__file__)"
+    ours = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    theirs = subprocess.run([*as_nobody, sys.executable, "-c", probe], capture_output=True, text=True)
+    if theirs.stdout != ours.stdout:  # e.g. a venv made from a Python under /root (0700): not usable by others
+        pytest.skip(f"nobody cannot use the Python of {sys.prefix} as this user does: {ours.stdout.strip()!r} here,"
+                    f" {(theirs.stdout + theirs.stderr).strip()[-300:]!r} as nobody")
+    own = reachable_folder(tmp_path, "nobody-home")
+    own.mkdir()
+    os.chown(own, nobody.pw_uid, nobody.pw_gid)
+    home = own / "whaleflux"
+    with running_up(tmp_path, home, as_nobody) as env:
+        _first_job_runs_as(env, home, nobody.pw_uid, as_nobody)
+
+

@@ -3,6 +3,7 @@ holds on an idle GPU, and a lease that ends before the job would."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -103,7 +104,9 @@ def test_a_job_is_kept_off_a_node_whose_lease_ends_before_it_would_and_why_says_
         wait_until(lambda: httpx.get(scheduler.url + "/v1/nodes").json()[0]["lease_ends_at"],
                    what="lease known to the scheduler")
         long = _submit(scheduler, gpu_models=["H200"], expected_runtime_s=100 * 3600)
-        why = wait_until(lambda: "lease ends in" in (w := _why(scheduler, long)) and w, what="why mentions the lease")
+        why = wait_until(lambda: "lease ends" in (w := _why(scheduler, long)) and w, what="why mentions the lease")
+        # The lease's end in local time with its date (not today), how far off, and the job's need, in words.
+        assert "{at:" not in why and "(in " in why and re.search(r"job needs \d+ d", why), why
         assert _job(scheduler, long)["state"] == "pending", why
         short = _submit(scheduler, gpu_models=["H200"], expected_runtime_s=600)
         wait_until(lambda: _job(scheduler, short)["state"] in ("placed", "running"),

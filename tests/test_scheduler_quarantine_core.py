@@ -11,6 +11,8 @@ from whaleflux.scheduler.quarantine import (
     Problem,
     QuarantinePolicy,
     Step,
+    alert_ended,
+    alert_fired,
     cordon,
     judge,
     missing_problem,
@@ -212,3 +214,65 @@ def test_why_names_the_quarantined_gpus_that_matter_to_the_job():
     many = [faulty(Problem("xid", "XID 79"), gpu=Gpu("c1", f"h100-{n:02d}", f"u{n}", 0)) for n in range(2, 15)]
     lines = why(waiting, many, {f"h100-{n:02d}": "H100" for n in range(2, 15)}).splitlines()
     assert len(lines) == 12 and lines[-1] == "quarantined: 3 more GPU(s) (whaleflux gpus list)"
+
+
+def _commit(current: GpuQuarantine | None, step: Step | None) -> GpuQuarantine | None:
+    return current if step is None else step.record
+
+
+def test_a_critical_alert_takes_a_gpu_out_until_every_alert_on_it_resolves():
+    first = alert_fired(None, GPU, "fp-hot", "GPUTemperatureHigh", T0)
+    assert first is not None and first.record is not None and first.event is not None
+    assert isinstance(first.event.data, GpuCordoned)
+    assert (first.record.cause, first.record.reason) == ("alert", "GPUTemperatureHigh firing")
+    assert first.event.data.cause == "alert"
+    assert alert_fired(first.record, GPU, "fp-hot", "GPUTemperatureHigh", T0) is None  # raised again: no change
+    both = _commit(first.record, alert_fired(first.record, GPU, "fp-xid", "GPUXidDrain", T0))
+    assert both is not None and both.reason == "GPUTemperatureHigh, GPUXidDrain firing"
+    one_left = _commit(both, alert_ended(both, "fp-xid", "GPUXidDrain"))
+    assert one_left is not None and one_left.alerts == {"fp-hot": "GPUTemperatureHigh"}
+    ended = alert_ended(one_left, "fp-hot", "GPUTemperatureHigh")
+    assert ended is not None and ended.record is None and ended.event is not None
+    assert isinstance(ended.event.data, GpuUncordoned)
+    assert alert_ended(None, "fp-hot", "GPUTemperatureHigh") is None
+
+
+def test_healthy_samples_never_hand_back_a_gpu_whose_critical_alert_fires():
+    out = _commit(None, alert_fired(None, GPU, "fp-hot", "GPUTemperatureHigh", T0))
+    assert judge(out, GPU, None, True, T0 + timedelta(hours=1), POLICY) is None
+    # A fault's quarantine whose hold ends while an alert fires: out for the alert from then on.
+    xid = _commit(None, judge(None, GPU, Problem("xid", "XID 79"), False, T0, POLICY))
+    xid = _commit(xid, alert_fired(xid, GPU, "fp-xid", "GPUXidDrain", T0))
+    assert xid is not None and xid.cause == "xid"
+    xid = _commit(xid, judge(xid, GPU, None, True, T0 + timedelta(seconds=1), POLICY))
+    held = judge(xid, GPU, None, True, T0 + timedelta(seconds=302), POLICY)
+    assert held is not None and held.record is not None and held.event is None
+    assert (held.record.cause, held.record.reason) == ("alert", "GPUXidDrain firing")
+
+
+def test_an_alert_on_a_cordoned_gpu_leaves_the_cordon_and_an_operator_uncordon_lifts_all():
+    cordoned_ = _commit(None, cordon(None, GPU, "fan swap", T0))
+    assert cordoned_ is not None
+    with_alert = _commit(cordoned_, alert_fired(cordoned_, GPU, "fp-hot", "GPUTemperatureHigh", T0))
+    assert with_alert is not None and (with_alert.cause, with_alert.reason) == ("operator", "fan swap")
+    assert _commit(with_alert, alert_ended(with_alert, "fp-hot", "GPUTemperatureHigh")).cause == "operator"  # type: ignore[union-attr]
+    lifted = uncordon(with_alert, 0)
+    assert lifted is not None and lifted.record is None
+
+
+def test_a_rebuilt_alert_quarantine_without_fingerprints_ends_with_the_resolution_of_a_rule_it_names():
+    rebuilt = GpuQuarantine(cluster="c1", node="h100-01", uuid=GPU.uuid, index=3, cause="alert",
+                            reason="GPUTemperatureHigh firing", since=T0)
+    assert alert_ended(rebuilt, "fp-other", "GPUThermalThrottle") is None  # another rule's (a warning's) end
+    step = alert_ended(rebuilt, "fp-unknown", "GPUTemperatureHigh")
+    assert step is not None and step.record is None
+
+
+def test_an_undrain_says_which_gpus_stay_cordoned_and_why():
+    from whaleflux.scheduler.api import StaysOut, undrain_said
+
+    stays = [StaysOut(gpu=3, cause="alert", reason="GPUTemperatureHigh firing"),
+             StaysOut(gpu=5, cause="operator", reason="fan swap")]
+    assert undrain_said("h100-01", True, stays, []) == ("h100-01 undrained; GPU 3 stays cordoned: GPUTemperatureHigh "
+                                                        "firing; GPU 5 stays cordoned: operator: fan swap")
+    assert undrain_said("h100-01", False, [], [3]) == "h100-01 was not draining; GPU 3 uncordoned (forced)"

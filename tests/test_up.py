@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import socket
 import stat
@@ -175,3 +176,21 @@ def test_local_servers_never_settle_on_a_port_someone_else_took(tmp_path, monkey
     finally:
         local.stop()
         taken.close()
+
+
+def test_up_runs_jobs_as_its_own_user_with_its_environment_first_on_path_unless_a_job_user_is_set():
+    from whaleflux.local import job_defaults
+
+    venv = "/opt/wf/.venv"
+    added, said = job_defaults({"PATH": "/usr/bin:/opt/wf/.venv/bin:/bin"}, euid=0, prefix=venv)
+    assert added == {"PATH": "/opt/wf/.venv/bin:/usr/bin:/bin", "WHALEFLUX_JOB_USER": "root",
+                     "WHALEFLUX_ALLOW_ROOT_JOBS": "true"}  # root's own `up`: its jobs are root's, as it is
+    assert said == "as root, who started `up` (WHALEFLUX_JOB_USER names another); /opt/wf/.venv/bin first on PATH"
+    nobody = pwd.getpwnam("nobody")
+    added, _ = job_defaults({"PATH": "/usr/bin"}, euid=nobody.pw_uid, prefix=venv)
+    assert added == {"PATH": "/opt/wf/.venv/bin:/usr/bin", "WHALEFLUX_JOB_USER": "nobody"}
+    for configured in ({"WHALEFLUX_JOB_USER": "nobody"}, {"WHALEFLUX_JOB_USERS": '{"vision": "nobody"}'}):
+        added, said = job_defaults({"PATH": "/usr/bin", **configured}, euid=0, prefix=venv)
+        assert added == {"PATH": "/opt/wf/.venv/bin:/usr/bin"} and said.startswith(f"as {next(iter(configured))}=")
+    added, said = job_defaults({"PATH": "/usr/bin", "WHALEFLUX_ALLOW_ROOT_JOBS": "false"}, euid=0, prefix=venv)
+    assert added == {"PATH": "/opt/wf/.venv/bin:/usr/bin"} and "each team's own uid" in said

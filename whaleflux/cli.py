@@ -17,6 +17,7 @@ from .commands import (
     gpus,
     inventory,
     jobs,
+    nodes,
     run,
     schemas,
     simulation,
@@ -55,6 +56,7 @@ app.command()(fleet.monitor)
 app.add_typer(fleet.sim_app, name="sim")
 app.command()(submit.submit)
 app.add_typer(jobs.jobs_app, name="jobs")
+app.add_typer(nodes.nodes_app, name="nodes")
 app.add_typer(gpus.gpus_app, name="gpus")
 app.add_typer(costs.costs_app, name="costs")
 app.add_typer(simulation.trace_app, name="trace")

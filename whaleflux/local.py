@@ -79,6 +79,37 @@ def linked_env(name: str, services: dict[str, str]) -> dict[str, str]:
     return {f"WHALEFLUX_{peer.upper()}_URL": services[peer] for peer in SERVICE_LINKS.get(name, ())}
 
 
+def job_defaults(environ: dict[str, str] | None = None, euid: int | None = None,
+                 prefix: str | None = None) -> tuple[dict[str, str], str]:
+    """What `up` adds to its agent's environment, and the summary's line for it. Jobs run as the user who started
+    `up` (root too: a single machine's own user), unless WHALEFLUX_JOB_USER or WHALEFLUX_JOB_USERS names another
+    (a production `whaleflux agent` keeps its per-team default, docs/services/agent.md); and they find this
+    environment's programs (`python`, `whaleflux`, what the venv installed) first on PATH."""
+    environ = dict(os.environ) if environ is None else environ
+    euid = os.geteuid() if euid is None else euid
+    bin_dir = str(Path(sys.prefix if prefix is None else prefix) / "bin")
+    path = [p for p in environ.get("PATH", os.defpath).split(os.pathsep) if p and p != bin_dir]
+    added = {"PATH": os.pathsep.join([bin_dir, *path])}
+    configured = [k for k in ("WHALEFLUX_JOB_USER", "WHALEFLUX_JOB_USERS") if environ.get(k)]
+    no_root = environ.get("WHALEFLUX_ALLOW_ROOT_JOBS", "").strip().lower() in ("0", "false", "no", "off")
+    if configured:
+        who = f"as {' and '.join(f'{k}={environ[k]}' for k in configured)} says"
+    elif euid == 0 and no_root:
+        who = "as each team's own uid (WHALEFLUX_ALLOW_ROOT_JOBS is off, docs/services/agent.md)"
+    else:
+        import pwd
+
+        try:
+            name = pwd.getpwuid(euid).pw_name
+        except KeyError:
+            name = str(euid)
+        added["WHALEFLUX_JOB_USER"] = name
+        if euid == 0:
+            added["WHALEFLUX_ALLOW_ROOT_JOBS"] = "true"
+        who = f"as {name}, who started `up` (WHALEFLUX_JOB_USER names another)"
+    return added, f"{who}; {bin_dir} first on PATH"
+
+
 def listen(preferred: int) -> socket.socket:
     """A listening socket on `preferred`, else on a free port: bound here, so nobody can take it before the child
     serves on it (probing a port and binding it later leaves a window for another process)."""
@@ -146,6 +177,7 @@ class Stack:
     stopping: bool = False
     # The NATS user each child connects as (its name: a service, "console", "agent"), when `up` runs the servers.
     nats_users: set[str] = field(default_factory=set)
+    jobs_line: str = ""  # who jobs run as, and their PATH (job_defaults)
 
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WHALEFLUX_")}
@@ -237,12 +269,17 @@ class Stack:
                   logs / "console.log", listener=console_listener)
         )
         # The agent's HTTP port serves fault injection (`whaleflux sim inject`).
+        # Its jobs run as this user, with this environment's bin first on PATH (job_defaults).
+        agent_extra, self.jobs_line = job_defaults()
         agent_listener = listen(DEFAULT_PORTS["agent"])
         agent_port = agent_listener.getsockname()[1]
         self.cfg.services["agent"] = f"http://127.0.0.1:{agent_port}"
+        # The console's node page clears the simulated fleet's injected faults through the agent.
+        next(c for c in self.children if c.name == "console").env["WHALEFLUX_AGENT_URL"] = self.cfg.services["agent"]
         self.children.append(
             Child("agent", [sys.executable, "-m", "whaleflux", "agent", "--simulate", str(self.fleet)],
-                  {**self.identity_env(env, "agent"), "WHALEFLUX_HTTP_PORT": str(agent_port)}, logs / "agent.log",
+                  {**self.identity_env(env, "agent"), **agent_extra, "WHALEFLUX_HTTP_PORT": str(agent_port)},
+                  logs / "agent.log",
                   listener=agent_listener)
         )
         self.cfg.save()
@@ -302,6 +339,8 @@ class Stack:
         table.add_row("mode", "production: every read needs a token (docs/security.md)" if self.production
                       else "development: reads need no token (`up --production` for authenticated reads)")
         table.add_row("simulated fleet", str(self.fleet))
+        if self.jobs_line:
+            table.add_row("jobs run", self.jobs_line)
         if self.assets:
             table.add_row("declared assets", str(self.assets))
         table.add_row("config (0600)", str(localconfig.config_path()))

@@ -39,7 +39,7 @@ from . import jobarea, jobuser, runner
 from .burnin.gate import NodeGate, Policy, record_path
 from .burnin.plan import CHECKS, BurnInPlan, Intensity, PlanError, make_plan, parse_checks, parse_duration
 from .burnin.run import Exerciser
-from .faults import FAULT_HELP, Fault
+from .faults import FAULT_HELP, ClearFaults, Fault
 from .node import NodeAgent
 from .simulated import SimulatedNode
 
@@ -80,7 +80,8 @@ class AgentSettings(CommonSettings):
     validation_intensity: Intensity = "normal"
     validation_checks: str = ",".join(CHECKS)
     # Who jobs run as (jobuser.py): a root agent switches to the user of the job's team/project or team, else to
-    # job_user, else to `nobody`; root only when allowed. A non-root agent runs them as itself.
+    # job_user, else to a uid of the team's own (job_uids); root only when allowed. A non-root agent runs them as
+    # itself. `whaleflux up` sets job_user to its own user unless one is set (whaleflux/local.py job_defaults).
     job_user: str | None = None
     job_users: dict[str, str] = Field(default_factory=dict, description='{"team" or "team/project": user}')
     allow_root_jobs: bool = False
@@ -264,6 +265,24 @@ def create_app(agents: list[NodeAgent], settings: AgentSettings) -> FastAPI:
                 raise HTTPException(422, str(exc)) from None
         log.warning("agent.fault_injected", kind=fault.kind, node=fault.node, gpu=fault.gpu)
         return {"injected": done}
+
+    @app.post("/admin/faults/clear", tags=["admin"], dependencies=[operator])
+    async def clear(body: ClearFaults) -> dict:
+        """Undo the faults injected into one simulated node (or, with no node, into every node this agent runs):
+        a silent node speaks again, each faulted GPU is as built. `cleared` names what was undone per node."""
+        if body.node is not None and body.node not in by_name:
+            runs = ", ".join(sorted(by_name))
+            raise HTTPException(404, f"node: this agent runs no node {body.node!r} (it runs {runs})")
+        targets = [by_name[body.node]] if body.node is not None else agents
+        cleared: dict[str, list[str]] = {}
+        for agent in targets:
+            undone = ["node-silent"] if agent.speak_again() else []
+            if isinstance(agent.backend, SimulatedNode):
+                undone += [f"GPU {i}" for i in agent.backend.clear()]
+            cleared[agent.node.name] = undone
+            if undone:
+                log.warning("agent.faults_cleared", node=agent.node.name, cleared=undone)
+        return {"cleared": cleared}
 
     return app
 

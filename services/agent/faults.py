@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .fault_kinds import FAULT_HELP, FAULT_PARAMS, GPU_FAULTS, NO_DURATION, PARAMETERS, FaultKind
 
-__all__ = ["FAULT_HELP", "FAULT_PARAMS", "GPU_FAULTS", "NO_DURATION", "PARAMETERS", "Fault", "FaultKind",
-           "param_defaults"]
+__all__ = ["FAULT_HELP", "FAULT_PARAMS", "GPU_FAULTS", "NO_DURATION", "PARAMETERS", "ClearFaults", "Fault",
+           "FaultKind", "param_defaults"]
 
 
 class Fault(BaseModel):
@@ -40,6 +40,13 @@ class Fault(BaseModel):
                 why = NO_DURATION if name == "duration_s" else "it takes " + (", ".join(takes) or "no parameters")
                 raise ValueError(f"{name}: fault {self.kind!r} has no parameter {name}; {why}")
         return self
+
+
+class ClearFaults(BaseModel):
+    """Which simulated nodes to rid of their injected faults (`node` None: every node this agent runs)."""
+
+    model_config = ConfigDict(extra="forbid")
+    node: str | None = Field(None, min_length=1, max_length=128)
 
 
 def param_defaults(kind: str) -> dict[str, object]:

@@ -7,10 +7,9 @@ and other control characters dropped, blank lines skipped; at most
 keeps its end, where the error usually is). The agent reads only the last
 `TAIL_BYTES` of the file.
 
-Secrets are not passed on: the value of every variable of the job's
-environment whose name says it is a secret (`TOKEN`, `SECRET`, `PASSWORD`,
-`KEY`, `CREDENTIAL`, `AUTH`, ...), and whatever follows `password=`,
-`token: ` or `Bearer `, becomes `[redacted]`.
+Secrets are not passed on (shared/redaction.py): the values of the job's
+secret-named variables and whatever follows `password=`, `token: ` or
+`Bearer ` become `[redacted]`.
 """
 
 from __future__ import annotations
@@ -19,22 +18,11 @@ import re
 from collections.abc import Mapping
 
 from whaleflux.shared.job_events import LOG_LINE_MAX, LOG_TAIL_LINES
+from whaleflux.shared.redaction import redact, secret_values
 
 TAIL_BYTES = 16 * 1024
-REDACTED = "[redacted]"
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION",
-                          re.IGNORECASE)
-_SECRET_TEXT = re.compile(
-    r"(?i)(\bbearer\s+|\b(?:password|passwd|token|secret|api[_-]?key|access[_-]?key)\b\s*[=:]\s*)[^\s\"',;]+")
 _ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b.")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-MIN_SECRET_LEN = 4  # shorter values ("1", "yes") would mask ordinary text
-
-
-def secret_values(env: Mapping[str, str]) -> list[str]:
-    """The values of the job's environment that are secrets by their variable's name, longest first."""
-    found = {v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LEN}
-    return sorted(found, key=len, reverse=True)
 
 
 def _shown(line: str) -> str:
@@ -53,8 +41,6 @@ def tail_lines(data: bytes, env: Mapping[str, str] | None = None, truncated: boo
     secrets = secret_values(env or {})
     out = []
     for text in shown:
-        for value in secrets:
-            text = text.replace(value, REDACTED)
-        text = _SECRET_TEXT.sub(lambda m: m.group(1) + REDACTED, text)
+        text = redact(text, secrets)
         out.append(text if len(text) <= LOG_LINE_MAX else "…" + text[-(LOG_LINE_MAX - 1):])
     return out

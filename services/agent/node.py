@@ -222,6 +222,11 @@ class NodeAgent:
         forever = datetime.max.replace(tzinfo=UTC)
         self.silent_until = forever if duration_s is None else self.clock() + timedelta(seconds=duration_s)
 
+    def speak_again(self) -> bool:
+        """End a node-silent fault now; False if the node was not silent."""
+        was, self.silent_until = self.silent_until is not None, None
+        return was
+
     async def _sample(self, now: datetime) -> None:
         self._forget_ended(now)
         if self.silent_until is not None:

@@ -192,6 +192,23 @@ class SimulatedNode:
             raise ValueError(f"kind: {fault.kind!r} is not a GPU fault")
         return f"{fault.kind} on {self.node} GPU {fault.gpu}"
 
+    def clear(self) -> list[int]:
+        """Undo every injected GPU fault (a repaired card: cooling as built, counters at zero, a vanished GPU back);
+        return the indices of the GPUs that had one. The temperature falls back through the thermal model."""
+        cleared = []
+        for g in self._gpus:
+            healthy = _Gpu(g.identity, g.model, g.temperature_c, g.energy_j, g.job, g.pid, g.util_pct,
+                           nvlink_bytes=g.nvlink_bytes)
+            faulted = (g.cooling_factor, g.ecc_corrected, g.ecc_uncorrected, g.remapped_uncorrectable,
+                       g.nvlink_crc_errors, g.crc_burst_left, g.leak_rate, g.leak_mib, g.foreign_mib, g.pending_xids,
+                       g.lost_after_report, g.gone, g.flipped_bits, g.pcie_width)
+            clean: tuple[object, ...] = (healthy.cooling_factor, 0, 0, 0, 0, [], 0.0, 0.0, 0.0, [], False, False, 0,
+                                         healthy.pcie_width)
+            if faulted != clean:
+                cleared.append(g.identity.index)
+                self._gpus[g.identity.index] = healthy
+        return cleared
+
     def burn_in_state(self, index: int) -> BurnInState:
         """What a burn-in of GPU `index` meets now."""
         g = self._gpus[index]

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from . import attempts, jobarea, jobuser, reaping
+from . import attempts, jobarea, jobuser, preflight, reaping
 
 TYPE_CHECKING = False  # not typing's, which would cost each start ~25 ms
 if TYPE_CHECKING:
@@ -76,33 +76,47 @@ def _stop(job: subprocess.Popen, grace_s: float) -> int:
 
 def _start(spec: attempts.Spec) -> subprocess.Popen:
     """Start the job's command as its user. Its own folders (the spec's area) are created and entered in the job's
-    process after the switch to that user, never as root: Popen's `cwd` is entered before the switch. OSError
-    with the reason (and the user, where it is not this process's) if it cannot start."""
+    process after the switch to that user, never as root (not Popen's `cwd`, entered before the switch). There too,
+    as that user, the command's program is looked up and checked (preflight.py). OSError with the reason, naming
+    the job's user, the path and the fix, if it cannot start."""
     uid, gid, groups, umask = jobuser.popen_args(spec.user)
-    if spec.area is None:  # an attempt of an agent from before job areas
-        return subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
-                                start_new_session=True, user=uid, group=gid, extra_groups=groups, umask=umask)
-    area = spec.area
+    who = preflight.describe(spec.user)
+    switched = uid is not None
+    search = os.get_exec_path(spec.env)
     refused_r, refused_w = os.pipe()
+
+    def refuse(text: str) -> None:
+        os.write(refused_w, text.encode(errors="replace"))
+        os._exit(127)
 
     def enter() -> None:  # in the job's process, once it is the job's user
         try:
-            jobarea.enter(spec.cwd or area, spec.make, [area, *spec.places])
-        except OSError as exc:
-            os.write(refused_w, f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}".encode())
-            os._exit(126)
+            try:
+                if spec.area is not None:
+                    jobarea.enter(spec.cwd or spec.area, spec.make, [spec.area, *spec.places])
+                elif spec.cwd is not None:  # an attempt of an agent from before job areas
+                    os.chdir(spec.cwd)
+            except OSError as exc:
+                refuse(preflight.folder(exc, who, switched))
+            why = preflight.program(spec.argv[0], search, who, switched) if spec.argv else None
+        except Exception as exc:  # noqa: BLE001 - said through the pipe: Popen would only say "preexec_fn failed"
+            why = f"{who} cannot start the command: {exc!r}"
+        if why is not None:
+            refuse(why)
 
     try:
         job = subprocess.Popen(spec.argv, env=spec.env, stdin=subprocess.DEVNULL, start_new_session=True,
                                user=uid, group=gid, extra_groups=groups, umask=umask, preexec_fn=enter)
+    except OSError as exc:  # what the check could not see (a format the kernel cannot run)
+        os.close(refused_r)
+        raise OSError(f"{who} cannot run {spec.argv[0]}: {exc.strerror or exc}") from exc
     finally:
         os.close(refused_w)
     with os.fdopen(refused_r, "rb") as pipe:
         refused = pipe.read()  # nothing once the command runs (the pipe closes on exec)
     if refused:
         job.wait()
-        who = f" as uid {uid}" if uid is not None else ""
-        raise OSError(f"cannot prepare the job's folders{who}: {refused.decode(errors='replace')}")
+        raise OSError(refused.decode(errors="replace"))
     return job
 
 
@@ -142,9 +156,7 @@ def supervise(attempt_dir: Path | str) -> None:
     try:
         job = _start(spec)
     except OSError as exc:
-        reason = f"cannot start command: {exc.strerror or exc}"
-        if exc.filename is not None:
-            reason += f": {exc.filename}"
+        reason = f"cannot start command: {exc}"
         _record(attempt_dir, attempts.Exit(finished_at=attempts.utcnow(), error=reason))
         return
     _record(attempt_dir, attempts.Running(os.getpid(), job.pid, attempts.utcnow()))

@@ -1,7 +1,8 @@
 """What the console reads from the other services' HTTP APIs, typed.
 
 Tolerant readers: only the fields a page shows, unknown fields ignored, so a service may add
-fields without breaking the console. GPU samples reuse the event contract itself.
+fields without breaking the console. GPU samples reuse the event contract itself; the scheduler's job records
+are its own response models (`shared.contracts.jobs`), one source for the API and the console.
 """
 
 from __future__ import annotations
@@ -92,51 +93,8 @@ class NodeStatus(Read):
     heartbeat_age_s: float | None = None
 
 
-class JobSpec(Read):
-    name: str
-    team: str = "default"
-    project: str = "default"
-    command: list[str]
-    gpus: int = 1
-    gpu_models: list[str] = Field(default_factory=list)
-    min_memory_mib: float = 0
-    workload_class: str = "small"
-    priority: str = "normal"
-    preemptible: bool = False
-    checkpoint_dir: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    submitted_by: str | None = None
-
-
-class Requeue(Read):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-
-class JobRecord(Read):
-    job_id: str
-    spec: JobSpec
-    state: str
-    reason: str | None = None
-    attempt: int = 0
-    cluster: str | None = None
-    node: str | None = None
-    gpu_model: str | None = None
-    gpu_uuids: list[str] = Field(default_factory=list)
-    submitted_at: datetime | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    exit_code: int | None = None
-    placed_because: str | None = None
-    preemptions: int = 0
-    requeues: list[dict[str, Any]] = Field(default_factory=list)
-    migrations: int = 0
-
-
-class JobWhy(Read):
-    job_id: str
-    state: str
-    attempt: int = 0
-    why: str
+# The scheduler's job records (`/v1/jobs`, `/v1/jobs/{id}`, `/v1/jobs/{id}/why`) are read with its own
+# response models, from the one source both use: `shared.contracts.jobs` (JobRecord, JobPart, JobWhy).
 
 
 # --------------------------------------------------------------------------- alerting

@@ -21,6 +21,9 @@ class ConsoleSettings(CommonSettings):
     alerting_url: str = "http://127.0.0.1:8703"
     billing_url: str = "http://127.0.0.1:8704"
     inventory_url: str = "http://127.0.0.1:8705"
+    # The simulated fleet's agent (`up` sets it): its admin endpoint clears injected faults (the node page's
+    # "Clear injected faults" button, shown only when it is set).
+    agent_url: str | None = None
     # Cookies are `Secure` whenever the console is reached over HTTPS: its own TLS, or a proxy's
     # X-Forwarded-Proto: https once `trust_forwarded_proto` says the proxy is trusted to set it. `cookie_secure`
     # forces it always (a proxy that sends no such header).
@@ -45,4 +48,4 @@ class ConsoleSettings(CommonSettings):
         return {
             "telemetry": self.telemetry_url, "scheduler": self.scheduler_url, "alerting": self.alerting_url,
             "billing": self.billing_url, "inventory": self.inventory_url,
-        }
+        } | ({"agent": self.agent_url} if self.agent_url else {})

@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 T = TypeVar("T")
 # The credential of the person this request is served for (web.session sets it); None: the console's own work.
@@ -51,8 +51,14 @@ class Upstream:
         return await self._send("GET", service, path, params={k: v for k, v in params.items() if v not in (None, "")})
 
     async def get_as(self, model: type[T], service: str, path: str, /, **params: Any) -> T:
-        """GET and read the body as `model` (a pydantic model or a type such as list[Model])."""
-        return TypeAdapter(model).validate_python(await self.get(service, path, **params))
+        """GET and read the body as `model` (a pydantic model or a type such as list[Model]). A body that does not
+        fit the model is the service's error, shown on the page (the field named), never the console's bare 500."""
+        body = await self.get(service, path, **params)
+        try:
+            return TypeAdapter(model).validate_python(body)
+        except ValidationError as exc:
+            raise UpstreamError(service, f"answered {path} in a shape the console cannot read: {_fields(exc)}",
+                                502) from None
 
     async def raw(self, service: str, path: str, /, **params: Any) -> httpx.Response:
         """GET the response itself (exports: CSV bodies, their headers)."""
@@ -86,6 +92,13 @@ def _detail(resp: httpx.Response) -> str:
     if isinstance(detail, list):  # FastAPI's 422: one line per field
         detail = "; ".join(f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
     return f"{resp.status_code}: {str(detail)[:500]}"
+
+
+def _fields(exc: ValidationError, most: int = 3) -> str:
+    errors = exc.errors()
+    lines = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:most]]
+    more = f" (and {len(errors) - most} more)" if len(errors) > most else ""
+    return "; ".join(lines) + more
 
 
 async def fetch_all(calls: dict[str, Awaitable[Any]]) -> tuple[dict[str, Any], list[str]]:

@@ -13,7 +13,8 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, R
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
-from whaleflux.shared import job_paths, subjects
+from whaleflux.shared import job_paths, redaction, subjects
+from whaleflux.shared.contracts.jobs import JobWhy
 from whaleflux.shared.deps import NowDep, OperatorDep, RuntimeDep, Submitter, ViewerDep, require_team
 from whaleflux.shared.envelope import Envelope, encode
 from whaleflux.shared.events import JobSubmitted, NodeDrainRequested
@@ -31,7 +32,7 @@ from .records import JobRecord, JobStateName
 from .schedule_request import NodeView, infeasible_reason, job_request, node_model, node_state
 from .service import Scheduler
 from .store import SchedulerStore
-from .why import why
+from .why import reason_key, spoken, why
 
 
 def _scheduler(request: Request) -> Scheduler:
@@ -159,7 +160,7 @@ async def leader(scheduler: SchedulerDep) -> dict[str, Any]:
 
 
 @jobs.get("/v1/jobs", dependencies=[WholeState])
-async def list_jobs(store: StoreDep, limit: int = Query(100, ge=1, le=1000),
+async def list_jobs(store: StoreDep, now: NowDep, limit: int = Query(100, ge=1, le=1000),
                     state: JobStateName | None = None) -> list[JobRecord]:
     """Jobs, newest first (environment values masked)."""
     found: list[JobRecord] = []
@@ -171,7 +172,7 @@ async def list_jobs(store: StoreDep, limit: int = Query(100, ge=1, le=1000),
         start += page
         records = await store.jobs(ids)
         found += [records[i] for i in ids if i in records and (state is None or records[i].state == state)]
-    return [_masked(j) for j in await store.with_waiting(found[:limit])]
+    return [_spoken(_masked(j), now) for j in await store.with_waiting(found[:limit])]
 
 
 async def _job(store: SchedulerStore, job_id: str) -> JobRecord:
@@ -182,25 +183,48 @@ async def _job(store: SchedulerStore, job_id: str) -> JobRecord:
     return job
 
 
+def _spoken(job: JobRecord, now: datetime) -> JobRecord:
+    """The job with its reason as a person reads it now (moments in local time, how far off)."""
+    if not job.reason:
+        return job
+    said = spoken(job.reason, now)
+    return job if said == job.reason else job.model_copy(update={"reason": said})
+
+
 @jobs.get("/v1/jobs/{job_id}", dependencies=[WholeState])
-async def get_job(job_id: str, store: StoreDep) -> JobRecord:
+async def get_job(job_id: str, store: StoreDep, now: NowDep) -> JobRecord:
     """One job (environment values masked)."""
-    return _masked(await _job(store, job_id))
+    return _spoken(_masked(await _job(store, job_id)), now)
+
+
+class RedactBody(BaseModel):
+    text: str = Field(max_length=256 * 1024, description="text the job wrote (its log's tail)")
+
+
+@jobs.post("/v1/jobs/{job_id}/redact", dependencies=[WholeState])
+async def redact_text(job_id: str, body: RedactBody, store: StoreDep) -> dict[str, str]:
+    """The text with the job's secrets masked as its job.finished log lines are (shared/redaction.py): the values
+    of its secret-named variables, which only the scheduler keeps, and secret-looking assignments. What the
+    console shows of a job's log to any viewer. Reads only."""
+    job = await _job(store, job_id)
+    return {"text": redaction.redact(body.text, redaction.secret_values(job.spec.env))}
 
 
 @jobs.get("/v1/jobs/{job_id}/why", dependencies=[WholeState])
-async def job_why(job_id: str, store: StoreDep, health: HealthDep) -> dict[str, Any]:
+async def job_why(job_id: str, store: StoreDep, health: HealthDep, now: NowDep) -> JobWhy:
     """Why the job waits (what it needs, the largest free block, jobs ahead, the quarantined GPUs of the models it
-    may use), or where and why it runs (and which of its GPUs are quarantined)."""
+    may use), or where and why it runs (and which of its GPUs are quarantined); moments in the scheduler's local
+    time and how far off they are. `why_key` changes when the reason does, not when only the clock moves on."""
     job = await _job(store, job_id)
     quarantined = list((await health.quarantined()).values())
     models = {r.node: node_model(r) for r in (await store.registrations()).values()}
-    return {"job_id": job_id, "state": job.state, "attempt": job.attempt, "why": why(job, quarantined, models)}
+    text = why(job, quarantined, models)
+    return JobWhy(job_id=job_id, state=job.state, attempt=job.attempt, why=spoken(text, now), why_key=reason_key(text))
 
 
 @jobs.post("/v1/jobs", status_code=202, dependencies=[WholeState])
-async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep, runtime: RuntimeDep,
-                 response: Response, idempotency_key: Annotated[str | None, Header(
+async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep, feeds: FeedsDep,
+                 runtime: RuntimeDep, response: Response, idempotency_key: Annotated[str | None, Header(
                      alias=idem.HEADER, description="a repeat with the same key (within 24 h) answers the first "
                      "request's jobs, with `Idempotent-Replayed: true`; with another body 422")] = None,
                  ) -> dict[str, Any]:
@@ -217,7 +241,7 @@ async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep
     if claim is None:
         submitted = _submissions(body, replica_ids(uuid.uuid4().hex[:12], body.replicas))
         _own_paths(scheduler, submitted[0])
-        reason = await _never_fits(scheduler, submitted[0])
+        reason = await _never_fits(scheduler, feeds, submitted[0])
         if reason:
             raise HTTPException(422, f"infeasible: {reason}")
         envs = _envelopes(runtime, submitted)
@@ -272,7 +296,7 @@ def _answer(job_ids: list[str]) -> dict[str, Any]:
 
 
 @jobs.post("/v1/jobs/check", dependencies=[WholeState])
-async def check(body: SubmitRequest, scheduler: SchedulerDep) -> dict[str, Any]:
+async def check(body: SubmitRequest, scheduler: SchedulerDep, feeds: FeedsDep) -> dict[str, Any]:
     """Whether the fleet could ever run the job (`whaleflux submit` asks before it publishes): `feasible`, and
     the reason when it is not. Reads only: a viewer's token in production."""
     try:
@@ -280,7 +304,7 @@ async def check(body: SubmitRequest, scheduler: SchedulerDep) -> dict[str, Any]:
     except ValidationError as exc:
         raise BadRequest(str(exc)) from exc
     _own_paths(scheduler, job)
-    reason = await _never_fits(scheduler, job)
+    reason = await _never_fits(scheduler, feeds, job)
     return {"feasible": reason is None, "reason": reason}
 
 
@@ -291,10 +315,12 @@ def _own_paths(scheduler: Scheduler, job: JobSubmitted) -> None:
         raise BadRequest("; ".join(f"{field}: {reason}" for field, reason in refused.items()))
 
 
-async def _never_fits(scheduler: Scheduler, job: JobSubmitted) -> str | None:
-    """Why no registered node, all free and healthy, could ever hold the job; None if one could."""
+async def _never_fits(scheduler: Scheduler, feeds: Feeds, job: JobSubmitted) -> str | None:
+    """Why no registered node, all free and healthy, could ever hold the job (each GPU offering what telemetry saw
+    it offer idle, else its nameplate); None if one could."""
     regs = await scheduler.store.registrations()
-    return infeasible_reason(regs.values(), job_request(job.job_id, job), scheduler.policy.profile)
+    return infeasible_reason(regs.values(), job_request(job.job_id, job), scheduler.policy.profile,
+                             feeds.idle_free())
 
 
 @jobs.post("/v1/jobs/{job_id}/cancel", dependencies=[WholeState])
@@ -368,10 +394,50 @@ async def drain(node: str, store: StoreDep, runtime: RuntimeDep, body: DrainBody
     return {"node": reg.node, "draining": True}
 
 
+class UndrainBody(BaseModel):
+    force: bool = Field(False, description="also uncordon the node's GPUs that are out because a critical alert "
+                                           "fires on them")
+
+
+class StaysOut(BaseModel):
+    """A GPU of an undrained node that still takes no work, and why."""
+
+    gpu: int
+    cause: str
+    reason: str
+
+
+def undrain_said(node: str, undrained: bool, stays: list[StaysOut], lifted: list[int]) -> str:
+    """What an undrain did, in one line: "h100-01 undrained; GPU 3 stays cordoned: GPUTemperatureHigh firing"."""
+    parts = [f"{node} undrained" if undrained else f"{node} was not draining"]
+    parts += [f"GPU {i} uncordoned (forced)" for i in lifted]
+    parts += [f"GPU {s.gpu} stays cordoned: " + (s.reason if s.cause == "alert" else f"{s.cause}: {s.reason}")
+              for s in stays]
+    return "; ".join(parts)
+
+
 @nodes.post("/v1/nodes/{node}/undrain", dependencies=[OperatorDep, WholeState])
-async def undrain(node: str, store: StoreDep, failover: FailoverDep) -> dict[str, Any]:
-    """Let a drained node take work again."""
-    return {"node": node, "undrained": await failover.undrain(await _node_key(store, node))}
+async def undrain(node: str, store: StoreDep, failover: FailoverDep, health: HealthDep,
+                  body: UndrainBody | None = None) -> dict[str, Any]:
+    """Let a drained node take work again (`undrained` false if it was not draining). Its GPUs with a firing
+    critical alert stay cordoned (`stays_cordoned`, with the operator's cordons and faults' quarantines) unless
+    `force`, which uncordons those (`uncordoned`); `said` puts it in words for a person."""
+    key = await _node_key(store, node)
+    reg = (await store.registrations())[key]
+    undrained = await failover.undrain(key)
+    force = (body or UndrainBody()).force
+    stays: list[StaysOut] = []
+    lifted: list[int] = []
+    for q in sorted((await health.quarantined()).values(), key=lambda q: q.index):
+        if q.node_key != key:
+            continue
+        if force and q.cause == "alert":
+            await health.uncordon(Gpu(q.cluster, q.node, q.uuid, q.index))
+            lifted.append(q.index)
+        else:
+            stays.append(StaysOut(gpu=q.index, cause=q.cause, reason=q.reason))
+    return {"node": reg.node, "undrained": undrained, "stays_cordoned": [s.model_dump() for s in stays],
+            "uncordoned": lifted, "said": undrain_said(reg.node, undrained, stays, lifted)}
 
 
 class CordonBody(BaseModel):
@@ -388,7 +454,7 @@ class GpuRow(BaseModel):
     model: str
     status: Literal["free", "allocated", "quarantined"]
     job_id: str | None = Field(None, description="the job holding it (a quarantined GPU may still hold one)")
-    cause: str | None = Field(None, description="why it is quarantined: operator, xid, ecc or missing")
+    cause: str | None = Field(None, description="why it is quarantined: operator, xid, ecc, missing or alert")
     reason: str | None = None
     since: datetime | None = None
     healthy_since: datetime | None = Field(None, description="a fault's quarantine: healthy since (the hold runs)")

@@ -1,7 +1,8 @@
 """The scheduler wired on the service runtime: consumers, routers, start-up, rebuild and loops.
 
 Consumes job.submitted / started / finished / failed, node.registered,
-node.drain_requested, node.heartbeat and gpu.telemetry; produces job.placed,
+node.drain_requested, node.heartbeat, gpu.telemetry and alert.raised / resolved (a GPU with a critical
+alert takes no work until it resolves); produces job.placed,
 job.preempted, job.requeued, job.rejected, node.undrained, gpu.cordoned and
 gpu.uncordoned through the outbox, so a crash never loses or doubles one
 (docs/services/scheduler.md). The collaborators: `Progress` (job events),
@@ -46,6 +47,7 @@ def build(settings: SchedulerSettings | None = None, clock: Clock = system_clock
             "scheduler-nodes": failover.on_node_event,
             "scheduler-heartbeats": failover.on_heartbeat,
             "scheduler-telemetry": feeds.on_telemetry,
+            "scheduler-alerts": health.on_alert,
         },
         routers=ROUTERS,
         on_ready=replica.on_ready,

@@ -37,6 +37,20 @@ def free_memory(batch: GpuTelemetry) -> dict[str, float]:
     return {g.uuid: max(g.memory_total_mib - g.memory_used_mib - DRIVER_RESERVE_MIB, 0.0) for g in batch.gpus}
 
 
+def idle_memory(batch: GpuTelemetry) -> dict[str, float]:
+    """What each GPU of a node's sample would have free with nothing running on it: its nameplate less what no
+    process holds (the driver's and the idle card's own use) and the driver reserve. A process's memory (a job's,
+    a foreign one's) comes back when it ends; the rest never does. A GPU with a process whose memory the device
+    did not report (0: no permission, in a container) says nothing of its idle state: it is left out."""
+    out = {}
+    for g in batch.gpus:
+        if any(p.used_mib <= 0 for p in g.processes):
+            continue
+        base = max(g.memory_used_mib - sum(p.used_mib for p in g.processes), 0.0)
+        out[g.uuid] = max(g.memory_total_mib - base - DRIVER_RESERVE_MIB, 0.0)
+    return out
+
+
 def lease_ends(leases: Iterable[LeaseRow]) -> dict[str, float]:
     """Node name -> when its lease ends (epoch s), from inventory's /v1/leases; an auto-renewing
     lease does not end, and a node under several leases ends with the first."""
@@ -60,6 +74,8 @@ class Feeds:
         self.clock = clock
         self.log = log
         self._memory: dict[str, tuple[float, float]] = {}  # GPU uuid -> (free MiB, when sampled)
+        # GPU uuid -> the most it was seen to offer idle (`idle_memory`): a fact of the card, kept while we run.
+        self._idle: dict[str, float] = {}
         # Node name -> when its lease ends (epoch s), as inventory last said.
         self.leases: dict[str, float] = {}
 
@@ -71,6 +87,8 @@ class Feeds:
                 continue  # the telemetry consumer's subjects carry nothing else
             for uuid, free in free_memory(batch).items():
                 self._memory[uuid] = (free, now)
+            for uuid, idle in idle_memory(batch).items():
+                self._idle[uuid] = max(idle, self._idle.get(uuid, 0.0))
             if self.health is not None:
                 await self.health.observe(batch)
 
@@ -78,6 +96,10 @@ class Feeds:
         """Free memory per GPU from samples no older than STALE_S."""
         now = self.clock().timestamp()
         return {uuid: free for uuid, (free, at) in self._memory.items() if now - at <= STALE_S}
+
+    def idle_free(self) -> dict[str, float]:
+        """What each GPU offers when idle (MiB), as its samples showed; a GPU never sampled is not in it."""
+        return dict(self._idle)
 
     async def lease_loop(self) -> None:
         if not self.settings.inventory_url:

@@ -10,11 +10,30 @@ from __future__ import annotations
 
 import asyncio
 
-from whaleflux.shared.events import GpuCordoned, GpuTelemetry, GpuUncordoned
+from whaleflux.shared.events import (
+    AlertRaised,
+    AlertResolved,
+    Envelope,
+    EventData,
+    GpuCordoned,
+    GpuTelemetry,
+    GpuUncordoned,
+)
 from whaleflux.shared.gpu_flags import ecc_errors
 
 from .failover import Failover
-from .quarantine import Gpu, QuarantinePolicy, Step, cordon, judge, missing_problem, sample_problem, uncordon
+from .quarantine import (
+    Gpu,
+    QuarantinePolicy,
+    Step,
+    alert_ended,
+    alert_fired,
+    cordon,
+    judge,
+    missing_problem,
+    sample_problem,
+    uncordon,
+)
 from .records import GpuQuarantine
 from .service import TROUBLE, Scheduler
 
@@ -111,6 +130,34 @@ class GpuHealth:
                         step = judge(None, gpu, problem, False, at, self.policy)
                         if step is not None:
                             await self._commit(gpu, step)
+
+    async def on_alert(self, env: Envelope, data: EventData) -> None:
+        """A critical alert on a GPU (its labels name its UUID) takes the GPU out until it resolves."""
+        if not isinstance(data, (AlertRaised, AlertResolved)):
+            return
+        if isinstance(data, AlertRaised) and data.severity != "critical":
+            return
+        uuid = data.labels.get("UUID")
+        if not uuid:
+            return  # a node's or a job's alert: a drain, if its rule asks for one, does the rest
+        gpu = await self._registered(uuid)
+        if gpu is None:
+            return
+        async with self._lock:
+            current = (await self.quarantined()).get(uuid)
+            if isinstance(data, AlertRaised):
+                step = alert_fired(current, gpu, data.fingerprint, data.rule, self.s.clock())
+            else:
+                step = alert_ended(current, data.fingerprint, data.rule)
+            if step is not None:
+                await self._commit(gpu, step)
+
+    async def _registered(self, uuid: str) -> Gpu | None:
+        for reg in (await self.s.store.registrations()).values():
+            for g in reg.gpus:
+                if g.uuid == uuid:
+                    return Gpu(reg.cluster, reg.node, g.uuid, g.index)
+        return None
 
     async def cordon(self, gpu: Gpu, reason: str) -> GpuQuarantine:
         """An operator's cordon (kept until the operator lifts it)."""

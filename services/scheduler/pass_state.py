@@ -106,7 +106,8 @@ class PassState:
             free = view.memory_free_mib
             key = (reg, view.condition, view.suspect, view.lease_expires_at,
                    tuple(free.get(u) for u in uuids), tuple(alloc.get(u) for u in uuids),
-                   tuple(u in view.quarantined for u in uuids) if view.quarantined else ())
+                   tuple(u in view.quarantined for u in uuids) if view.quarantined else (),
+                   tuple(view.memory_idle_mib.get(u) for u in uuids) if view.memory_idle_mib else ())
             kept = nodes.get(view.key)
             if kept is None or not _same(kept[0], key):
                 kept = nodes[view.key] = (key, node_state(view, alloc))

@@ -13,9 +13,9 @@ from datetime import datetime
 from .failover import Failover
 from .feeds import Feeds
 from .pass_state import PassState
-from .placement import Profile, explain_wait
+from .placement import NodeState, Profile, explain_wait
 from .queueing import ScheduleReply, ScheduleRequest, schedule
-from .schedule_request import NodeView
+from .schedule_request import NodeView, job_request, largest_lacks
 from .service import TROUBLE, Scheduler
 
 # How many jobs a pass did not reach still get a full "why" each pass (it costs a scan of the nodes each).
@@ -74,7 +74,7 @@ class PlacementPass:
                     self.kept.reset()  # the queue it changed part-way is built afresh
                     raise
                 self.kept.passed(reply)
-                await self._apply(reply, now)
+                await self._apply(reply, now, list(given.request.cluster.nodes.values()))
                 reasons = waiting_reasons(reply, given, self.s.policy.profile)
         # Outside the lock, and only what changed: a reason is not a decision, and rewriting every
         # pending job each pass made the pass cost the queue's length in round trips.
@@ -103,7 +103,8 @@ class PlacementPass:
 
         free, leases, suspects = self.feeds.measured_free(), self.feeds.leases, self.failover.suspects
         out = frozenset(await self.feeds.health.quarantined()) if self.feeds.health is not None else frozenset()
-        views = [NodeView(reg, conditions.get(key), key in suspects, free, leases.get(reg.node), out)
+        idle = self.feeds.idle_free()
+        views = [NodeView(reg, conditions.get(key), key in suspects, free, leases.get(reg.node), out, idle)
                  for key, reg in sorted(regs.items())]
         kept = self.kept
         cluster = kept.cluster(kept.node_states(views, alloc), self.s.facts)
@@ -113,9 +114,10 @@ class PlacementPass:
         request = ScheduleRequest(now.timestamp(), cluster, queue, running, self.s.policy, self.s.teams)
         return PassInput(request, pending_ids)
 
-    async def _apply(self, reply: ScheduleReply, now: datetime) -> None:
+    async def _apply(self, reply: ScheduleReply, now: datetime, nodes: list[NodeState]) -> None:
         """Victims first: their stop orders go out before placements reuse their GPUs. A stopped job
-        waits for its old attempt to end before it is placed again (never two copies)."""
+        waits for its old attempt to end before it is placed again (never two copies). A rejected job's
+        reason names the largest node and what it lacks, as a refusal at submission does."""
         store, log = self.s.store, self.s.log
         grace, hold = self.s.settings.preemption_grace_s, self.s.settings.stop_hold(now)
         changed = await store.jobs([p.victim for p in reply.preempted] + [m.job_id for m in reply.migrated]
@@ -135,7 +137,10 @@ class PlacementPass:
             log.info("job.placed", job_id=job.job_id, node=job.node, gpus=list(s.placement.gpu_indices),
                      attempt=job.attempt, backfilled=s.backfilled, gang=job.nodes if job.parts else None)
         for job_id, reason in reply.infeasible.items():
-            await store.reject(changed[job_id], reason, now)
+            job = changed[job_id]
+            if nodes:
+                reason = f"{reason}; {largest_lacks(nodes, job_request(job_id, job.spec, job.estimate_left_s))}"
+            await store.reject(job, reason, now)
             log.info("job.rejected", job_id=job_id, reason=reason)
 
     async def loop(self) -> None:

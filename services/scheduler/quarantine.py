@@ -4,7 +4,9 @@ A GPU is quarantined for what its samples show (a fatal XID, `gpu_flags.FATAL_XI
 errors or a row-remap failure beyond those an operator accepted, `gpu_flags.ecc_errors`) or for going
 missing (no sample for `missing_s` while its node heartbeats and sends telemetry). It takes work again once
 it has reported healthy for `hold_s` without a break, or when an operator uncordons it. An operator's cordon
-holds until the operator lifts it. A node's drain and undrain never touch any of this.
+holds until the operator lifts it. A GPU on which a critical alert fires (alerting's alert.raised) is out until
+the alert resolves, or an operator uncordons it; while one fires, nothing else hands it back. A node's drain and
+undrain never touch any of this (an undrain with --force uncordons its GPUs out for alerts).
 """
 
 from __future__ import annotations
@@ -114,10 +116,13 @@ def judge(current: GpuQuarantine | None, gpu: Gpu, problem: Problem | None, samp
         if current.healthy_since is not None:
             return Step(current.model_copy(update={"healthy_since": None}))
         return None
-    if current is None or current.cause == "operator" or not sampled_healthy:
+    if current is None or current.cause in ("operator", "alert") or not sampled_healthy:
         return None
     healthy_since = current.healthy_since or now
     if now - healthy_since >= timedelta(seconds=policy.hold_s):
+        if current.alerts:  # healthy samples, but a critical alert still fires: out for that now
+            return Step(current.model_copy(update={"cause": "alert", "reason": alert_reason(current.alerts),
+                                                   "healthy_since": None}))
         return Step(None, uncordoned(current, "scheduler", f"healthy for {policy.hold_s:g} s"))
     if current.healthy_since is None:
         return Step(current.model_copy(update={"healthy_since": now}))
@@ -129,7 +134,7 @@ def cordon(current: GpuQuarantine | None, gpu: Gpu, reason: str, now: datetime) 
     if current is not None and current.cause == "operator":
         return None
     record = GpuQuarantine(cluster=gpu.cluster, node=gpu.node, uuid=gpu.uuid, index=gpu.index, cause="operator",
-                           reason=reason, since=now)
+                           reason=reason, since=now, alerts=current.alerts if current else {})
     return Step(record, cordoned(record))
 
 
@@ -140,3 +145,43 @@ def uncordon(current: GpuQuarantine | None, accepted_ecc: int) -> Step | None:
         return None
     return Step(None, uncordoned(current, "operator", "uncordoned by an operator", accepted_ecc))
 
+
+
+def alert_reason(alerts: dict[str, str]) -> str:
+    """"GPUTemperatureHigh firing": the rules of the critical alerts firing on a GPU."""
+    return ", ".join(sorted(set(alerts.values()))) + " firing"
+
+
+def alert_fired(current: GpuQuarantine | None, gpu: Gpu, fingerprint: str, rule: str, now: datetime) -> Step | None:
+    """A critical alert fires on the GPU: out until it resolves (gpu.cordoned, cause "alert"). A GPU already out
+    for something else stays out for that, and remembers the alert (None: nothing changed)."""
+    if current is None:
+        alerts = {fingerprint: rule}
+        record = GpuQuarantine(cluster=gpu.cluster, node=gpu.node, uuid=gpu.uuid, index=gpu.index, cause="alert",
+                               reason=alert_reason(alerts), since=now, alerts=alerts)
+        return Step(record, cordoned(record))
+    if current.alerts.get(fingerprint) == rule:
+        return None
+    alerts = {**current.alerts, fingerprint: rule}
+    update: dict[str, object] = {"alerts": alerts}
+    if current.cause == "alert":
+        update["reason"] = alert_reason(alerts)
+    return Step(current.model_copy(update=update))
+
+
+def alert_ended(current: GpuQuarantine | None, fingerprint: str, rule: str) -> Step | None:
+    """A critical alert on the GPU resolved: a GPU out for alerts alone takes work again once none fires
+    (gpu.uncordoned). A quarantine rebuilt from history knows no fingerprints, only its reason (`alert_reason`):
+    the resolution of a rule it names ends it."""
+    if current is None:
+        return None
+    rebuilt = current.cause == "alert" and not current.alerts
+    if fingerprint not in current.alerts and not (rebuilt and rule in current.reason.removesuffix(" firing")
+                                                  .split(", ")):
+        return None
+    alerts = {k: v for k, v in current.alerts.items() if k != fingerprint}
+    if current.cause != "alert":
+        return Step(current.model_copy(update={"alerts": alerts}))
+    if alerts:
+        return Step(current.model_copy(update={"alerts": alerts, "reason": alert_reason(alerts)}))
+    return Step(None, uncordoned(current, "scheduler", "its critical alert resolved"))

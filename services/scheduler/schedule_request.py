@@ -11,6 +11,7 @@ from whaleflux.shared.catalog import model_key
 from whaleflux.shared.events import JobSubmitted, NodeRegistered
 
 from .placement import ClusterState, GpuState, Infeasible, JobRequest, NodeState, Profile, place_on
+from .placement.filters import STATIC_FILTERS, gb, offers_mib
 from .placement.scorers import candidate_speed
 from .queueing import PendingJob, RunningJob
 from .records import JobRecord, NodeCondition
@@ -29,6 +30,8 @@ class NodeView:
     lease_expires_at: float | None = None
     # GPUs (uuids) in quarantine: no new work, whatever the node's condition.
     quarantined: frozenset[str] = frozenset()
+    # What each GPU offers when idle (uuid -> MiB, telemetry's `Feeds.idle_free`): unknown (its nameplate) when absent.
+    memory_idle_mib: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -53,7 +56,7 @@ def node_state(view: NodeView, alloc: Mapping[str, str]) -> NodeState:
     gpus = tuple(
         GpuState(uuid=g.uuid, index=g.index, memory_total_mib=g.memory_total_mib,
                  memory_free_mib=view.memory_free_mib.get(g.uuid), allocated_to=alloc.get(g.uuid),
-                 quarantined=g.uuid in view.quarantined)
+                 quarantined=g.uuid in view.quarantined, memory_idle_mib=view.memory_idle_mib.get(g.uuid))
         for g in reg.gpus
     )
     pool = reg.pool or "default"
@@ -175,10 +178,27 @@ def running_job(job: JobRecord, cluster: ClusterState | None = None, now: float 
     )
 
 
-def infeasible_reason(registrations: Iterable[NodeRegistered], req: JobRequest, profile: Profile) -> str | None:
-    """Why the job could never run on these nodes (all free, all healthy), or None; None too when no node is known."""
-    nodes = [node_state(NodeView(reg), {}) for reg in registrations]
+def infeasible_reason(registrations: Iterable[NodeRegistered], req: JobRequest, profile: Profile,
+                      idle: Mapping[str, float] | None = None) -> str | None:
+    """Why the job could never run on these nodes (all free, all healthy, each GPU offering what `idle` says it
+    offers idle, by uuid, else its nameplate), naming the largest node and what it lacks; or None; None too when
+    no node is known."""
+    nodes = [node_state(NodeView(reg, memory_idle_mib=idle or {}), {}) for reg in registrations]
     if not nodes:
         return None
     decision = place_on(ClusterState(nodes), req, profile, 0.0)
-    return decision.reason if isinstance(decision, Infeasible) else None
+    if not isinstance(decision, Infeasible):
+        return None
+    return f"{decision.reason}; {largest_lacks(nodes, req)}"
+
+
+def largest_lacks(nodes: list[NodeState], req: JobRequest) -> str:
+    """The largest node the job may use (of its models if any node is; most GPUs, then most memory on an idle
+    GPU) and what it lacks for the job, in words."""
+    mine = [n for n in nodes if not req.gpu_models or n.model in req.gpu_models] or nodes
+    best = max(mine, key=lambda n: (len(n.gpus), max((offers_mib(g) for g in n.gpus), default=0.0)))
+    memory = max((offers_mib(g) for g in best.gpus), default=0.0)
+    idle = any(g.memory_idle_mib is not None for g in best.gpus)
+    what = f"{best.name} ({len(best.gpus)} x {best.model}, {gb(memory)} GB {'free on an idle GPU' if idle else 'each'})"
+    lacks = [r for check in STATIC_FILTERS.values() if (r := check(req, best))]  # (a gang: none, it spans nodes)
+    return f"the largest node, {what}, lacks: {'; '.join(lacks)}" if lacks else f"the largest node is {what}"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
+from datetime import datetime, tzinfo
 
+from .placement.moments import at, in_words, local
 from .records import GpuQuarantine, JobRecord
 
 # A waiting job's `why` names at most this many quarantined GPUs (then how many more).
@@ -11,8 +14,9 @@ QUARANTINE_LINES = 10
 
 
 def quarantine_line(q: GpuQuarantine) -> str:
-    held = f", healthy since {q.healthy_since:%H:%M:%S}" if q.healthy_since else ""
-    return f"quarantined: {q.node} GPU {q.index} ({q.cause}: {q.reason}; since {q.since:%Y-%m-%d %H:%M:%S}{held})"
+    """One quarantined GPU; its moments put in words where the reason is shown (`spoken`)."""
+    held = f", healthy since {at(q.healthy_since.timestamp())}" if q.healthy_since else ""
+    return f"quarantined: {q.node} GPU {q.index} ({q.cause}: {q.reason}; since {at(q.since.timestamp())}{held})"
 
 
 def why(job: JobRecord, quarantined: Iterable[GpuQuarantine] = (), models: Mapping[str, str] | None = None) -> str:
@@ -54,3 +58,15 @@ def why(job: JobRecord, quarantined: Iterable[GpuQuarantine] = (), models: Mappi
         lines += [quarantine_line(q) for q in out if q.uuid in job.gpu_uuids]
     lines += [f"requeued: {r}" for r in job.requeues]
     return "\n".join(lines)
+
+
+def spoken(text: str, now: datetime, zone: tzinfo | None = None) -> str:
+    """A reason as a person reads it at `now`: each moment in `zone` (default this machine's local time) and how
+    far off it is."""
+    return in_words(text, local(now, zone))
+
+
+def reason_key(text: str) -> str:
+    """A short key of a reason as the scheduler holds it: it changes when the reason does, not when only the
+    clock moves on (`whaleflux submit --wait` prints a reason again when its key changes)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -23,9 +23,11 @@ from .inventory import (
     Money,
     PurchaseTerms,
 )
+from .jobs import JobPart, JobRecord, JobStateName, JobWhy
 
 __all__ = [
     "ASSETS", "FINDINGS", "JOB_EVENTS", "LEASES", "Asset", "CapacityRow", "Declarations", "Finding", "FindingKind",
-    "GpuHolders", "Holder", "HolderChange", "JobHolds", "LeaseRow", "LeaseTerms", "Money", "PurchaseTerms",
+    "GpuHolders", "Holder", "HolderChange", "JobHolds", "JobPart", "JobRecord", "JobStateName", "JobWhy",
+    "LeaseRow", "LeaseTerms", "Money", "PurchaseTerms",
     "fold_holders", "gpus_involved",
 ]

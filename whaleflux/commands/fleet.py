@@ -1,4 +1,5 @@
-"""Commands about the GPUs themselves: `monitor` (live view) and `sim inject` (faults in the simulated fleet)."""
+"""Commands about the GPUs themselves: `monitor` (live view), `sim inject` and `sim clear` (faults in the simulated
+fleet)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .terminal import console, fail, gpu_choice
 if TYPE_CHECKING:
     from whaleflux.agent.faults import Fault
 
-sim_app = typer.Typer(help="The simulated fleet: inject faults.", no_args_is_help=True)
+sim_app = typer.Typer(help="The simulated fleet: inject faults, clear them.", no_args_is_help=True)
 
 
 def monitor(
@@ -94,3 +95,25 @@ def sim_inject(
     except ClientError as exc:
         fail(str(exc))
     console.print(f"injected: {done['injected']}")
+
+
+@sim_app.command("clear")
+def sim_clear(
+    node: Annotated[str | None, typer.Argument(help="simulated node, e.g. h100-01")] = None,
+    all_nodes: Annotated[bool, typer.Option("--all", help="every node the agent runs")] = False,
+) -> None:
+    """Undo the faults injected into a simulated node (or every node with --all): a silent node speaks again, each
+    faulted GPU is as built (its temperature falls back over the next minute). Alerts resolve by their own rules;
+    `nodes undrain` and `gpus uncordon` hand the GPUs back."""
+    if (node is None) == (not all_nodes):
+        raise typer.BadParameter("name one node, or --all for every node", param_hint="NODE")
+    try:
+        done = Connection.discover().post_admin("agent", "/admin/faults/clear", {"node": node})
+    except ClientError as exc:
+        fail(str(exc))
+    for name, undone in sorted(done["cleared"].items()):
+        if undone or not all_nodes:
+            console.print(f"{name}: " + (f"cleared {', '.join(undone)}" if undone else "no injected faults"),
+                          soft_wrap=True)
+    if all_nodes and not any(done["cleared"].values()):
+        console.print("no injected faults on any node")

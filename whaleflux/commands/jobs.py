@@ -21,6 +21,7 @@ jobs_app = typer.Typer(help="List jobs, or show one.", invoke_without_command=Tr
 JOB_STATES = ("pending", "placed", "running", "succeeded", "failed", "rejected", "cancelled")
 TERMINAL = {"succeeded", "failed", "rejected", "cancelled"}
 POLL_S = 0.25  # how often `submit --wait` asks the scheduler: the wait ends within this of the job's end
+WHY_POLL_S = 2.0  # how often a waiting job's reason is asked for: printed again only when it changes
 BILLING_GRACE_S = 5.0  # how long an ended job's charge may take to appear (billing meters from the same events)
 
 
@@ -169,8 +170,11 @@ def _where(job: dict[str, Any] | None) -> str:
 
 
 def wait_for(conn: Connection, job_id: str) -> None:
-    """Print each state the job passes through; when it ends (any end), how it ended and what it cost."""
+    """Print each state the job passes through, and while it waits why (once a placement pass has judged it, and
+    again whenever the reason changes); when it ends (any end), how it ended and what it cost."""
     last = None
+    said: str | None = None  # the key of the reason last printed
+    asked = 0.0  # when the scheduler was last asked why (monotonic)
     try:
         while True:
             try:
@@ -183,6 +187,9 @@ def wait_for(conn: Connection, job_id: str) -> None:
             if state != last:
                 console.print(f"{job_id}: {state}{_where(job)}", soft_wrap=True)
                 last = state
+            if state == "pending" and job and job.get("reason") and time.monotonic() - asked >= WHY_POLL_S:
+                asked = time.monotonic()
+                said = _say_why(conn, job_id, said)
             if state in TERMINAL:
                 print_end(job)
                 show_cost(conn, job, BILLING_GRACE_S)
@@ -191,6 +198,21 @@ def wait_for(conn: Connection, job_id: str) -> None:
     except KeyboardInterrupt:
         console.print(f"stopped waiting; job {job_id} goes on (`whaleflux jobs show {job_id}`)")
         raise typer.Exit(130) from None
+
+
+def _say_why(conn: Connection, job_id: str, said: str | None) -> str | None:
+    """Print why the job waits if the reason changed since `said` (its key); returns the key now. A scheduler that
+    does not answer leaves it for the next time."""
+    try:
+        answer = conn.get("scheduler", f"/v1/jobs/{job_id}/why")
+    except ClientError:
+        return said
+    if answer.get("state") != "pending":
+        return said
+    key = answer.get("why_key") or answer["why"]
+    if key != said:
+        console.print(f"{job_id}: {escape(answer['why'])}", soft_wrap=True)
+    return str(key)
 
 
 def exit_status(code: int | None) -> str | None:

@@ -1,13 +1,17 @@
-"""Fleet: every node and GPU live, the heat map, a node's GPUs, a GPU's history charts."""
+"""Fleet: every node and GPU live, the heat map, a node's GPUs (and, for operators, drain, undrain and clearing a
+simulated node's faults), a GPU's history charts."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from markupsafe import escape
 
 from ..charts import WINDOWS_S, series
 from ..fleetfold import NodeLine
@@ -15,8 +19,8 @@ from ..heatmap import QUARANTINED
 from ..live import Frames
 from ..models import FleetSummary, GpuHistory, GpuRow, NodeStatus
 from ..paging import page_of
-from ..upstream import fetch_all
-from ..web import Console, ConsoleDep, SessionDep, fragment, page, sse
+from ..upstream import UpstreamError, fetch_all
+from ..web import Console, ConsoleDep, CsrfDep, SessionDep, fragment, page, sse
 
 router = APIRouter()
 # Above this many GPUs the fleet page lists nodes only (the heat map still shows every GPU).
@@ -91,8 +95,64 @@ async def node_page(request: Request, node: str, c: ConsoleDep, _: SessionDep) -
     view = await fleet_view(c, node)
     if not view.gpus and not view.errors:
         raise HTTPException(404, f"no node {node!r} in telemetry")
-    return page(request, "node.html", "fleet", node=node,
+    return page(request, "node.html", "fleet", node=node, clears_faults=c.settings.agent_url is not None,
                 live=fragment("_node_live.html", v=view, node=node, errors=view.errors))
+
+
+# Who sees and may press the node page's drain, undrain and clear-faults buttons (the services check it again).
+NODE_ACTION_ROLES = ("operator", "admin")
+
+
+def _operator(request: Request) -> None:
+    person = getattr(request.state, "person", None)
+    if person is None or person.role not in NODE_ACTION_ROLES:
+        raise HTTPException(403, "draining, undraining and clearing faults need an operator")
+
+
+async def _node_action(c: Console, service: str, path: str, body: dict,
+                       said: str | Callable[[dict], list[str]]) -> Response:
+    """Do one node action upstream; answer the line that says what happened (or what refused it)."""
+    try:
+        done = await c.upstream.post(service, path, body)
+        lines = [said] if isinstance(said, str) else said(done)
+        html = "".join(f'<p class="notice" role="status">{escape(line)}</p>' for line in lines)
+    except UpstreamError as exc:
+        html = f'<p class="error" role="alert">{escape(service)} refused: {escape(exc.detail)}</p>'
+    c.hub.mark("node")
+    return HTMLResponse(html)
+
+
+@router.post("/fleet/nodes/{node}/drain", response_class=HTMLResponse)
+async def drain_node(request: Request, node: str, c: ConsoleDep, _: CsrfDep,
+                     reason: Annotated[str, Form()] = "") -> Response:
+    """Drain the node through the scheduler: nothing new goes there, its jobs are requeued."""
+    _operator(request)
+    why = reason.strip() or "drained from the console"
+    return await _node_action(c, "scheduler", f"/v1/nodes/{node}/drain", {"reason": why},
+                              f"{node} draining ({why}): its jobs are stopped and requeued")
+
+
+@router.post("/fleet/nodes/{node}/undrain", response_class=HTMLResponse)
+async def undrain_node(request: Request, node: str, c: ConsoleDep, _: CsrfDep,
+                       force: Annotated[bool, Form()] = False) -> Response:
+    """Undrain the node; its GPUs whose critical alert still fires stay cordoned unless forced (and are named)."""
+    _operator(request)
+    return await _node_action(c, "scheduler", f"/v1/nodes/{node}/undrain", {"force": force},
+                              lambda done: [done["said"]])
+
+
+@router.post("/fleet/nodes/{node}/clear-faults", response_class=HTMLResponse)
+async def clear_faults(request: Request, node: str, c: ConsoleDep, _: CsrfDep) -> Response:
+    """Clear the faults injected into a simulated node (the agent's admin endpoint)."""
+    _operator(request)
+    if c.settings.agent_url is None:
+        raise HTTPException(404, "this console knows no agent (WHALEFLUX_AGENT_URL): use `whaleflux sim clear`")
+
+    def said(done: dict) -> list[str]:
+        undone = done["cleared"].get(node, [])
+        return [f"{node}: " + (f"cleared {', '.join(undone)}" if undone else "no injected faults")]
+
+    return await _node_action(c, "agent", "/admin/faults/clear", {"node": node}, said)
 
 
 @router.get("/live/nodes/{node}")

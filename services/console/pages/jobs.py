@@ -12,18 +12,18 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 
 from whaleflux.shared.catalog import gpu_models
+from whaleflux.shared.contracts.jobs import ENDED, JOB_STATES, JobRecord, JobWhy
 from whaleflux.shared.job_events import default_name
 from whaleflux.shared.localconfig import home
 
 from ..joblog import log_tail
 from ..live import Frames
-from ..models import AttemptCost, JobRecord, JobWhy
+from ..models import AttemptCost
 from ..upstream import UpstreamError, fetch_all
 from ..web import Console, ConsoleDep, CsrfDep, SessionDep, fragment, page, sse
 
 router = APIRouter()
-STATES = ["pending", "placed", "running", "succeeded", "failed", "rejected", "cancelled"]
-ENDED = {"succeeded", "failed", "rejected", "cancelled"}
+STATES = list(JOB_STATES)
 LIST_LIMIT = 500
 
 
@@ -161,6 +161,13 @@ async def job_view(c: Console, job_id: str) -> dict:
     # an error worth showing; the live view fills in as they arrive.
     errors = [e for e in errors if not e.startswith(("billing: 404", "scheduler: 404"))]
     tail = log_tail(home(), job_id, job.attempt) if job and job.attempt else None
+    if tail:
+        # Masked by the scheduler, which keeps the job's secrets: what a viewer may see of it. Unmasked, never.
+        try:
+            tail = (await c.upstream.post("scheduler", f"/v1/jobs/{job_id}/redact", {"text": tail}))["text"]
+        except UpstreamError as exc:
+            tail = None
+            errors.append(f"log hidden until its secrets can be masked: {exc}")
     total = sum((Decimal(a.cost_usd) for a in values["costs"] or []), Decimal(0))
     return {"job": job, "why": values["why"], "costs": values["costs"] or [], "cost_total": total, "log": tail,
             "errors": errors, "job_id": job_id, "ended": bool(job and job.state in ENDED)}

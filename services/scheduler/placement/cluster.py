@@ -116,7 +116,9 @@ class ClusterState:
         if node.gpus:
             self.memory[node.name] = max(g.memory_total_mib for g in node.gpus)
         measured = any(g.memory_free_mib is not None for g in node.gpus)
-        self.memory_floor[node.name] = -1.0 if measured or not node.gpus else min(g.memory_total_mib for g in node.gpus)
+        self.memory_floor[node.name] = -1.0 if measured or not node.gpus else min(
+            g.memory_total_mib if g.memory_idle_mib is None else min(g.memory_idle_mib, g.memory_total_mib)
+            for g in node.gpus)
 
     # ------------------------------------------------------------ facts
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .model import GpuState, JobRequest, NodeState
+from .moments import at, span
 
 MIB_PER_GB = 1024
 
@@ -35,10 +36,29 @@ def model_allowed(req: JobRequest, node: NodeState) -> str | None:
     return None
 
 
+def gb(mib: float) -> str:
+    """MiB as GB in words: "80", "79.6", "79.65"."""
+    return f"{mib / MIB_PER_GB:.2f}".rstrip("0").rstrip(".")
+
+
+def offers_mib(gpu: GpuState) -> float:
+    """The most memory the GPU can give a job: what telemetry saw free on it idle, else its nameplate."""
+    idle = gpu.memory_idle_mib
+    return gpu.memory_total_mib if idle is None else min(idle, gpu.memory_total_mib)
+
+
 def memory_size(req: JobRequest, node: NodeState) -> str | None:
-    """Even an empty GPU of this node has too little memory."""
-    if node.gpus and max(g.memory_total_mib for g in node.gpus) < req.min_memory_mib:
-        return f"GPU memory below {req.min_memory_mib / MIB_PER_GB:.0f} GB"
+    """Even an idle GPU of this node has too little memory (as telemetry saw it idle, else by its nameplate)."""
+    if not node.gpus or req.min_memory_mib <= 0:
+        return None
+    best = max(node.gpus, key=offers_mib)
+    if offers_mib(best) < req.min_memory_mib:
+        if best.memory_idle_mib is None:
+            return f"GPU memory below {gb(req.min_memory_mib)} GB ({gb(best.memory_total_mib)} GB)"
+        # (to 0.1 GB: cards of one model read alike, so the nodes that lack it are named together)
+        idle = f"{offers_mib(best) / MIB_PER_GB:.1f}".removesuffix(".0")
+        nameplate = gb(best.memory_total_mib)
+        return f"GPU memory below {gb(req.min_memory_mib)} GB ({idle} GB free when idle, of {nameplate})"
     return None
 
 
@@ -88,18 +108,18 @@ def lease_covers_runtime(req: JobRequest, node: NodeState, now: float, settings:
         return None
     left = node.lease_expires_at - now
     if left <= 0:
-        return "lease expired"
+        return f"lease ended {at(node.lease_expires_at)}"
     if req.expected_runtime_s is not None:
         needed = req.expected_runtime_s / settings.speed_of(node.model, req.workload_class)
         if needed > left:
-            return f"lease ends in {left / 3600:.1f} h, job needs {needed / 3600:.1f} h"
+            return f"lease ends {at(node.lease_expires_at)}, job needs {span(needed)}"
     return None
 
 
 def held_elsewhere(req: JobRequest, gpu: GpuState) -> bool:
     """Large enough for the job, but telemetry says less than it needs is actually free."""
     free = gpu.memory_free_mib
-    return gpu.memory_total_mib >= req.min_memory_mib and free is not None and free < req.min_memory_mib
+    return offers_mib(gpu) >= req.min_memory_mib and free is not None and free < req.min_memory_mib
 
 
 def usable_gpus(req: JobRequest, gpus: dict[int, GpuState], free: list[int]) -> list[int]:
@@ -110,7 +130,7 @@ def usable_gpus(req: JobRequest, gpus: dict[int, GpuState], free: list[int]) -> 
     out = []
     for i in free:
         gpu = gpus[i]
-        if gpu.memory_total_mib < need or held_elsewhere(req, gpu):
+        if offers_mib(gpu) < need or held_elsewhere(req, gpu):
             continue
         out.append(i)
     return out
@@ -120,7 +140,7 @@ def needs(req: JobRequest, gang: bool) -> str:
     """What the job asks for; `gang`: it would span nodes (larger than any node it may use)."""
     text = f"needs {req.gpus} GPU{'s' if req.gpus != 1 else ''}"
     if req.min_memory_mib:
-        text += f" with >= {req.min_memory_mib / MIB_PER_GB:.0f} GB"
+        text += f" with >= {gb(req.min_memory_mib)} GB"
     if req.gpu_models:
         text += f" of {'/'.join(req.gpu_models)}"
     text += " across nodes" if gang else " on one NVLink node" if req.nvlink else " on one node"

@@ -379,6 +379,8 @@ def explain_wait(
 ) -> str:
     """Why a feasible job cannot start now: its needs, the largest free block, what ruled nodes out."""
     view = eligible(cluster, req, profile)
+    if not view.nodes:  # (a pass that reaches it rejects it)
+        return f"{F.needs(req, req.allow_multi_node)}; no node can ever fit: {F.summary(view.rejections)}"
     settings = F.FilterSettings(profile.xid_quarantine_s, cluster.speed)
     unhealthy: dict[str, list[str]] = {}
     flagged = _flagged(cluster, profile)

@@ -16,6 +16,9 @@ class GpuState:
     # What telemetry says is free right now; None until a sample arrives.
     memory_free_mib: float | None = None
     allocated_to: str | None = None
+    # The most telemetry says this GPU offers when idle (its nameplate less what the driver and the idle card
+    # use); None until a sample arrives: then its nameplate is all that is known.
+    memory_idle_mib: float | None = None
     # Quarantined (a fault, or an operator's cordon): never free, whoever holds it now.
     quarantined: bool = False
 

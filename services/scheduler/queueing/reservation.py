@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..placement import ClusterState, JobRequest, Placement, Profile
 from ..placement.framework import available, eligible, unavailable, usable
+from ..placement.moments import at
 from .jobs import PendingJob, RunningJob
 from .running import EndKey, RunningJobs
 
@@ -47,9 +48,11 @@ class Reservation:
                 self.spare[s.node] -= len(s.gpu_indices)
 
     def describe(self) -> str:
-        """Human words for the reservation."""
+        """Human words for the reservation (its start a moment the edge puts in words, `placement.moments`)."""
+        if not self.spare:
+            return "holds no node: none it may use can take it now"
+        when = f"at {at(self.start)}" if self.start is not None else "when running jobs end"
         nodes = ", ".join(sorted(self.spare)[:3]) + (f" +{len(self.spare) - 3}" if len(self.spare) > 3 else "")
-        when = f"at t={self.start:.0f}s" if self.start is not None else "when running jobs end"
         return f"reserved to start {when} on {nodes}"
 
 

@@ -36,6 +36,7 @@ FREE = {
     ("jobs", "logs"): {"--node"},  # the job's nodes are named in the error, when the job is known
     ("gpus", "list"): {"--node"},
     ("gpus", "cordon"): {"--reason"},
+    ("nodes", "drain"): {"--reason"},
     ("monitor",): {"--node"},
     ("sim", "inject"): {"--node"},  # the agent knows its nodes, and names them
     ("submit",): {"--name", "--team", "--project", "--workdir", "--checkpoint-dir", "--service"},
@@ -54,6 +55,8 @@ BASE: dict[tuple[str, ...], list[str]] = {
     ("jobs", "logs"): ["j-1"],
     ("gpus", "cordon"): ["h100-01", "0"],
     ("gpus", "uncordon"): ["h100-01", "0"],
+    ("nodes", "drain"): ["h100-01"],
+    ("nodes", "undrain"): ["h100-01"],
     ("alerts", "ack"): ["abc"],
     ("alerts", "silence", "add"): ["alertname=GPUTemperatureHigh", "--comment", "test"],
     ("alerts", "silence", "expire"): ["s-1"],

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The project's two commands, needing only Python 3.11+:
 
-    python3 scripts/dev.py run    # install into .venv, then `whaleflux up`
-    python3 scripts/dev.py test   # install into .venv, validate docker-compose.yml, run the test suite
-    python3 scripts/dev.py lint [PATH...]   # ruff and mypy (config in pyproject.toml), on the tree or on PATHs
+    python3 scripts/dev.py run    # install into .venv (runtime dependencies only), then `whaleflux up`
+    python3 scripts/dev.py test   # install into .venv (with the [test] and [dev] extras), validate
+                                  # docker-compose.yml, run the test suite
+    python3 scripts/dev.py lint [PATH...]   # ruff and mypy (the same extras), on the tree or on PATHs
 
 Extra arguments go to `whaleflux up` or to pytest. `test` runs the lint step first and stops if it finds
 anything when it runs the whole suite (no pytest arguments, as CI does); with pytest arguments only if asked
@@ -32,6 +33,12 @@ TYPECHECK = ROOT / ".typecheck"
 LINT_ROOTS = ("shared", "services", "whaleflux", "tests", "scripts", "bench")
 
 
+# The extras each command installs beside the runtime dependencies (pyproject.toml [project.optional-dependencies]):
+# `run` only what WhaleFlux needs to run; `test` the test tools and the lint step's (ruff, mypy, stubs); `lint` the
+# same, as mypy reads the tests' imports (pytest, hypothesis, playwright...) to check them.
+EXTRAS = {"run": (), "lint": ("test", "dev"), "test": ("test", "dev")}
+
+
 def wanted_stamp() -> str:
     """What the install depends on: the dependency list and package layout (pyproject.toml's [project],
     [build-system] and [tool.setuptools], not the lint configuration), this Python, this checkout. The install is
@@ -46,23 +53,47 @@ def wanted_stamp() -> str:
     return digest.hexdigest()
 
 
-def install() -> None:
+def read_stamp() -> tuple[str, set[str]]:
+    """The stamp of the last install: (its digest, the extras it installed); ("", set()) when there is none."""
+    if not (BIN / "python").exists() or not STAMP.exists():
+        return "", set()
+    return parse_stamp(STAMP.read_text())
+
+
+def parse_stamp(text: str) -> tuple[str, set[str]]:
+    """A stamp's text: the digest, then on a second line the extras installed, comma-separated. A stamp of one line
+    (written before the extras were split) installed [test] with the lint tools, now [test] and [dev]."""
+    digest, newline, extras = text.partition("\n")
+    return digest, (set(extras.split(",")) - {""}) if newline else {"test", "dev"}
+
+
+def stamp_text(digest: str, extras: tuple[str, ...]) -> str:
+    return f"{digest}\n{','.join(extras)}"
+
+
+def install(extras: tuple[str, ...] = ()) -> None:
+    """.venv with WhaleFlux (editable) and its pinned dependencies, plus `extras`; nothing to do when the stamp says
+    the same pyproject.toml was installed with these extras (or more)."""
     if sys.version_info < (3, 11):  # noqa: UP036 - dev.py runs on whatever `python3` is, to say it is too old
         sys.exit(f"WhaleFlux needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     stamp = wanted_stamp()
-    if (BIN / "python").exists() and STAMP.exists() and STAMP.read_text() == stamp:
+    digest, installed = read_stamp()
+    if digest == stamp and installed >= set(extras):
         print(f"{VENV} is up to date with pyproject.toml (delete {STAMP.name} in it to reinstall)", flush=True)
         return
     if not (BIN / "python").exists():
         print(f"creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    print("installing WhaleFlux and its pinned dependencies (the first time takes a minute or two)", flush=True)
+    # What was installed before stays installed (pip removes nothing), so the stamp keeps naming it.
+    extras = tuple(sorted(installed | set(extras)))
+    what = f" and its [{','.join(extras)}] extras" if extras else " (runtime dependencies only)"
+    print(f"installing WhaleFlux and its pinned dependencies{what} (the first time takes a minute or two)", flush=True)
     # pip's own progress (what it collects, downloads and installs) is shown, not hidden with -q.
     subprocess.run([BIN / "python", "-m", "pip", "install", "--disable-pip-version-check", "--upgrade", "pip"],
                    check=True)
-    subprocess.run([BIN / "python", "-m", "pip", "install", "--disable-pip-version-check", "-e", f"{ROOT}[test]"],
-                   check=True)
-    STAMP.write_text(stamp)
+    target = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
+    subprocess.run([BIN / "python", "-m", "pip", "install", "--disable-pip-version-check", "-e", target], check=True)
+    STAMP.write_text(stamp_text(stamp, extras))
 
 
 def pyproject() -> dict:
@@ -274,7 +305,7 @@ def main() -> int:
         print(__doc__)
         return 2
     command, extra = sys.argv[1], sys.argv[2:]
-    install()
+    install(EXTRAS[command])
     os.chdir(ROOT)
     if command == "run":
         os.execv(BIN / "whaleflux", [str(BIN / "whaleflux"), "up", *extra])  # noqa: S606 - an argument list

@@ -49,8 +49,8 @@ def test_choices_and_model_names_take_any_case_and_an_unknown_model_is_called_un
               "--model", "rtx 4090", "--retry-for", "0", "--", "true")
     assert ok.returncode == 1 and "cannot reach NATS" in ok.stdout, ok.stdout + ok.stderr
     unknown = _cli(tmp_path, "submit", "--model", "b200", "--", "true")
-    assert unknown.returncode == 1
-    assert f"--model b200: unknown model B200 (known: {', '.join(sorted(gpu_models()))})" in unknown.stdout
+    assert unknown.returncode == 2
+    assert f"--model 'b200': unknown GPU model; choose one of {', '.join(sorted(gpu_models()))}" in unknown.stdout
 
 
 def test_a_bad_field_value_names_the_flag_not_the_field(tmp_path):

@@ -115,3 +115,36 @@ class Service:
 """
     sizes = {s.where: s.lines for s in shape.function_sizes(text, "m.py")}
     assert sizes == {"m.py:Service.method": 6, "m.py:Service.method.inner": 2}
+
+
+def test_the_install_stamp_names_the_extras_so_test_adds_them_to_a_venv_made_by_run():
+    assert dev.EXTRAS["run"] == ()
+    assert set(dev.EXTRAS["test"]) == set(dev.EXTRAS["lint"]) == {"test", "dev"}  # mypy reads the tests' imports
+    extras = dev.pyproject()["project"]["optional-dependencies"]
+    assert all(name in extras for names in dev.EXTRAS.values() for name in names)
+    # The demo's install has none of the test or lint tools.
+    runtime = " ".join(dev.pyproject()["project"]["dependencies"])
+    tools = ("pytest", "playwright", "mypy", "ruff", "testcontainers", "kubectl")
+    assert not [tool for tool in tools if tool in runtime]
+    made_by_run = dev.stamp_text("abc", dev.EXTRAS["run"])
+    digest, installed = dev.parse_stamp(made_by_run)
+    assert digest == "abc" and not installed >= set(dev.EXTRAS["test"])  # `test` installs its extras
+    assert dev.parse_stamp(dev.stamp_text("abc", ("dev", "test")))[1] >= set(dev.EXTRAS["lint"])  # `lint` needs none
+    assert dev.parse_stamp("abc") == ("abc", {"test", "dev"})  # a stamp from before the split
+
+
+def test_every_data_folder_is_a_listed_package_so_setuptools_warns_of_none():
+    # A folder of data files inside a package, unlisted, makes setuptools print a 20-line warning per folder.
+    config = dev.pyproject()["tool"]["setuptools"]
+    for name in config["package-data"]:
+        assert name in config["packages"], name
+    listed = set(config["packages"])
+    for name, folder in dev.package_dirs().items():
+        for sub in folder.rglob("*"):
+            if not sub.is_dir() or "__pycache__" in sub.parts or not sub.relative_to(folder).parts:
+                continue
+            dotted = ".".join((name, *sub.relative_to(folder).parts))
+            if all(part.isidentifier() for part in sub.relative_to(folder).parts) and any(
+                    f.is_file() and f.suffix != ".py" and not f.name.startswith(".") for f in sub.iterdir()) \
+                    and not any(p for p in dev.package_dirs() if p == dotted):
+                assert dotted in listed, f"{sub.relative_to(dev.ROOT)} holds data files: list {dotted} in packages"

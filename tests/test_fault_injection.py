@@ -141,7 +141,7 @@ def test_a_parameter_of_another_kind_or_a_bad_value_is_refused_by_the_model_and_
     assert bad.value.param_hint == "--cooling-factor"
     with pytest.raises(typer.BadParameter, match="only node-silent can end on its own"):
         _cli_fault("cooling", duration_s=5.0)
-    with pytest.raises(typer.BadParameter, match="greater than 0") as bad:
+    with pytest.raises(typer.BadParameter, match="must be above 0") as bad:
         _cli_fault("vram-leak", leak_mib_per_s=-1.0)
     assert bad.value.param_hint == "--leak-rate"
     with pytest.raises(typer.BadParameter, match="takes no GPU"):
@@ -175,7 +175,7 @@ def test_sim_inject_parameters_reach_a_real_agents_gpus_and_wrong_ones_exit_2(cl
             refused = httpx.post(agent.url + "/admin/faults", json=body, headers=AUTH)
             assert refused.status_code == 422 and f"no parameter {name}" in refused.text
         out = cluster.cli("sim", "inject", "nvlink-crc", "--node", "h100-01", "--gpu", "1", "--crc-errors", "0")
-        assert out.returncode == 2 and "--crc-errors" in out.stderr and "greater than or equal to 1" in out.stderr
+        assert out.returncode == 2 and "--crc-errors" in out.stderr and "must be at least 1" in out.stderr
 
         for args in (["nvlink-crc", "--gpu", "1", "--crc-errors", "1234"],
                      ["foreign-memory", "--gpu", "2", "--memory", "12345"]):

@@ -17,8 +17,9 @@ def size(*args: str):
     return runner.invoke(app, ["size", *args])
 
 
-def _one_line_error(result, *words: str) -> None:
-    assert result.exit_code == 1, result.output
+def _one_line_error(result, *words: str, code: int = 1) -> None:
+    """One line naming the problem; exit code 1, or 2 for an option's value that is not one it takes."""
+    assert result.exit_code == code, result.output
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.output.strip().splitlines()
@@ -68,18 +69,18 @@ def test_size_lists_the_catalogue():
 
 
 def test_size_bad_input_exits_non_zero_with_one_line_naming_the_problem(tmp_path):
-    _one_line_error(size("llama-9"), "model: unknown model 'llama-9'")
+    _one_line_error(size("llama-9"), "MODEL: unknown model 'llama-9'")
     _one_line_error(size("llama-3-70b", "--context", "128K"),
-                    "context: 131072 tokens is longer than llama-3-70b supports")
-    _one_line_error(size("llama-3-70b", "--task", "qlora", "--weights", "bf16"), "weight_dtype:")
-    _one_line_error(size("llama-3-70b", "--task", "pretrain"), "task:")
+                    "--context: 131072 tokens is longer than llama-3-70b supports")
+    _one_line_error(size("llama-3-70b", "--task", "qlora", "--weights", "bf16"), "--weights:")
+    _one_line_error(size("llama-3-70b", "--task", "pretrain"), "--task 'pretrain': choose one of 'serve'", code=2)
     _one_line_error(size("llama-3-70b", "--context", "lots"), "--context 'lots'")
     _one_line_error(size("llama-3-70b", "--context", "inf"), "--context 'inf'")
     _one_line_error(size("llama-3-70b", "--price", "H100"), "--price 'H100'")
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
-    _one_line_error(size(str(bad)), "config:", "not valid JSON")
-    _one_line_error(size(str(tmp_path / "nope.json")), "config: cannot read")
+    _one_line_error(size(str(bad)), "MODEL:", "not valid JSON")
+    _one_line_error(size(str(tmp_path / "nope.json")), "MODEL: cannot read")
 
 
 def _client() -> httpx.AsyncClient:

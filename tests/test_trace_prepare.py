@@ -109,7 +109,7 @@ def test_a_trace_without_the_columns_of_its_format_is_refused_with_what_it_has(t
         text=True,
         timeout=60,
     )
-    assert wrong.returncode == 1 and "choose one of philly, generic" in wrong.stdout
+    assert wrong.returncode == 2 and "--format 'alibaba': choose one of philly, generic" in wrong.stdout
 
 
 def test_compressed_traces_read_like_plain_ones(tmp_path):

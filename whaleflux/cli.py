@@ -4,9 +4,11 @@ group (start-up stays light: see that package's docstring); this module puts the
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from .commands import (
     alerts,
@@ -25,7 +27,27 @@ from .commands import (
     tokens,
 )
 
-app = typer.Typer(help="WhaleFlux: GPU fleet manager.", no_args_is_help=True, pretty_exceptions_enable=False)
+
+class WhaleFluxGroup(TyperGroup):
+    """The app's root command: a value refused by its option's type (typer checks types with pydantic) is said in
+    the user's words, "Invalid value for '--hours': expected a number (got 'foo')", not pydantic's."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except typer.BadParameter as exc:
+            errors = getattr(exc.__cause__, "errors", None)
+            if callable(errors) and (found := errors()):
+                from whaleflux.client import expected_words
+
+                words, shown = expected_words(found[0]), found[0].get("input")
+                exc.message = words + (f" (got {shown!r})" if isinstance(shown, str) and repr(shown) not in words
+                                       else "")
+            raise
+
+
+app = typer.Typer(help="WhaleFlux: GPU fleet manager.", no_args_is_help=True, pretty_exceptions_enable=False,
+                  cls=WhaleFluxGroup)
 
 app.command()(run.up)
 app.command()(run.service)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,51 @@ DEFAULT_PORTS = {
 
 class ClientError(Exception):
     """Something the user must fix; the message says what."""
+
+
+# How the CLI writes a date, in every error about one.
+DATE_FORMATS = "a date: YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS], in UTC unless an offset such as +02:00 follows, " \
+    "e.g. 2026-12-01 or 2026-12-01T09:30"
+
+
+def refusal_in_words(service: str, detail: Any) -> str:
+    """A service's refusal of what the CLI sent (FastAPI's 422 `detail`: a list of pydantic errors), in the user's
+    words: the option that sets each field (`--state`), the value, and what it takes. Other details as they are."""
+    if not isinstance(detail, list) or not all(isinstance(e, dict) and "loc" in e for e in detail):
+        return f"{service} refused the request: {str(detail)[:500]}"
+    parts = []
+    for err in detail:
+        names = [str(p) for p in err["loc"] if isinstance(p, str) and p not in ("query", "body", "path")]
+        flag = "--" + (names[-1] if names else "value").replace("_", "-")
+        value = err.get("input")
+        shown = f" {value!r}" if isinstance(value, str | int | float) else ""
+        parts.append(f"{flag}{shown}: {expected_words(err)}")
+    return f"{service} refused " + "; ".join(parts)
+
+
+def expected_words(err: Mapping[str, Any]) -> str:
+    """What a field takes, from one pydantic error's type and context."""
+    kind, ctx = str(err.get("type", "")), err.get("ctx") or {}
+    if kind in ("literal_error", "enum"):
+        return f"choose one of {str(ctx.get('expected', '')).replace(' or ', ', ')}"
+    if kind.startswith(("datetime", "date", "time")):
+        return f"expected {DATE_FORMATS}"
+    if kind.startswith("int"):
+        return "expected a whole number"
+    if kind.startswith(("float", "decimal")) or kind == "finite_number":
+        return "expected a number"
+    if kind.startswith("bool"):
+        return "expected true or false"
+    bounds = {"greater_than_equal": ("at least", "ge"), "greater_than": ("above", "gt"),
+              "less_than_equal": ("at most", "le"), "less_than": ("below", "lt")}
+    if kind in bounds:
+        words, key = bounds[kind]
+        bound = ctx.get(key)
+        return f"must be {words} {bound:g}" if isinstance(bound, int | float) else f"must be {words} {bound}"
+    if kind == "missing":
+        return "is required"
+    message = str(err.get("msg", kind)).removeprefix("Value error, ")
+    return message.replace("Input should be", "must be").replace("Input", "the value")
 
 
 class NotFound(ClientError):
@@ -98,7 +144,7 @@ class Connection:
                 detail = f"not found: {path}"
             raise NotFound(detail)
         if resp.status_code >= 400:
-            raise ClientError(f"{service} answered {resp.status_code}: {resp.text[:300]}")
+            raise ClientError(refusal(service, resp))
         return resp.json()
 
     def post_admin(self, service: str, path: str, body: dict[str, Any]) -> Any:
@@ -119,9 +165,17 @@ class Connection:
         if resp.status_code == 503:
             raise Unreachable(f"{service} cannot answer now (503): {resp.text[:300]}")
         if resp.status_code >= 400:
-            try:
-                detail = resp.json().get("detail", resp.text)
-            except ValueError:
-                detail = resp.text
-            raise ClientError(f"{service} answered {resp.status_code}: {str(detail)[:500]}")
+            raise ClientError(refusal(service, resp))
         return resp.json()
+
+
+def refusal(service: str, resp: Any) -> str:
+    """An error answer (an httpx.Response of 400 or more) as one line: a 422 in the user's words (the options, what
+    they take), another answer with its status and the service's `detail`."""
+    try:
+        detail = resp.json().get("detail", resp.text)
+    except (ValueError, AttributeError):
+        detail = resp.text
+    if resp.status_code == 422:
+        return refusal_in_words(service, detail)
+    return f"{service} answered {resp.status_code}: {str(detail)[:500]}"

@@ -11,12 +11,15 @@ from rich.table import Table
 
 from whaleflux.client import ClientError, Connection
 
-from .terminal import console, fail, print_table
+from .terminal import bad_option, console, fail, one_of, print_table
 
 alerts_app = typer.Typer(help="Alerts firing now; acknowledge, silence, incidents, notification log.",
                          invoke_without_command=True)
 silence_app = typer.Typer(help="Mute alerts by label matchers for a while.", invoke_without_command=True)
 alerts_app.add_typer(silence_app, name="silence")
+
+
+NOTIFICATION_STATUSES = ("delivered", "rejected", "failed", "skipped", "pending")
 
 
 def _get(path: str, **params: Any) -> Any:
@@ -85,6 +88,12 @@ def silence_add(
     author: Annotated[str, typer.Option(help="who")] = os.environ.get("USER", "cli"),
 ) -> None:
     """Mute alerts whose labels match every matcher, from now for --duration."""
+    from whaleflux.alerting.config import parse_duration
+
+    try:
+        parse_duration(duration)
+    except ValueError:
+        bad_option("--duration", duration, "expected a duration such as 30m, 2h, 1d or 1h30m")
     s = _post("/v1/silences", {"matchers": matchers, "duration": duration, "created_by": author, "comment": comment})
     console.print(f"silence {s['id']} until {s['ends_at'][:19]}")
 
@@ -109,10 +118,11 @@ def alerts_incidents() -> None:
 @alerts_app.command("notifications")
 def alerts_notifications(
     receiver: Annotated[str | None, typer.Option()] = None,
-    status: Annotated[str | None, typer.Option(help="delivered, rejected, failed, skipped, pending")] = None,
+    status: Annotated[str | None, typer.Option(help=", ".join(NOTIFICATION_STATUSES))] = None,
     limit: Annotated[int, typer.Option(min=1)] = 50,
 ) -> None:
     """The notification log, newest first."""
+    one_of("--status", status, NOTIFICATION_STATUSES)
     table = Table("finished", "receiver", "status", "what", "attempts", "latency ms", "title")
     for e in _get("/v1/notifications", receiver=receiver, status=status, limit=limit):
         table.add_row(str(e.get("finished_at") or e.get("created_at"))[:19], e["receiver"], e["status"],

@@ -10,10 +10,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from whaleflux.client import ClientError, Connection
+from whaleflux.client import ClientError, Connection, refusal
 
-from .terminal import console
+from .terminal import amount, console, gpu_model, instant, one_of
 
+GROUPINGS = ("job", "team", "project", "model")  # billing's GroupBy
 costs_app = typer.Typer(help="GPU cost per job, team or project; idle; exports; TCO.", invoke_without_command=True)
 
 def _fail(message: str) -> None:
@@ -32,11 +33,7 @@ def _get_text(conn: Connection, path: str, params: dict) -> str:
         raise ClientError(
             f"cannot reach the billing service at {conn.services['billing']} ({type(exc).__name__})") from None
     if resp.status_code >= 400:
-        try:
-            detail = resp.json().get("detail", resp.text)
-        except ValueError:
-            detail = resp.text
-        raise ClientError(f"billing answered {resp.status_code}: {str(detail)[:500]}")
+        raise ClientError(refusal("billing", resp))
     return resp.text
 
 def _eff(x: float | None) -> str:
@@ -47,8 +44,9 @@ def costs(
     ctx: typer.Context,
     by: Annotated[str, typer.Option(help="job | team | project | model")] = "team",
     from_: Annotated[str | None, typer.Option(
-        "--from", help="start, ISO 8601 (default: start of this month, UTC)")] = None,
-    to: Annotated[str | None, typer.Option(help="end, ISO 8601 (default: now)")] = None,
+        "--from", help="start: YYYY-MM-DD or YYYY-MM-DDTHH:MM, UTC unless +HH:MM is given (default: start of this "
+                       "month)")] = None,
+    to: Annotated[str | None, typer.Option(help="end, as --from (default: now)")] = None,
     share_idle: Annotated[bool, typer.Option(help=(
         "share idle cost back in proportion to use (with --export focus: FOCUS 1.3 split cost allocation rows "
         "per team or project)"))] = False,
@@ -58,14 +56,12 @@ def costs(
     """Cost per job, team, project or model over a window, the idle line per pool and model, and the fleet total."""
     if ctx.invoked_subcommand:
         return
-    if by not in ("job", "team", "project", "model"):
-        _fail(f"--by: {by!r} is not one of job, team, project, model")
-    if export not in (None, "focus", "csv", "json"):
-        _fail(f"--export: {export!r} is not one of focus, csv, json")
+    one_of("--by", by, GROUPINGS)
+    one_of("--export", export, ("focus", "csv", "json"))
     if export == "focus" and share_idle and by not in ("team", "project"):
         _fail("--export focus --share-idle: idle is split cost allocated to teams or projects; give --by team or "
               "--by project")
-    window = {"from": _utc(from_), "to": _utc(to)}
+    window = {"from": instant("--from", from_), "to": instant("--to", to)}
     conn = Connection.discover()
     try:
         if export:
@@ -172,16 +168,6 @@ def group_notes(notes: list[str]) -> list[str]:
             out.append(what + (f" ({len(who)} times)" if len(who) > 1 else ""))
     return out
 
-def _utc(value: str | None) -> str | None:
-    """Dates without a time or zone are read as UTC."""
-    if value is None:
-        return None
-    if len(value) == 10:
-        return value + "T00:00:00Z"
-    if value.endswith("Z") or "+" in value[10:] or "-" in value[10:]:
-        return value
-    return value + "Z"
-
 @costs_app.command("tco")
 def costs_tco(
     model: Annotated[str, typer.Option(help="GPU model, e.g. H100")],
@@ -195,6 +181,10 @@ def costs_tco(
     cloud_hourly: Annotated[str | None, typer.Option(help="USD per GPU-hour; default: price book")] = None,
 ) -> None:
     """Owning vs leasing vs renting in a cloud for a workload, with the break-even month."""
+    model = gpu_model("--model", model)
+    for flag, value in (("--purchase-price", purchase_price), ("--usd-per-kwh", usd_per_kwh),
+                        ("--overhead", overhead), ("--lease-monthly", lease_monthly), ("--cloud-hourly", cloud_hourly)):
+        amount(flag, value)
     try:
         r = Connection.discover().get(
             "billing", "/v1/tco", model=model, gpus=gpus, utilization=utilization, months=months,

@@ -11,7 +11,7 @@ import typer
 from whaleflux.agent.fault_kinds import FAULT_HELP, PARAMETERS
 from whaleflux.client import ClientError, Connection
 
-from .terminal import console, fail
+from .terminal import console, fail, gpu_choice
 
 if TYPE_CHECKING:
     from whaleflux.agent.faults import Fault
@@ -28,6 +28,7 @@ def monitor(
     """Live GPU view: one row per GPU; hot, throttled and erroring GPUs highlighted."""
     from whaleflux.monitor import run as run_monitor
 
+    gpu_choice("--gpu", gpu)
     try:
         code = run_monitor(node, gpu, watch, interval, console)
     except ClientError as exc:
@@ -53,8 +54,10 @@ def fault_from_options(kind: str, node: str, gpu: int | None, params: dict[str, 
     try:
         return Fault.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as exc:
+        from whaleflux.client import expected_words
+
         err = exc.errors()[0]
-        message = str(err["msg"]).removeprefix("Value error, ")
+        message = expected_words(err)
         field = str(err["loc"][0]) if err["loc"] else message.split(":")[0]
         message = message.removeprefix(f"{field}: ")
         # The model's parameter names read as the options that set them.

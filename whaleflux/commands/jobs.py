@@ -13,10 +13,12 @@ from rich.table import Table
 
 from whaleflux.client import ClientError, Connection, NotFound
 
-from .terminal import console, fail, print_table
+from .terminal import console, fail, one_of, print_table
 
 jobs_app = typer.Typer(help="List jobs, or show one.", invoke_without_command=True)
 
+# Every state of a job (the scheduler's JobStateName), in the order a job passes through them.
+JOB_STATES = ("pending", "placed", "running", "succeeded", "failed", "rejected", "cancelled")
 TERMINAL = {"succeeded", "failed", "rejected", "cancelled"}
 POLL_S = 0.25  # how often `submit --wait` asks the scheduler: the wait ends within this of the job's end
 WHY_POLL_S = 2.0  # how often a waiting job's reason is asked for: printed again only when it changes
@@ -25,11 +27,13 @@ BILLING_GRACE_S = 5.0  # how long an ended job's charge may take to appear (bill
 
 @jobs_app.callback()
 def jobs(
-    ctx: typer.Context, state: Annotated[str | None, typer.Option(help="only jobs in this state")] = None,
+    ctx: typer.Context,
+    state: Annotated[str | None, typer.Option(help="only jobs in this state: " + ", ".join(JOB_STATES))] = None,
 ) -> None:
     """List jobs, newest first."""
     if ctx.invoked_subcommand:
         return
+    one_of("--state", state, JOB_STATES)
     try:
         rows = Connection.discover().get("scheduler", "/v1/jobs", state=state)
     except ClientError as exc:

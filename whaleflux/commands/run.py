@@ -10,7 +10,7 @@ import typer
 
 from whaleflux.shared.datafiles import DEFAULT_ASSETS, DEFAULT_FLEET
 
-from .terminal import fail
+from .terminal import bad_option, fail
 
 SERVICE_NAMES = ("telemetry", "scheduler", "alerting", "billing", "inventory", "console")
 
@@ -30,8 +30,10 @@ def up(
 
     if assets is None and fleet == DEFAULT_FLEET:
         assets = DEFAULT_ASSETS
-    if assets is not None and not assets.exists():
-        fail(f"assets file {assets} does not exist")
+    if not fleet.is_file():
+        bad_option("--fleet", str(fleet), "no such fleet file (e.g. shared/data/fleets/small-demo.yaml)")
+    if assets is not None and not assets.is_file():
+        bad_option("--assets", str(assets), "no such assets file")
     if nats_cluster == 2:
         fail("--nats-cluster 2 cannot lose a server (a JetStream cluster needs a majority): use 3 or 5")
     production = production or os.environ.get("WHALEFLUX_ENVIRONMENT") == "production"
@@ -81,7 +83,14 @@ def agent(
     """Run a node agent: simulated GPUs from a fleet file, or --nvml on a real GPU node."""
     from whaleflux.agent.app import main as agent_main
 
-    if not nvml and not simulate.exists():
-        fail(f"fleet file {simulate} does not exist")
+    if not nvml and not simulate.is_file():
+        bad_option("--simulate", str(simulate), "no such fleet file (e.g. shared/data/fleets/small-demo.yaml)")
+    if node and not nvml:
+        from whaleflux.agent.app import select_nodes
+
+        try:
+            select_nodes(simulate, node)
+        except SystemExit as exc:
+            bad_option("--node", ",".join(node), str(exc.code))
     serve_on_handed_socket()
     agent_main(simulate, node, nvml)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from whaleflux.shared.datafiles import DEFAULT_FLEET
 
-from .terminal import console, fail
+from .terminal import above, bad_option, console, fail, one_of
 
 trace_app = typer.Typer(help="Job traces: turn a public cluster trace into a workload for `simulate`.",
                         no_args_is_help=True)
@@ -35,13 +35,13 @@ def trace_prepare(
     from whaleflux import traces
 
     fmt = format.lower()
-    if fmt not in traces.FORMATS:
-        fail(f"--format {format}: choose one of {', '.join(traces.FORMATS)}")
-    if time_scale <= 0:
-        fail(f"--time-scale {time_scale:g}: must be above 0")
+    one_of("--format", fmt, traces.FORMATS)
+    above("--time-scale", time_scale, 0)
+    above("--min-duration", min_duration, 0, inclusive=True)
+    above("--max-gpu-hours", max_gpu_hours, 0)
     path = trace or traces.PHILLY
     if not path.exists():
-        fail(f"trace {path} does not exist")
+        bad_option("TRACE", str(path), "no such trace file")
     try:
         jobs = traces.prepare(traces.read_trace(path, fmt), seed, time_scale, min_duration, max_gpu_hours)
     except traces.TraceError as exc:
@@ -72,14 +72,17 @@ def simulate(
     """Replay a job trace through the scheduler's queue and placement code on a virtual clock."""
     import json
 
+    from whaleflux.scheduler.queueing import POLICIES
     from whaleflux.scheduler.simulator.metrics import side_by_side, team_rows
     from whaleflux.simulate_view import USABLE_NOTE, report_dict, simulate_with_progress, write_job_rows
 
-    for path in (jobs, fleet):
-        if not path.exists():
-            fail(f"{path} does not exist")
-    if estimate_noise < 0:
-        fail(f"--estimate-noise {estimate_noise:g}: must be >= 0")
+    for flag, path in (("--jobs", jobs), ("--fleet", fleet)):
+        if not path.is_file():
+            bad_option(flag, str(path), "no such file")
+    for name in policy:
+        one_of("--policy", name.lower(), POLICIES)
+    above("--time-scale", time_scale, 0)
+    above("--estimate-noise", estimate_noise, 0, inclusive=True)
     try:
         reports = simulate_with_progress(jobs, fleet, [p.lower() for p in policy], time_scale, Console(stderr=True),
                                          estimate_noise)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .terminal import console, fail
+from .terminal import bad_option, console, fail
 
 if TYPE_CHECKING:
     from whaleflux.shared.sizing import SizingReport
@@ -36,6 +36,15 @@ def _prices(items: list[str] | None) -> dict[str, float]:
         except ValueError:
             fail(f"--price {item!r}: expected MODEL=USD, e.g. H100=2.5")
     return prices
+
+
+# The option that sets each field of the sizing request (shared/sizing), to name it in an error.
+FLAG_OF = {"model": "MODEL", "config": "MODEL", "weight_dtype": "--weights", "kv_dtype": "--kv-cache",
+           "gpus": "--gpu", "prices": "--price", "dataset_tokens": "--tokens", "context": "--context"}
+
+
+def flag_of(field: str) -> str:
+    return FLAG_OF.get(field, "--" + field.replace("_", "-"))
 
 
 def size(
@@ -111,8 +120,12 @@ def _estimate(model: str, context: str, tokens: str | None, price: list[str] | N
         )
         return sizing.estimate(request)
     except sizing.SizingError as exc:
-        fail(str(exc))
+        fail(f"{flag_of(exc.field)}: {exc.message}")
     except ValidationError as exc:
+        from whaleflux.client import expected_words
+
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "input"
-        fail(f"{where}: {err['msg']}")
+        field = str(err["loc"][0]) if err["loc"] else "model"
+        shown = err.get("input")
+        bad_option(flag_of(field),
+                   shown if isinstance(shown, str | int | float) else "", expected_words(err))

@@ -10,7 +10,7 @@ import typer
 from whaleflux.client import ClientError, Connection
 
 from .jobs import wait_for
-from .terminal import console, fail
+from .terminal import console, fail, gpu_model
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -191,15 +191,7 @@ def _publish(conn: Connection, jobs: list[JobSubmitted], retry_for: float) -> No
 
 
 def _gpu_model(name: str) -> str:
-    """The catalogue key for a model named in any case or by its device name ("h100", "RTX 4090")."""
-    from whaleflux.shared.catalog import gpu_models
-
-    catalogue = gpu_models()
-    wanted = name.strip().lower()
-    for key, spec in catalogue.items():
-        if wanted == key.lower() or wanted in (n.lower() for n in spec.names):
-            return key
-    fail(f"--model {name}: unknown model {name.upper()} (known: {', '.join(sorted(catalogue))})")
+    return gpu_model("--model", name)
 
 
 def flag_error(exc: ValidationError) -> str:

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .terminal import console
+from .terminal import console, gpu_choice
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -89,6 +89,7 @@ def test_gpu(
         if not json_out:
             console.print(f"[dim]{escape(line)}[/dim]")
 
+    gpu_choice("--gpu", gpu)
     try:
         plan = make_plan(gpus=gpu, duration=duration, intensity=intensity.value, checks=checks)
         if simulate is not None:

@@ -288,12 +288,18 @@ class Bus:
         """Consumers whose delivery loop has ended (none should, before `close`: the loop never dies)."""
         return [name for name, (_, task) in self._consumers.items() if task.done()]
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = 2.0) -> None:
+        """Consumers cancelled (each given `timeout_s` to end; one that does not is named and left), then the
+        connection flushed and closed."""
         self._stopping.set()
         tasks = [task for _, task in self._consumers.values()]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=timeout_s)
+            for task in stuck:  # a hang at shutdown must say where it is
+                log.error("bus.consumer_would_not_stop", consumer=task.get_name(), timeout_s=timeout_s,
+                          stack=[f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack()])
         self._consumers.clear()
         if not self.nc.is_closed:
             # Consumers are stopped and every ack was sent; drain() would wait out

@@ -79,7 +79,8 @@ class Puller:
         request = {"batch": batch, "expires": int(timeout * 1e9), "no_wait": True}
         await self.nc.publish(self.next_subject, json.dumps(request).encode(), reply=self._inbox)
         try:
-            status = await asyncio.wait_for(done, timeout + _GRACE_S)
+            async with asyncio.timeout(timeout + _GRACE_S):  # not wait_for: it can swallow a stop (3.11)
+                status = await done
         except TimeoutError:  # no answer at all (connection trouble): what came meanwhile is kept
             return
         finally:

@@ -59,8 +59,11 @@ Loop = Callable[[], Awaitable[None]]
 __all__ = ["BadRequest", "Clock", "Runtime", "ServiceParts", "StateUnavailable", "serve", "system_clock"]
 # What a failed start-up step may raise and still be retried (anything else is a bug).
 _STARTUP_TROUBLE = (RedisError, OSError, nats.errors.Error)
-# How long `Runtime.stop` waits for its cancelled background tasks (each should end at once).
-STOP_TIMEOUT_S = 30.0
+# How long `Runtime.stop` waits for its cancelled background tasks (each should end at once), and again for the
+# bus's consumers: a service stops within a few seconds (`whaleflux up` kills one still running after 4 s).
+STOP_TIMEOUT_S = 1.5
+# How long uvicorn waits for open HTTP connections (a console's live feed, a long poll) before it closes them.
+GRACEFUL_SHUTDOWN_S = 1
 
 
 @dataclass
@@ -276,7 +279,7 @@ class Runtime:
                 self.log.error("runtime.task_would_not_stop", task=task.get_name(), timeout_s=self.stop_timeout_s,
                                stack=[f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack()])
         if self._bus is not None:
-            await self._bus.close()
+            await self._bus.close(timeout_s=self.stop_timeout_s)
         if self._state is not None:
             await self._state.aclose()
         self.running = False
@@ -404,4 +407,4 @@ def serve(app: FastAPI, runtime: Runtime) -> None:
     """Run one service process until SIGTERM/SIGINT."""
     configure_logging(runtime.name, runtime.settings.log_level)
     uvicorn.run(app, host=runtime.settings.http_host, port=runtime.settings.http_port, log_config=None,
-                access_log=True, lifespan="on")
+                access_log=True, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

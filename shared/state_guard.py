@@ -89,7 +89,8 @@ class StateGuard:
         while True:
             await asyncio.sleep(STATE_CHECK_S)
             try:
-                current = await asyncio.wait_for(epochs.current(), STATE_CHECK_TIMEOUT_S)
+                async with asyncio.timeout(STATE_CHECK_TIMEOUT_S):  # not wait_for: it can swallow a stop (3.11)
+                    current = await epochs.current()
             except (RedisError, OSError, TimeoutError) as exc:
                 self.down(f"state store unreachable ({type(exc).__name__})")
                 continue

@@ -232,3 +232,25 @@ async def test_stop_ends_even_when_a_task_swallows_its_cancellation_and_names_th
         bad.cancel()
         await asyncio.wait([bad], timeout=5)
     assert bad.done()
+
+
+async def test_the_placement_loop_ends_when_its_stop_meets_a_wake_up():
+    """The scheduler's placement loop waits on `dirty` with a timeout. A job's end handled as the service stops
+    sets `dirty` in the same turn as the stop's cancellation: on Python 3.11 `asyncio.wait_for` returned the
+    event then and swallowed the cancellation, and the loop went on, hanging the scheduler's shutdown."""
+    from services.scheduler.app import build
+    from services.scheduler.settings import SchedulerSettings
+
+    _, scheduler = build(SchedulerSettings(environment="development"))
+    placement_loop = scheduler.runtime.parts.background[0]
+    assert placement_loop.__name__ == "loop"
+    task: asyncio.Future[None] = asyncio.ensure_future(placement_loop())
+    for _ in range(5):
+        await asyncio.sleep(0)  # it waits on `dirty` now
+    scheduler.dirty.set()
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5)
+    try:
+        assert done and task.cancelled()
+    finally:
+        task.cancel()

@@ -194,3 +194,53 @@ def test_up_runs_jobs_as_its_own_user_with_its_environment_first_on_path_unless_
         assert added == {"PATH": "/opt/wf/.venv/bin:/usr/bin"} and said.startswith(f"as {next(iter(configured))}=")
     added, said = job_defaults({"PATH": "/usr/bin", "WHALEFLUX_ALLOW_ROOT_JOBS": "false"}, euid=0, prefix=venv)
     assert added == {"PATH": "/opt/wf/.venv/bin:/usr/bin"} and "each team's own uid" in said
+
+
+def test_ctrl_c_stops_every_process_in_time_and_names_one_it_had_to_kill(tmp_path):
+    """Ctrl-C with a job running: every service ends on its own within its time, except one that cannot (here
+    stopped with SIGSTOP, as a hung one would be), which `up` kills and names; no process is left behind."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEFLUX_", "NATS_", "REDIS_"))} | ROOT_JOBS
+    env["WHALEFLUX_HOME"] = str(home)
+    out_path = tmp_path / "up.out"
+    with open(out_path, "wb") as out_file:
+        up = subprocess.Popen([sys.executable, "-m", "whaleflux", "up"], env=env, stdout=out_file,
+                              stderr=subprocess.STDOUT)
+    try:
+        config = home / "config.json"
+
+        def all_ready():
+            services = json.loads(config.read_text())["services"]
+            return set(SERVICES) <= set(services) and all(
+                httpx.get(services[s] + "/readyz", timeout=1).status_code == 200 for s in SERVICES)
+
+        wait_until(all_ready, timeout=180, what="all five services ready")
+        cli = [sys.executable, "-m", "whaleflux"]
+        long = subprocess.run([*cli, "submit", "--", "sleep", "300"], env=env, capture_output=True, text=True,
+                              timeout=30)
+        job_id = long.stdout.split("submitted job ")[1].split()[0]
+        scheduler = json.loads(config.read_text())["services"]["scheduler"]
+        wait_until(lambda: httpx.get(f"{scheduler}/v1/jobs/{job_id}").json()["state"] == "running",
+                   what="long job running")
+        ours = _pids_with(str(home).encode()) | _pids_with(f"WHALEFLUX_JOB_ID={job_id}".encode())
+        ours.discard(up.pid)
+        [billing_pid] = [pid for pid in _pids_with(b"service\0billing") if pid in ours]
+        os.kill(billing_pid, signal.SIGSTOP)  # it can no longer act on SIGTERM: `up` must kill it
+
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=60) == 0
+        leftovers = [pid for pid in ours if _alive(pid)]
+        assert leftovers == [], f"still running after Ctrl-C: {leftovers}"
+        output = out_path.read_text()
+        assert "billing did not stop within its time; killed it" in output, output
+        # Only billing: the scheduler, the other services, the agent and the servers all ended on their own.
+        assert "killed (would not stop): billing\n" in output, output
+        assert output.count("did not stop within") == 1, output
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGTERM)
+            try:
+                up.wait(60)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()

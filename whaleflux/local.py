@@ -34,6 +34,10 @@ from .servers import LocalServers, write_private
 
 console = Console()
 READY_TIMEOUT_S = 60.0
+# How long a service (and nats-server, redis-server) has to end after SIGTERM before `up` kills it and says so;
+# the agent has its jobs' stop grace plus AGENT_STOP_EXTRA_S. Services end in well under a second.
+SERVICE_STOP_S = 3.0
+AGENT_STOP_EXTRA_S = 2.0
 CONSOLE_PORT = 8706
 
 
@@ -175,6 +179,7 @@ class Stack:
     children: list[Child] = field(default_factory=list)
     servers: LocalServers | None = None
     stopping: bool = False
+    hurry: bool = False  # a second Ctrl-C while stopping: kill what still runs
     # The NATS user each child connects as (its name: a service, "console", "agent"), when `up` runs the servers.
     nats_users: set[str] = field(default_factory=set)
     jobs_line: str = ""  # who jobs run as, and their PATH (job_defaults)
@@ -350,30 +355,41 @@ class Stack:
         console.print(table)
         console.print("Try:  whaleflux submit --gpus 1 -- python -c \"print('hi')\"   (Ctrl-C here stops everything)")
 
-    def stop(self) -> None:
-        """The agent first, while NATS and the services still run, so its jobs' ends reach JetStream; then the rest."""
+    def stop(self) -> list[str]:
+        """The agent first, while NATS and the services still run, so its jobs' ends reach JetStream; then the rest.
+
+        Each is asked (SIGTERM) and given a few seconds (the whole stop takes under 5 s unless a job ignores its
+        stop grace); one still running then is killed (SIGKILL) and named, with its log, so a hang is never
+        silent. A second Ctrl-C (`hurry`) kills whatever still runs at once. Returns what was killed."""
         agents = [c for c in self.children if c.name == "agent"]
         # The agent gives each job its stop grace (WHALEFLUX_STOP_GRACE_S, 5 s by default), then reports it.
-        self._stop_children(agents, float(os.environ.get("WHALEFLUX_STOP_GRACE_S") or 5.0) + 10)
-        self._stop_children([c for c in self.children if c not in agents], 15)
+        grace = float(os.environ.get("WHALEFLUX_STOP_GRACE_S") or 5.0)
+        killed = self._stop_children(agents, grace + AGENT_STOP_EXTRA_S)
+        killed += self._stop_children([c for c in self.children if c not in agents], SERVICE_STOP_S)
+        for child in killed:
+            console.print(f"[red]{child.name} did not stop within its time; killed it (see {child.log_path})[/red]")
+        names = [child.name for child in killed]
         if self.servers:
-            self.servers.stop()
+            for server in self.servers.stop(SERVICE_STOP_S):
+                console.print(f"[red]{server} did not stop within {SERVICE_STOP_S:.0f} s; killed it[/red]")
+                names.append(server)
+        return names
 
-    @staticmethod
-    def _stop_children(children: list[Child], timeout_s: float) -> None:
-        """SIGTERM, then SIGKILL whichever is still running after `timeout_s`."""
-        for child in children:
-            if child.proc and child.proc.poll() is None:
-                child.proc.terminate()
+    def _stop_children(self, children: list[Child], timeout_s: float) -> list[Child]:
+        """SIGTERM, then SIGKILL whichever is still running after `timeout_s` (or at once on a second Ctrl-C);
+        returns those killed."""
+        running = [(c, c.proc) for c in children if c.proc is not None and c.proc.poll() is None]
+        for _, proc in running:
+            proc.terminate()
         deadline = time.monotonic() + timeout_s
-        for child in children:
-            if child.proc is None:
-                continue
-            try:
-                child.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+        while any(proc.poll() is None for _, proc in running) and time.monotonic() < deadline and not self.hurry:
+            time.sleep(0.05)
+        killed = [child for child, proc in running if proc.poll() is None]
+        for _, proc in running:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        return killed
 
 
 def up(fleet: Path, assets: Path | None = None, nats_cluster: int = 1, production: bool = False) -> int:
@@ -392,6 +408,8 @@ def up(fleet: Path, assets: Path | None = None, nats_cluster: int = 1, productio
     stack = Stack(cfg, state_dir, fleet, assets, nats_cluster, production=production)
 
     def on_signal(signum, frame):  # noqa: ARG001
+        if stack.stopping:
+            stack.hurry = True  # a second Ctrl-C: no more waiting
         stack.stopping = True
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -405,5 +423,8 @@ def up(fleet: Path, assets: Path | None = None, nats_cluster: int = 1, productio
             time.sleep(0.5)
     finally:
         console.print("Stopping WhaleFlux…")
-        stack.stop()
+        began = time.monotonic()
+        killed = stack.stop()
+        console.print(f"Stopped in {time.monotonic() - began:.1f} s"
+                      + (f"; killed (would not stop): {', '.join(killed)}" if killed else ""))
     return 0

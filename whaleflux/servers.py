@@ -248,17 +248,27 @@ class NatsCluster:
             raise RuntimeError(f"nats-server {index} is running")
         self._spawn(index)
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0) -> list[str]:
+        """SIGTERM, then SIGKILL any still running after `timeout`; returns those killed."""
         running = [proc for proc in self.procs if proc is not None and proc.poll() is None]
-        for proc in running:
-            proc.terminate()
-        for proc in running:
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         self.procs = [None] * len(self.procs)
+        return terminate_all(running, timeout)
+
+
+def terminate_all(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """SIGTERM to each, one deadline for all, then SIGKILL to those left; the program names of those killed."""
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + timeout
+    killed = []
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            killed.append(Path(str(proc.args[0] if isinstance(proc.args, list) else proc.args)).name)
+    return killed
 
 
 def json_str(text: str) -> str:
@@ -363,19 +373,12 @@ class LocalServers:
         self.redis_port = _start_owned(start, lambda port: _answers_as_ours(port, hello, b"+PONG", first_line=False),
                                        "redis-server", log, preferred)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.cluster is not None:
-            self.cluster.stop(timeout)
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    def stop(self, timeout: float = 10.0) -> list[str]:
+        """SIGTERM, then SIGKILL any still running after `timeout`; returns those killed (by program name)."""
+        killed = self.cluster.stop(timeout) if self.cluster is not None else []
+        killed += terminate_all([proc for proc in self.procs if proc.poll() is None], timeout)
         self.procs.clear()
+        return killed
 
 
 class QuietHandler(BaseHTTPRequestHandler):

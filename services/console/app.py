@@ -125,5 +125,5 @@ def main() -> None:
     # wherever it connects; otherwise not even from 127.0.0.1 (uvicorn's default), where any local user could send them.
     trusted = settings.trust_forwarded_proto
     uvicorn.run(create_app(settings), host=settings.http_host, port=settings.http_port, fd=int(fd) if fd else None,
-                log_config=None, access_log=True, lifespan="on", proxy_headers=trusted,
+                log_config=None, access_log=True, lifespan="on", proxy_headers=trusted, timeout_graceful_shutdown=1,
                 forwarded_allow_ips="*" if trusted else None)

@@ -123,7 +123,8 @@ class LiveHub:
             yield ": connected\n\n"
             while True:
                 try:
-                    frames = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                    async with asyncio.timeout(KEEPALIVE_S):  # not wait_for: it can swallow a stop (3.11)
+                        frames = await queue.get()
                 except TimeoutError:
                     yield ": keep-alive\n\n"
                     continue

@@ -147,7 +147,10 @@ class PlacementPass:
         """A pass whenever something changed, and every `pass_interval_s`."""
         while True:
             try:
-                await asyncio.wait_for(self.s.dirty.wait(), self.s.settings.pass_interval_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that meets the
+                # event being set (a job's end handled as the service stops), and this loop then never ends.
+                async with asyncio.timeout(self.s.settings.pass_interval_s):
+                    await self.s.dirty.wait()
             except TimeoutError:
                 pass
             self.s.dirty.clear()

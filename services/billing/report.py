@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from . import allocation as alloc
 from .costing import Costed
 from .metering import UsageRecord
-from .ownership import from_ms
+from .ownership import from_ms, to_ms
 from .pricing import MICRO
 
 HOUR_MS = 3_600_000
@@ -71,13 +71,37 @@ def costs_report(c: Costed, by: str, share_idle: bool, running: bool = False) ->
     }
 
 
+def gpu_hour_rate(record: UsageRecord, c: Costed, power_usd: Decimal, gpu_ms: int) -> Decimal | None:
+    """What the attempt's GPUs cost per GPU-hour: their fixed rate (price book and ownership terms) where the
+    attempt started, plus the measured power charged per GPU-hour held. Taken from the prices, not from the
+    rounded cost (a job of a tenth of a second costs a few micro-dollars: its cost / its time is noise).
+    None when a GPU of it has no price."""
+    at = to_ms(record.started_at)
+    fixed = []
+    for uuid in record.gpu_uuids:
+        gc = c.gpus.get(uuid)
+        if gc is None or not gc.segments:
+            return None
+        fixed.append(gc.segments[gc.find(at)].usd_per_ms * HOUR_MS)
+    if not fixed:
+        return None
+    rate = sum(fixed, Decimal(0)) / len(fixed) + (power_usd * HOUR_MS / gpu_ms if gpu_ms else Decimal(0))
+    return rate.quantize(Decimal("0.0001"))
+
+
 def job_line(record: UsageRecord, c: Costed) -> dict[str, Any]:
-    """One attempt of `GET /v1/costs/jobs/{id}`: its record with its cost over its whole allocation (`c`)."""
+    """One attempt of `GET /v1/costs/jobs/{id}`: its record with its cost over its whole allocation (`c`).
+
+    A running attempt is costed up to now: its `gpu_seconds` and `cost_usd` so far, `so_far` true. The rate is
+    what its GPUs cost per GPU-hour (`gpu_hour_rate`); null when they have no price ("no price" on every surface)."""
     jc = c.cb.jobs.get(record.key)
     usd = jc.usd if jc else Decimal(0)
-    hours = record.gpu_seconds / 3600 if record.ended_at else Decimal(jc.gpu_ms if jc else 0) / HOUR_MS
-    rate = (usd / hours).quantize(Decimal("0.0001")) if hours else Decimal(0)
-    return {**record.model_dump(mode="json"), "gpu_seconds": plain(record.gpu_seconds),
+    running = record.ended_at is None
+    gpu_ms = jc.gpu_ms if jc else 0
+    seconds = Decimal(gpu_ms) / 1000 if running else record.gpu_seconds
+    rate = gpu_hour_rate(record, c, jc.power_usd if jc else Decimal(0), gpu_ms)
+    return {**record.model_dump(mode="json"), "gpu_seconds": plain(seconds.quantize(Decimal("0.001"))),
             "cost_usd": plain(usd.quantize(MICRO)), "fixed_usd": plain(jc.fixed_usd if jc else Decimal(0)),
             "power_usd": plain(jc.power_usd if jc else Decimal(0)), "usd_per_gpu_hour": plain(rate),
+            "so_far": running,
             "efficiency_pct": None if not jc or jc.util_mean is None else round(jc.util_mean, 1)}

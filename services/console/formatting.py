@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 
+from whaleflux.shared import money
+
 
 def ago(value: datetime | None, now: datetime | None = None) -> str:
     """"3 s ago", "5 min ago", "2 h ago", "4 days ago"; "in 3 days" for the future."""
@@ -51,4 +53,6 @@ def usd(value: str | float | Decimal | None) -> str:
     return f"${amount:,.{places}f}"
 
 
-FILTERS = {"ago": ago, "when": when, "gib": gib, "num": num, "usd": usd}
+# A job's cost and its GPUs' rate: as the CLI shows them (shared/money.py), not rounded again here.
+FILTERS = {"ago": ago, "when": when, "gib": gib, "num": num, "usd": usd, "job_usd": money.job_usd,
+           "gpu_hour_rate": money.gpu_hour_rate}

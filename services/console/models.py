@@ -211,6 +211,7 @@ class AttemptCost(Read):
     gpu_seconds: str
     cost_usd: str
     usd_per_gpu_hour: str | None = None
+    so_far: bool = False  # still running: its cost up to now
 
 
 class BudgetTerms(Read):

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from whaleflux.client import ClientError, Connection, NotFound
+from whaleflux.shared import money
 
 from .terminal import console, fail, one_of, print_table
 
@@ -86,7 +87,7 @@ def jobs_show(job_id: str) -> None:
     ]:
         table.add_row(key, value)
     console.print(table)
-    if j["state"] in TERMINAL:
+    if j["state"] in TERMINAL or j.get("started_at"):
         show_cost(conn, j)
 
 
@@ -247,12 +248,14 @@ def print_end(job: dict[str, Any]) -> None:
 
 
 def show_cost(conn: Connection, job: dict[str, Any], wait_s: float = 0.0) -> None:
-    """What billing charged for the job: waits up to `wait_s` for an ended job's charge, never for one that never
-    ran."""
+    """What billing charged for the job, one line per attempt and the job's cost (the same figure the console
+    and the API show: shared/money.py); a running job's cost so far, marked. Waits up to `wait_s` for an ended
+    job's charge, never for one that never ran."""
     job_id = job["job_id"]
     if not job.get("started_at") and (job.get("attempt") or 0) <= 1:
         console.print("not charged: it never ran")
         return
+    ended = job["state"] in TERMINAL
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -262,13 +265,15 @@ def show_cost(conn: Connection, job: dict[str, Any], wait_s: float = 0.0) -> Non
         except ClientError as exc:
             console.print(f"charge: not known ({exc})", soft_wrap=True)
             return
-        if recs and all(r.get("ended_at") for r in recs):
+        if recs and (not ended or all(r.get("ended_at") for r in recs)):
             for rec in recs:
                 console.print(
                     f"charged: {rec['gpu_seconds']} GPU-s on {rec['gpus']}x {rec['gpu_model']} "
-                    f"at ${rec['usd_per_gpu_hour']}/GPU-h = ${rec['cost_usd']}"
+                    f"at {money.gpu_hour_rate(rec.get('usd_per_gpu_hour'))} = {money.job_usd(rec['cost_usd'])}"
+                    + (" so far (running)" if rec.get("so_far") else "")
                     + (f" (attempt {rec['attempt']})" if len(recs) > 1 else ""), soft_wrap=True
                 )
+            console.print(f"cost: {money.job_cost(recs)}", soft_wrap=True)
             return
         if time.monotonic() >= deadline:
             console.print(f"charge: not recorded yet; see `whaleflux costs --by job` or `whaleflux jobs show {job_id}`")

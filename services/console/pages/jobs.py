@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from decimal import Decimal
 from typing import Any, Literal
 from urllib.parse import urlencode
 
@@ -11,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 
+from whaleflux.shared import money
 from whaleflux.shared.catalog import gpu_models
 from whaleflux.shared.contracts.jobs import ENDED, JOB_STATES, JobRecord, JobWhy
 from whaleflux.shared.job_events import default_name
@@ -168,7 +168,8 @@ async def job_view(c: Console, job_id: str) -> dict:
         except UpstreamError as exc:
             tail = None
             errors.append(f"log hidden until its secrets can be masked: {exc}")
-    total = sum((Decimal(a.cost_usd) for a in values["costs"] or []), Decimal(0))
+    # The job's cost as the CLI and the API show it (shared/money.py): one figure, a running job's marked.
+    total = money.job_cost([a.model_dump(mode="json") for a in values["costs"] or []])
     return {"job": job, "why": values["why"], "costs": values["costs"] or [], "cost_total": total, "log": tail,
             "errors": errors, "job_id": job_id, "ended": bool(job and job.state in ENDED)}
 

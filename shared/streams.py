@@ -243,6 +243,8 @@ CONSUMERS: dict[str, ConsumerSpec] = {
         _c("inventory-validations", "WHALEFLUX_VALIDATIONS", f"{s.GPU_VALIDATED}.>"),
         # The scheduler's GPU cordons and quarantines: such a GPU is counted unhealthy, not active.
         _c("inventory-cordons", "WHALEFLUX_VALIDATIONS", f"{s.GPU_CORDONED}.>", f"{s.GPU_UNCORDONED}.>"),
+        # Nodes drained and undrained: their GPUs are counted draining, not free (as the scheduler counts them).
+        _c("inventory-drains", "WHALEFLUX_NODES", f"{s.NODE_DRAIN_REQUESTED}.>", f"{s.NODE_UNDRAINED}.>"),
         _c("inventory-telemetry", "WHALEFLUX_TELEMETRY", f"{s.GPU_TELEMETRY}.>", deliver_new=True, batch=256,
            dedup=False, partitioned=True),
     )

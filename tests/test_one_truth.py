@@ -141,3 +141,67 @@ def test_every_gpu_model_of_the_demo_fleet_has_a_price(up: Up) -> None:
         [line] = up.api("billing", f"/v1/costs/jobs/{job_id}").json()
         assert rates[0] == money.gpu_hour_rate(line["usd_per_gpu_hour"])
         assert COST.findall(done) == [money.job_cost([line])]
+
+
+STATES = ("free", "allocated", "quarantined", "draining")
+
+
+def _scheduler_counts(up: Up) -> dict[str, int]:
+    rows = up.api("scheduler", "/v1/gpus").json()
+    return {state: sum(1 for g in rows if g["status"] == state) for state in STATES}
+
+
+def _cli_counts(up: Up) -> dict[str, int]:
+    """The count line under `gpus list`: "27 free, 1 allocated, 1 quarantined, 8 draining"."""
+    last = up.cli("gpus", "list").stdout.strip().splitlines()[-1]
+    said = {word: int(n) for n, word in (part.split() for part in last.split(", "))}
+    return {state: said.get(state, 0) for state in STATES}
+
+
+def _inventory_counts(up: Up) -> dict[str, int]:
+    rows = up.api("inventory", "/v1/inventory").json()
+    return {state: sum(r[state] for r in rows) for state in ("free", "allocated", "quarantined", "draining")}
+
+
+def _console_counts(up: Up) -> dict[str, int]:
+    html = up.console.get("/fleet").text
+    out = {}
+    for state in ("free", "quarantined", "draining"):
+        found = re.search(rf'data-testid="gpus-{state}">(\d+)<', html)
+        assert found, html
+        out[state] = int(found[1])
+    return out
+
+
+def _findings_free(up: Up) -> dict[str, int]:
+    """model -> free GPUs as the capacity finding says ("3/4 RTX4090 GPUs free in dev"; absent: none free)."""
+    [capacity] = [f for f in up.api("inventory", "/v1/findings").json() if f["kind"] == "capacity"]
+    return {model: int(free) for free, _, model in re.findall(r"(\d+)/(\d+) (\S+) GPUs free", capacity["summary"])}
+
+
+def test_quarantined_draining_and_free_gpus_are_counted_alike_by_the_cli_the_console_inventory_and_findings(
+        up: Up) -> None:
+    up.cli("gpus", "cordon", "r4090-01", "2", "--reason", "one truth")
+    up.cli("nodes", "drain", "a100-01", "--reason", "one truth")
+    try:
+        def agree() -> bool:
+            truth = _scheduler_counts(up)
+            if truth["quarantined"] != 1 or truth["draining"] != 8:
+                return False
+            rows = up.api("scheduler", "/v1/gpus").json()
+            per_model = {m: sum(1 for g in rows if g["model"] == m and g["status"] == "free")
+                         for m in ("RTX4090", "A100", "H100", "H200")}
+            findings = _findings_free(up)
+            return (_cli_counts(up) == truth and _inventory_counts(up) == truth
+                    and _console_counts(up) == {s: truth[s] for s in ("free", "quarantined", "draining")}
+                    and {m: findings.get(m, 0) for m in per_model} == per_model)
+
+        wait_until(agree, timeout=60, what="every surface counting 1 quarantined and 8 draining GPUs alike")
+        # The drained A100 node has no free GPU anywhere: findings do not offer its 8 GPUs as free capacity.
+        assert "A100" not in _findings_free(up)
+        assert _inventory_counts(up)["free"] == _scheduler_counts(up)["free"]
+    finally:
+        up.cli("nodes", "undrain", "a100-01")
+        up.cli("gpus", "uncordon", "r4090-01", "2")
+    wait_until(lambda: _scheduler_counts(up)["draining"] == 0 and _inventory_counts(up)["draining"] == 0
+               and _inventory_counts(up)["quarantined"] == 0, timeout=60, what="undrained and uncordoned everywhere")

@@ -87,7 +87,9 @@ class NodeStatus(Read):
     cluster: str
     model: str | None = None
     gpus: int
-    free: int
+    free: int  # as `gpus list` counts them: not allocated, not quarantined, its node taking work
+    draining: int = 0  # not allocated, not quarantined, on a node that drains
+    quarantined: list[int] = []  # the indices of its quarantined GPUs
     status: str
     reason: str | None = None
     heartbeat_age_s: float | None = None

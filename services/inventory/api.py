@@ -51,10 +51,12 @@ async def inventory(
     hours: float = Query(24, gt=0, le=24 * 40, description="window of the mean utilization"),
 ) -> list[dict[str, Any]]:
     """Per model, pool or ownership: GPUs, active, missing, allocated now, mean utilization while allocated,
-    validated and quarantined by their last burn-in."""
+    validated by their last burn-in; quarantined (by the scheduler, or by a failed burn-in), draining (on a node
+    that drains) and free, as `whaleflux gpus list` counts them."""
     rec = await inv.reconciliation(now)
     rows = await inv.rollups("gpu", now - timedelta(hours=hours), now, now, rec)
-    return views.grouped(rec.assets, by, set(await inv.holders()), rows, await inv.verdicts())
+    quarantined, draining = await inv.kept_out()
+    return views.grouped(rec.assets, by, set(await inv.holders()), rows, await inv.verdicts(), quarantined, draining)
 
 
 @router.get("/v1/assets")

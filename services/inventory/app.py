@@ -31,7 +31,7 @@ def build(settings: InventorySettings | None = None, clock: Clock = system_clock
     app = runtime.app(ServiceParts(
         consumers={"inventory-nodes": inventory.on_node_event, "inventory-jobs": inventory.on_job_event,
                    "inventory-telemetry": inventory.on_telemetry, "inventory-validations": inventory.on_validated,
-                   "inventory-cordons": inventory.on_cordon},
+                   "inventory-cordons": inventory.on_cordon, "inventory-drains": inventory.on_drain},
         routers=ROUTERS,
         on_ready=inventory.on_ready,
         background=[inventory.check_loop],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -147,12 +147,13 @@ class CapacityRow:
     free_nodes: int  # nodes with every GPU free
 
 
-def capacity(assets: list[GpuAsset], allocated: set[str]) -> list[CapacityRow]:
-    """Free GPUs and whole free nodes per model and pool (missing GPUs are not capacity)."""
+def capacity(assets: list[GpuAsset], allocated: set[str], draining: Set[str] = frozenset()) -> list[CapacityRow]:
+    """Free GPUs and whole free nodes per model and pool: a GPU is free as `gpus list` says it is (not missing,
+    not quarantined: `active`; not allocated; its node not draining: `draining` holds "cluster/node" keys)."""
     nodes: dict[tuple[str, str], dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for a in assets:
         if a.status == "active":
-            nodes[(a.model, a.pool)][a.node].append(a.uuid not in allocated)
+            nodes[(a.model, a.pool)][a.node].append(a.uuid not in allocated and f"{a.cluster}/{a.node}" not in draining)
     rows = []
     for (model, pool), per_node in sorted(nodes.items()):
         flags = [f for fs in per_node.values() for f in fs]

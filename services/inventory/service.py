@@ -27,8 +27,10 @@ from whaleflux.shared.events import (
     GpuUncordoned,
     GpuValidated,
     LeaseExpired,
+    NodeDrainRequested,
     NodeHeartbeat,
     NodeRegistered,
+    NodeUndrained,
 )
 from whaleflux.shared.runtime import Runtime
 
@@ -93,6 +95,18 @@ class Inventory:
         elif isinstance(data, GpuUncordoned):
             await self.store.set_cordon(data.gpu_uuid, None)
 
+    async def on_drain(self, env: Envelope, data: EventData) -> None:
+        """A node drains (node.drain_requested: its GPUs count as draining, not free), or takes work again."""
+        if isinstance(data, NodeDrainRequested):
+            await self.store.set_drain(data.cluster, data.node, data.reason or "drained")
+        elif isinstance(data, NodeUndrained):
+            await self.store.set_drain(data.cluster, data.node, None)
+
+    async def kept_out(self) -> tuple[set[str], set[str]]:
+        """What the scheduler keeps out of placement, as `gpus list` counts it: the uuids it quarantines (any
+        gpu.cordoned cause, `missing` too) and the "cluster/node"s that drain."""
+        return set(await self.store.cordons()), set(await self.store.drains())
+
     async def on_telemetry(self, env: Envelope, data: EventData) -> None:
         if not isinstance(data, GpuTelemetry) or not data.gpus:
             return
@@ -152,7 +166,8 @@ class Inventory:
         active = last_active(await self.store.allocations(), now)
         out += fnd.reserved_idle(rec.assets, active, now, s.reserved_idle_hours)
         out += fnd.consolidation(pool_rows, rec.assets, s.consolidation_threshold, s.consolidation_days)
-        out.append(fnd.capacity_finding(fnd.capacity(rec.assets, set(holders)), await self.store.queued()))
+        _, draining = await self.kept_out()
+        out.append(fnd.capacity_finding(fnd.capacity(rec.assets, set(holders), draining), await self.store.queued()))
         out += fnd.reconciliation_findings(rec, by_uuid)
         out += fnd.quarantined(await self.store.validations(), now)
         return out

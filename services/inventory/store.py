@@ -101,6 +101,19 @@ class InventoryStore:
         """GPU uuid -> why the scheduler keeps it out (operator, xid, ecc, missing)."""
         return _map(await self.redis.hgetall(self.key("cordons")))
 
+    # ------------------------------------------------------------------ drained nodes (node.drain_requested)
+
+    async def set_drain(self, cluster: str, node: str, reason: str | None) -> None:
+        """A node asked to drain, and why (None: undrained, it takes work again)."""
+        if reason is None:
+            await self.redis.hdel(self.key("drains"), f"{cluster}/{node}")
+        else:
+            await self.redis.hset(self.key("drains"), f"{cluster}/{node}", reason)
+
+    async def drains(self) -> dict[str, str]:
+        """"cluster/node" -> why it drains."""
+        return _map(await self.redis.hgetall(self.key("drains")))
+
     # ------------------------------------------------------------------ burn-ins (gpu.validated)
 
     async def save_validation(self, v: Validation) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from datetime import datetime
 from typing import Any
 
@@ -70,7 +70,8 @@ def capacity_row(r: CapacityRow) -> contracts.CapacityRow:
 
 
 def grouped(assets: list[GpuAsset], by: str, allocated: set[str], hours: list[HourRow],
-            verdicts: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+            verdicts: Mapping[str, str] | None = None, quarantined: Set[str] = frozenset(),
+            draining: Set[str] = frozenset()) -> list[dict[str, Any]]:
     """Count, active / missing / unhealthy (`discovery.gpu_status`), allocated now, mean utilization while allocated,
     and how many passed or failed their last burn-in (`verdicts`: uuid -> the last gpu.validated verdict), per
     model / pool / ownership."""
@@ -85,10 +86,17 @@ def grouped(assets: list[GpuAsset], by: str, allocated: set[str], hours: list[Ho
     for a in assets:
         key = getattr(a, field)
         row = rows.setdefault(key, {"key": key, "gpus": 0, "active": 0, "missing": 0, "unhealthy": 0,
-                                    "allocated": 0, "validated": 0, "quarantined": 0, "_u": [0.0, 0.0]})
+                                    "allocated": 0, "validated": 0, "quarantined": 0, "draining": 0, "free": 0,
+                                    "_u": [0.0, 0.0]})
         row["gpus"] += 1
         row["validated"] += verdicts.get(a.uuid) in ("pass", "warn")
-        row["quarantined"] += verdicts.get(a.uuid) == "fail"
+        # As `gpus list` counts them: quarantined by the scheduler (or failed its last burn-in); else on a
+        # draining node; else free when active and not allocated.
+        out_of_work = a.uuid in quarantined or verdicts.get(a.uuid) == "fail"
+        drains = not out_of_work and f"{a.cluster}/{a.node}" in draining
+        row["quarantined"] += out_of_work
+        row["draining"] += drains
+        row["free"] += not out_of_work and not drains and a.status == "active" and a.uuid not in allocated
         row[a.status if a.status in ("active", "unhealthy") else "missing"] += 1
         row["allocated"] += a.uuid in allocated
         row["_u"][0] += util[a.uuid][0]

@@ -360,9 +360,13 @@ async def list_nodes(store: StoreDep, failover: FailoverDep, feeds: FeedsDep, he
     for key, reg in sorted(regs.items(), key=lambda kv: kv[1].node):
         view = NodeView(reg, conditions.get(key), key in failover.suspects, quarantined=quarantined)
         n = node_state(view, alloc)
+        cond = view.condition.state if view.condition else None
         out.append({
             "node": n.name, "cluster": n.cluster, "model": n.model, "gpus": len(n.gpus),
-            "free": sum(1 for g in n.gpus if g.allocated_to is None and not g.quarantined),
+            # As `/v1/gpus` counts them (`gpu_status`): a draining node has no free GPU, it has draining ones.
+            "free": sum(1 for g in n.gpus if gpu_status(g.quarantined, g.allocated_to is not None, cond) == "free"),
+            "draining": sum(1 for g in n.gpus
+                            if gpu_status(g.quarantined, g.allocated_to is not None, cond) == "draining"),
             "quarantined": [g.index for g in n.gpus if g.quarantined], "status": view.status,
             "reason": view.condition.reason if view.condition else None,
             "heartbeat_age_s": round(at - seen[key], 1) if key in seen else None,
@@ -444,6 +448,9 @@ class CordonBody(BaseModel):
     reason: str = Field("cordoned by an operator", min_length=1, max_length=500)
 
 
+GpuStatus = Literal["free", "allocated", "quarantined", "draining", "unavailable"]
+
+
 class GpuRow(BaseModel):
     """One registered GPU as the scheduler sees it (GET /v1/gpus)."""
 
@@ -452,7 +459,7 @@ class GpuRow(BaseModel):
     index: int
     uuid: str
     model: str
-    status: Literal["free", "allocated", "quarantined"]
+    status: GpuStatus
     job_id: str | None = Field(None, description="the job holding it (a quarantined GPU may still hold one)")
     cause: str | None = Field(None, description="why it is quarantined: operator, xid, ecc, missing or alert")
     reason: str | None = None
@@ -463,20 +470,34 @@ class GpuRow(BaseModel):
 gpus = APIRouter(tags=["gpus"], dependencies=[ViewerDep])
 
 
+def gpu_status(quarantined: bool, allocated: bool, node_condition: str | None) -> GpuStatus:
+    """One word per GPU, the same on every surface (`gpus list`, the console, inventory, findings): quarantined
+    first, then allocated, then what its node's condition makes it (draining; unavailable: lost or unhealthy);
+    free only when it could take work now."""
+    if quarantined:
+        return "quarantined"
+    if allocated:
+        return "allocated"
+    if node_condition == "draining":
+        return "draining"
+    return "unavailable" if node_condition else "free"
+
+
 @gpus.get("/v1/gpus", dependencies=[WholeState])
-async def list_gpus(store: StoreDep, health: HealthDep, status: Literal["free", "allocated", "quarantined"] | None
-                    = None) -> list[GpuRow]:
-    """Every registered GPU: free, allocated or quarantined (why, since when); `status` keeps one kind."""
+async def list_gpus(store: StoreDep, health: HealthDep, status: GpuStatus | None = None) -> list[GpuRow]:
+    """Every registered GPU: free, allocated, quarantined (why, since when), draining (its node drains) or
+    unavailable (its node is lost or unhealthy); `status` keeps one kind."""
     regs = await store.registrations()
     alloc = await store.alloc()
+    conditions = await store.conditions()
     quarantined = await health.quarantined()
     rows = []
-    for reg in sorted(regs.values(), key=lambda r: (r.node, r.cluster)):
+    for key, reg in sorted(regs.items(), key=lambda kv: (kv[1].node, kv[1].cluster)):
         model = node_model(reg)
+        condition = conditions.get(key)
         for g in sorted(reg.gpus, key=lambda g: g.index):
             q = quarantined.get(g.uuid)
-            state: Literal["free", "allocated", "quarantined"] = (
-                "quarantined" if q else "allocated" if g.uuid in alloc else "free")
+            state = gpu_status(q is not None, g.uuid in alloc, condition.state if condition else None)
             if status is not None and state != status:
                 continue
             rows.append(GpuRow(node=reg.node, cluster=reg.cluster, index=g.index, uuid=g.uuid, model=model,

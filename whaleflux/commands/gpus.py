@@ -3,6 +3,7 @@ uncordon one."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Any
 
 import typer
@@ -14,7 +15,7 @@ from .terminal import console, fail, print_table
 
 gpus_app = typer.Typer(help="GPUs as the scheduler sees them: list, cordon, uncordon.", no_args_is_help=True)
 
-STATUSES = ("free", "allocated", "quarantined")
+STATUSES = ("free", "allocated", "quarantined", "draining", "unavailable")
 
 
 @gpus_app.command("list")
@@ -22,8 +23,9 @@ def gpus_list(
     status: Annotated[str | None, typer.Option(help="only GPUs in this status: " + ", ".join(STATUSES))] = None,
     node: Annotated[str | None, typer.Option(help="only this node")] = None,
 ) -> None:
-    """Every registered GPU: free, allocated (to which job) or quarantined (an operator's cordon, or a fault: XID,
-    ECC, missing from telemetry), why and since when."""
+    """Every registered GPU: free, allocated (to which job), quarantined (an operator's cordon, or a fault: XID,
+    ECC, missing from telemetry), draining (its node drains) or unavailable (its node is lost or unhealthy), why
+    and since when; then how many of each."""
     if status is not None and status not in STATUSES:
         raise typer.BadParameter(f"{status!r} is not one of {', '.join(STATUSES)}", param_hint="--status")
     try:
@@ -31,6 +33,7 @@ def gpus_list(
     except ClientError as exc:
         fail(str(exc))
     table = Table()
+    counts = Counter[str]()
     for col in ("node", "GPU", "model", "status", "job"):
         table.add_column(col, no_wrap=True)
     table.add_column("since", no_wrap=True)
@@ -43,7 +46,10 @@ def gpus_list(
             why += f" (healthy since {g['healthy_since'][11:19]})"
         since = (g.get("since") or "")[:19].replace("T", " ")
         table.add_row(g["node"], str(g["index"]), g["model"], g["status"], g.get("job_id") or "", since, why)
+        counts[g["status"]] += 1
     print_table(table, "no GPUs" + (f" {status}" if status else ""))
+    if counts:
+        console.print(", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s in ("free", "quarantined")))
 
 
 def _post(node: str, gpu: str, action: str, body: dict[str, str]) -> dict[str, Any]:

@@ -25,18 +25,20 @@ def inventory(
     hours: Annotated[float, typer.Option(min=0.1, help="window of the mean utilization, hours")] = 24,
 ) -> None:
     """GPUs by model, pool or ownership: count, missing (node quiet, or gone from telemetry), unhealthy (kept out by
-    the scheduler for a fault or an operator's cordon), allocated now, mean utilization while allocated, burnt in
-    and quarantined (by their last burn-in)."""
+    the scheduler for a fault or an operator's cordon), allocated now, mean utilization while allocated, burnt in;
+    then quarantined (by the scheduler, or by their last burn-in), draining (on a node that drains) and free, as
+    `whaleflux gpus list` counts them."""
     if by not in ("model", "pool", "ownership"):
         fail(f"--by {by!r}: choose model, pool or ownership")
     rows = _get("/v1/inventory", by=by, hours=hours)
     table = Table(by, "GPUs", "missing", "unhealthy", "allocated", f"mean util while allocated ({hours:g} h)",
-                  "burnt in", "quarantined")
+                  "burnt in", "quarantined", "draining", "free")
     for r in rows:
         util = "" if r["mean_util_allocated"] is None else f"{r['mean_util_allocated']:.1f}%"
         # An inventory older than the burn-in (or unhealthy) columns answers without them.
         table.add_row(r["key"], str(r["gpus"]), str(r["missing"]), str(r.get("unhealthy", "")), str(r["allocated"]),
-                      util, str(r.get("validated", "")), str(r.get("quarantined", "")))
+                      util, str(r.get("validated", "")), str(r.get("quarantined", "")), str(r.get("draining", "")),
+                      str(r.get("free", "")))
     print_table(table, "no GPUs registered")
 
 

@@ -40,6 +40,15 @@ class FleetView:
     cells: str = "0:"  # its cells
 
     @property
+    def gpu_counts(self) -> dict[str, int] | None:
+        """Free, quarantined and draining GPUs, as the scheduler counts them (`gpus list`); None: not read."""
+        if not self.statuses:
+            return None
+        nodes = self.statuses.values()
+        return {"free": sum(s.free for s in nodes), "quarantined": sum(len(s.quarantined) for s in nodes),
+                "draining": sum(s.draining for s in nodes)}
+
+    @property
     def quarantined(self) -> list[NodeStatus]:
         return [s for s in self.statuses.values() if s.status in QUARANTINED]
 

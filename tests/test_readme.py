@@ -29,6 +29,9 @@ from .rootjobs import reachable_folder
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 EXAMPLE_JOB = "557e178c3f02"
+# The first job's cost lines (whaleflux/commands/jobs.py `show_cost`): its charge, then the job's cost.
+CHARGE_SHAPE = re.compile(r"^charged: [\d.]+ GPU-s on \d+x \S+ at \$([\d,.]+)/GPU-h = \$([\d,.]+)$")
+COST_SHAPE = re.compile(r"^cost: \$[\d,.]+$")
 SERVICES = ("telemetry", "scheduler", "alerting", "billing", "inventory")
 
 
@@ -126,6 +129,7 @@ def test_every_marked_readme_example_works_against_up(tmp_path):
     with running_up(tmp_path, home) as env:
         job_id = None
         failures = []
+        charges: list[str] = []  # what the README's first `--wait` printed about its cost, as this run printed it
         for ex in examples(README.read_text()):
             if re.search(r"<[a-z-]+>", ex.command.split(" #")[0]):
                 continue
@@ -135,6 +139,7 @@ def test_every_marked_readme_example_works_against_up(tmp_path):
             said = done.stdout + done.stderr
             if job_id is None and (m := re.search(r"submitted job (\w+)", done.stdout)):
                 job_id = m.group(1)
+                charges = [line for line in done.stdout.splitlines() if line.startswith(("charged:", "cost:"))]
             if ex.error:
                 ok = done.returncode != 0 and ex.error.split(":")[0] in said and ex.error.split(": ", 1)[1][:40] in said
             else:
@@ -143,6 +148,14 @@ def test_every_marked_readme_example_works_against_up(tmp_path):
                 failures.append(f"README.md:{ex.line}: {command!r} exited {done.returncode}:\n{said[-1500:]}")
         assert job_id, "the first example submits a job"
         assert not failures, "\n\n".join(failures)
+        # The README's cost lines are what a run prints: the same lines, a rate that is a price (never $0.0000 nor
+        # "no price"), the job's cost the charge's amount.
+        shown = [line for line in README.read_text().splitlines() if line.startswith(("charged:", "cost:"))][:2]
+        for lines in (shown, charges):
+            assert [CHARGE_SHAPE.match(line) is not None for line in lines] == [True, False], lines
+            assert [COST_SHAPE.match(line) is not None for line in lines] == [False, True], lines
+            rate, amount = CHARGE_SHAPE.match(lines[0]).groups()  # type: ignore[union-attr]
+            assert float(rate.replace(",", "")) > 0 and lines[1] == f"cost: ${amount}", lines
         _first_job_runs_as(env, home, os.geteuid())
 
 

@@ -1,4 +1,5 @@
-"""The README's examples work as written: every command of a block marked `<!-- tested -->` runs against `whaleflux up`.
+"""The README's examples work as written: every command of a block marked `<!-- tested -->` runs against `whaleflux up`,
+in the README and then in the getting-started guide (docs/getting-started.md), where the longer walkthroughs live.
 
 In a `console` block the lines starting with `$ ` are commands; a command whose
 next line in the README starts with `error:` must fail with that error, any
@@ -27,7 +28,10 @@ import pytest
 from .processes import wait_until
 from .rootjobs import reachable_folder
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# The files whose marked blocks run, in this order: the README's first job is the first example of all.
+TESTED_FILES = (README, ROOT / "docs" / "getting-started.md")
 EXAMPLE_JOB = "557e178c3f02"
 # The first job's cost lines (whaleflux/commands/jobs.py `show_cost`): its charge, then the job's cost.
 CHARGE_SHAPE = re.compile(r"^charged: [\d.]+ GPU-s on \d+x \S+ at \$([\d,.]+)/GPU-h = \$([\d,.]+)$")
@@ -37,7 +41,7 @@ SERVICES = ("telemetry", "scheduler", "alerting", "billing", "inventory")
 
 @dataclass
 class Example:
-    line: int
+    line: int | str  # its line, "docs/getting-started.md:12" once all_examples() read it
     command: str
     error: str | None  # the error line the README shows after it, if any
 
@@ -72,12 +76,27 @@ def examples(text: str) -> list[Example]:
     return out
 
 
+def all_examples() -> list[Example]:
+    """The marked examples of every tested file, in order, each with its file and line."""
+    out = []
+    for path in TESTED_FILES:
+        for ex in examples(path.read_text()):
+            ex.line = f"{path.relative_to(ROOT)}:{ex.line}"
+            out.append(ex)
+    return out
+
+
 def test_the_marked_blocks_hold_the_examples_a_new_user_tries_first():
-    found = examples(README.read_text())
-    commands = [e.command for e in found]
-    assert any(c.startswith("whaleflux submit") and "--wait" in c for c in commands)
+    first = examples(README.read_text())
+    assert first and first[0].command.startswith("whaleflux submit") and "--wait" in first[0].command, \
+        "the README's first marked example is the first job"
+    assert any(c.command.startswith("whaleflux alerts") for c in first), "the README shows the first alert"
+    assert any(c.command.startswith("whaleflux costs") for c in first), "the README shows the first cost report"
+    commands = [e.command for e in all_examples()]
     assert any(c.startswith("whaleflux costs tco") for c in commands)
-    assert len(found) >= 15
+    assert any(c.startswith("whaleflux sim clear") for c in commands), "the fault demo undoes itself"
+    assert any(c.startswith("whaleflux nodes undrain") for c in commands)
+    assert len(commands) >= 25  # the 26 examples of the README before it moved to docs/ (issue 37), and more
 
 
 def _login_path() -> str:
@@ -130,7 +149,7 @@ def test_every_marked_readme_example_works_against_up(tmp_path):
         job_id = None
         failures = []
         charges: list[str] = []  # what the README's first `--wait` printed about its cost, as this run printed it
-        for ex in examples(README.read_text()):
+        for ex in all_examples():
             if re.search(r"<[a-z-]+>", ex.command.split(" #")[0]):
                 continue
             command = ex.command.replace(EXAMPLE_JOB, job_id) if job_id else ex.command
@@ -145,7 +164,7 @@ def test_every_marked_readme_example_works_against_up(tmp_path):
             else:
                 ok = done.returncode == 0
             if not ok:
-                failures.append(f"README.md:{ex.line}: {command!r} exited {done.returncode}:\n{said[-1500:]}")
+                failures.append(f"{ex.line}: {command!r} exited {done.returncode}:\n{said[-1500:]}")
         assert job_id, "the first example submits a job"
         assert not failures, "\n\n".join(failures)
         # The README's cost lines are what a run prints: the same lines, a rate that is a price (never $0.0000 nor

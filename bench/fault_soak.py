@@ -8,8 +8,8 @@ while they run each fault in turn:
   Redis (FLUSHALL), nats-server (restart);
 - freeze: the agent SIGSTOPped for 45 s (longer than the scheduler's 30 s
   "placed but never started" window), then SIGCONT;
-- stall: nats-server SIGSTOPped for 20 s, while every job is POSTed again
-  with its key (a client retrying through the stall);
+- stall: nats-server SIGSTOPped for 20 s, while jobs are POSTed again with
+  their keys (a client retrying through the stall), then every job;
 - disk: the agent's attempt store, a 4 MB tmpfs, filled for 15 s (root only);
 - duplicates: every job POSTed once more with its key after the faults.
 Prints submitted / succeeded / ran twice / overlapping / stuck / jobs stored
@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -80,15 +81,16 @@ def freeze(proc: Proc, seconds: float) -> None:
 
 
 def stall_nats(own: OwnServers, url: str, bodies: dict[str, dict], answered: dict[str, set[str]]) -> None:
-    """nats-server stopped for 20 s while every job is POSTed again, and again once it is back."""
+    """nats-server stopped for 20 s (a timer resumes it, whatever the POSTs are doing) while jobs are POSTed again
+    with their keys, as a client retries; then every job once more once it is back."""
     nats = own._proc("nats-server")
     os.kill(nats.pid, signal.SIGSTOP)
-    until = time.monotonic() + 20
+    resume = threading.Timer(20.0, os.kill, (nats.pid, signal.SIGCONT))
+    resume.start()
     try:
-        post_all(url, {k: b for k, b in list(bodies.items())[:20]}, answered)  # retries into the stall
-        time.sleep(max(0.0, until - time.monotonic()))
+        post_all(url, dict(list(bodies.items())[:20]), answered)  # retries into the stall
     finally:
-        os.kill(nats.pid, signal.SIGCONT)
+        resume.join()
     post_all(url, bodies, answered)
 
 

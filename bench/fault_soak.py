@@ -165,7 +165,7 @@ def main(n_jobs: int, seconds: float, kinds: list[str]) -> int:
             states: dict[str, str] = {}
             while time.monotonic() < deadline:
                 try:
-                    got = httpx.get(scheduler.url + "/v1/jobs", params={"limit": 5000}, timeout=10)
+                    got = httpx.get(scheduler.url + "/v1/jobs", params={"limit": 1000}, timeout=10)
                 except httpx.HTTPError:
                     got = None
                 if got is not None and got.status_code == 200:

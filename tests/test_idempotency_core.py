@@ -42,6 +42,17 @@ def test_keys_are_bounded_visible_ascii():
 def test_a_key_is_stored_by_a_fixed_length_digest():
     assert len(idem.key_digest("k")) == len(idem.key_digest("k" * 255)) == 64
     assert idem.key_digest("k") != idem.key_digest("K")
+    assert idem.key_digest("k", "alice") != idem.key_digest("k", "bob")  # one caller's key is never another's
+
+
+def test_a_keyed_submission_gets_the_same_valid_job_id_each_time():
+    from pydantic import TypeAdapter
+
+    from whaleflux.shared.event_data import JobId
+
+    digest = idem.key_digest("retry-me", "alice")
+    assert idem.job_id_for(digest) == idem.job_id_for(idem.key_digest("retry-me", "alice"))
+    assert TypeAdapter(JobId).validate_python(idem.job_id_for(digest))
 
 
 def test_a_jobs_submission_event_id_is_fixed_by_the_job():

@@ -180,3 +180,39 @@ async def test_the_cli_retries_through_a_nats_stall_and_its_job_runs_once(tmp_pa
             cli.wait()
         cluster.stop()
         own.local.stop()
+
+
+async def test_a_repeat_after_the_schedulers_redis_was_wiped_is_still_the_first_job_run_once(tmp_path):
+    # The keys live in Redis; a wipe forgets them. The job id a key gives is the same each time, so the repeat
+    # publishes the very job.submitted the scheduler rebuilt from its stream: no second job.
+    own = own_servers(tmp_path)
+    cluster = make_cluster(own.servers, tmp_path)
+    marks = tmp_path / "ran"
+    body = {**JOB, "name": "wiped", "command": ["sh", "-c", f"echo ran >> {marks}"]}
+    try:
+        scheduler = cluster.service("scheduler")
+        cluster.agent(NODE, interval_s=0.5)
+        await asyncio.to_thread(scheduler.wait_ready)
+        key = uuid.uuid4().hex
+        first = await asyncio.to_thread(_post, scheduler.url, body, key)
+        assert first.status_code == 202, first.text
+        job_id = first.json()["job_id"]
+
+        async with httpx.AsyncClient(base_url=scheduler.url, headers=AUTH, timeout=30) as http:
+            async def succeeded() -> bool:
+                r = await http.get(f"/v1/jobs/{job_id}")
+                return r.status_code == 200 and r.json()["state"] == "succeeded"
+
+            await until(succeeded, 120, "the job run")
+            await asyncio.to_thread(own.flushall)
+            again = await asyncio.to_thread(wait_until, lambda: (r := _post(scheduler.url, body, key)).status_code
+                                            == 202 and r, 120, what="the scheduler back after the wipe")
+            assert again.json()["job_id"] == job_id
+            await until(succeeded, 120, "the job rebuilt")
+            named = [j for j in (await http.get("/v1/jobs", params={"limit": 1000})).json()
+                     if j["spec"]["name"] == "wiped"]
+        assert [j["job_id"] for j in named] == [job_id]
+        assert marks.read_text().splitlines() == ["ran"]
+    finally:
+        cluster.stop()
+        own.local.stop()

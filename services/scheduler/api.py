@@ -235,11 +235,12 @@ async def submit(body: SubmitRequest, caller: Submitter, scheduler: SchedulerDep
     require_team(caller, body.team)
     if idempotency_key is not None and (problem := idem.key_problem(idempotency_key)):
         raise HTTPException(422, problem)
-    digest = idem.key_digest(idempotency_key) if idempotency_key is not None else None
+    digest = idem.key_digest(idempotency_key, caller.name) if idempotency_key is not None else None
     print_ = idem.fingerprint(body.model_dump(mode="json"))
     claim = await scheduler.store.claimed(digest) if digest is not None else None
     if claim is None:
-        submitted = _submissions(body, replica_ids(uuid.uuid4().hex[:12], body.replicas))
+        base = idem.job_id_for(digest) if digest is not None else uuid.uuid4().hex[:12]
+        submitted = _submissions(body, replica_ids(base, body.replicas))
         _own_paths(scheduler, submitted[0])
         reason = await _never_fits(scheduler, feeds, submitted[0])
         if reason:

@@ -52,9 +52,17 @@ def fingerprint(fields: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def key_digest(key: str) -> str:
-    """The key as stored: a fixed-length digest (the client's text is never a Redis key name)."""
-    return hashlib.sha256(key.encode()).hexdigest()
+def key_digest(key: str, caller: str = "") -> str:
+    """The key as stored: a fixed-length digest of the caller's name and the key (the client's text is never a
+    Redis key name, and one caller's key is never another's)."""
+    return hashlib.sha256(f"{caller}\n{key}".encode()).hexdigest()
+
+
+def job_id_for(digest: str) -> str:
+    """The job id a keyed submission gets: the same for every repeat, so that a repeat after the scheduler lost its
+    keys (a wiped Redis) publishes the very same job.submitted, which JetStream drops or the scheduler already
+    holds (rebuilt from its stream), instead of a second job."""
+    return digest[:12]
 
 
 def verdict(claim: Claim | None, print_: str) -> Verdict:

@@ -208,10 +208,14 @@ async def test_a_repeat_after_the_schedulers_redis_was_wiped_is_still_the_first_
             again = await asyncio.to_thread(wait_until, lambda: (r := _post(scheduler.url, body, key)).status_code
                                             == 202 and r, 120, what="the scheduler back after the wipe")
             assert again.json()["job_id"] == job_id
-            await until(succeeded, 120, "the job rebuilt")
-            named = [j for j in (await http.get("/v1/jobs", params={"limit": 1000})).json()
-                     if j["spec"]["name"] == "wiped"]
-        assert [j["job_id"] for j in named] == [job_id]
+            async def named() -> list[dict]:
+                listed = await http.get("/v1/jobs", params={"limit": 1000})  # 503 while it rebuilds
+                return [j for j in listed.json() if j["spec"]["name"] == "wiped" and j["state"] == "succeeded"
+                        ] if listed.status_code == 200 else []
+
+            # Listed again once the scheduler has noticed the wipe and rebuilt its store from the stream.
+            found = await until(named, 120, "the job rebuilt")
+        assert [j["job_id"] for j in found] == [job_id]
         assert marks.read_text().splitlines() == ["ran"]
     finally:
         cluster.stop()

@@ -10,7 +10,7 @@ while they run each fault in turn:
   "placed but never started" window), then SIGCONT;
 - stall: nats-server SIGSTOPped for 20 s, while jobs are POSTed again with
   their keys (a client retrying through the stall), then every job;
-- disk: the agent's attempt store, a 4 MB tmpfs, filled for 15 s (root only);
+- disk: the agent's attempt store, a 64 MB tmpfs, filled for 15 s (root only);
 - duplicates: every job POSTed once more with its key after the faults.
 Prints submitted / succeeded / ran twice / overlapping / stuck / jobs stored
 per key, and billed against ran GPU-seconds. Target: 0 ran twice, 0
@@ -40,7 +40,7 @@ from tests.processes import Proc  # noqa: E402
 
 NODES = ("r4090-01", "a100-01", "h100-01", "h200-01")
 KINDS = ("restarts", "freeze", "stall", "disk", "duplicates")
-DISK_MB = 4
+DISK_MB = 64  # above the agent's WHALEFLUX_MIN_FREE_MIB (16): the store is healthy until it is filled
 
 
 def post(url: str, body: dict, key: str) -> str | None:
